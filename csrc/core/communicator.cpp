@@ -1,0 +1,542 @@
+#include "core/communicator.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+
+#include "core/errors.hpp"
+#include "core/fd_passing.hpp"
+#include "core/gpu_runtime.hpp"
+#include "core/host_memory.hpp"
+#include "core/logging.hpp"
+
+#ifdef PYCCL_WITH_CUDA
+#include "core/gpu_memory.hpp"
+#include "core/p2p_probe.hpp"
+#endif
+
+namespace pyccl {
+namespace {
+
+constexpr int kSemaphoreTag = 0x5e0a;
+constexpr size_t kSemaphorePageBytes = 64 * 1024;
+constexpr uint64_t kProbeMagic = 0x7079636370327000ull;  // "pyccp2p\0"
+
+uint64_t probeValue(int writer, int owner) {
+  return kProbeMagic ^ (static_cast<uint64_t>(writer) << 32) ^ static_cast<uint64_t>(owner);
+}
+
+}  // namespace
+
+Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize, int device,
+                           CommunicatorOptions options)
+    : rank_(rank), worldSize_(worldSize), device_(device), options_(std::move(options)) {
+  PYCCL_CHECK_ARG(worldSize >= 1, "world_size", "must be >= 1, got ", worldSize);
+  PYCCL_CHECK_ARG(rank >= 0 && rank < worldSize, "rank", "must be in [0, ", worldSize, "), got ",
+                  rank);
+  PYCCL_CHECK_ARG(options_.timeout.count() > 0, "timeout", "must be positive");
+  if (device_ >= 0) gpu::checkDevice(device_, "device");
+  if (options_.name.empty()) options_.name = "default";
+  setLogRank(rank_);
+
+  bootstrap_ = std::make_unique<Bootstrap>(std::move(store), options_.name, rank_, worldSize_,
+                                           options_.timeout);
+  fdServer_ = std::make_shared<FdServer>();
+  nodeKey_ = localNodeKey();
+
+  if (hostMode()) {
+    abortFlagHost_ = new uint32_t(0);
+    errorRecordHost_ = new DeviceErrorRecord{};
+  } else {
+    gpu::DeviceGuard guard(device_);
+    abortFlagHost_ = static_cast<uint32_t*>(gpu::allocPinnedMapped(sizeof(uint32_t)));
+    errorRecordHost_ =
+        static_cast<DeviceErrorRecord*>(gpu::allocPinnedMapped(sizeof(DeviceErrorRecord)));
+    abortFlagDevice_ = gpu::devicePointerOf(abortFlagHost_);
+    errorRecordDevice_ = gpu::devicePointerOf(errorRecordHost_);
+  }
+
+  try {
+    RankInfo mine;
+    mine.rank = rank_;
+    mine.worldSize = worldSize_;
+    mine.device = device_;
+    mine.pid = static_cast<int32_t>(getpid());
+    mine.hostname = localHostname();
+    mine.nodeKey = nodeKey_;
+    mine.fdServer = fdServer_->address();
+    if (!hostMode()) {
+      mine.deviceUuid = gpu::deviceUuid(device_);
+      mine.pciBusId = gpu::pciBusId(device_);
+    }
+    // Each rank's info is checked as it arrives, rank 0's first: a rank given
+    // the wrong world size fails at once instead of waiting for ranks that do
+    // not exist.
+    bootstrap_->allGather(mine.serialize(), [&](int p, const Bytes& bytes) {
+      RankInfo info = RankInfo::deserialize(bytes);
+      if (info.worldSize != worldSize_) {
+        throw InvalidArgument(strCat("invalid argument 'world_size': this rank (", rank_,
+                                     ") was given world_size=", worldSize_, " but rank ", p,
+                                     " was given world_size=", info.worldSize));
+      }
+      if (info.rank != p) {
+        throw InvalidArgument(strCat("invalid argument 'rank': two processes claim rank ", p));
+      }
+      if ((info.device < 0) != hostMode()) {
+        throw InvalidArgument(strCat("invalid argument 'device': rank ", p, " uses ",
+                                     info.device < 0 ? "host mode (cpu)" : "a CUDA device",
+                                     " but this rank uses ",
+                                     hostMode() ? "host mode (cpu)" : "a CUDA device",
+                                     "; all ranks of a communicator must agree"));
+      }
+      topology_.ranks.push_back(std::move(info));
+    });
+    topology_.sameNode.resize(worldSize_);
+    for (int p = 0; p < worldSize_; ++p) {
+      topology_.sameNode[p] = topology_.ranks[p].nodeKey == nodeKey_;
+    }
+    probePeers();
+    bootstrap_->barrier();
+  } catch (...) {
+    close();
+    throw;
+  }
+  PYCCL_LOG(Info, "communicator '" << options_.name << "' ready: rank " << rank_ << " of "
+                                    << worldSize_ << "\n"
+                                    << topology_.describe(rank_));
+}
+
+Communicator::~Communicator() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    PYCCL_LOG(Error, "closing communicator '" << options_.name << "' failed: " << e.what());
+  }
+}
+
+void Communicator::checkOpen(const char* op) const {
+  if (closed_.load()) {
+    throw ClosedError(strCat(op, ": communicator '", options_.name, "' (rank ", rank_,
+                             ") was destroyed"));
+  }
+  if (aborted()) {
+    throw AbortedError(strCat(op, ": communicator '", options_.name, "' (rank ", rank_,
+                              ") was aborted"));
+  }
+}
+
+bool Communicator::canAccessPeer(int peer) const {
+  PYCCL_CHECK_ARG(peer >= 0 && peer < worldSize_, "peer", "must be in [0, ", worldSize_,
+                  "), got ", peer);
+  return topology_.p2p[rank_][peer];
+}
+
+std::vector<Bytes> Communicator::allGather(const Bytes& mine) {
+  checkOpen("allgather");
+  return bootstrap_->allGather(mine);
+}
+
+void Communicator::barrier() {
+  checkOpen("barrier");
+  bootstrap_->barrier();
+}
+
+void Communicator::send(int peer, int tag, const Bytes& data) {
+  checkOpen("send");
+  bootstrap_->send(peer, tag, data);
+}
+
+Bytes Communicator::recv(int peer, int tag) {
+  checkOpen("recv");
+  return bootstrap_->recv(peer, tag);
+}
+
+RegisteredMemory Communicator::trackMemory(std::shared_ptr<RegisteredMemory::Impl> impl) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Forget registrations that were released or dropped.
+  std::erase_if(tracked_, [](const auto& w) { return w.expired(); });
+  tracked_.push_back(impl);
+  return RegisteredMemory(std::move(impl));
+}
+
+RegisteredMemory Communicator::registerMemory(void* ptr, size_t size, std::shared_ptr<void> owner) {
+  checkOpen("register_memory");
+  PYCCL_CHECK_ARG(size > 0, "size", "must be > 0");
+  PYCCL_CHECK_ARG(ptr != nullptr, "ptr", "must not be null");
+  auto impl = std::make_shared<RegisteredMemory::Impl>();
+  impl->local = true;
+  impl->data = ptr;
+  impl->server = fdServer_;
+  impl->owner = std::move(owner);
+  auto& d = impl->desc;
+  d.ownerRank = rank_;
+  d.size = size;
+  d.nodeKey = nodeKey_;
+  d.fdServer = fdServer_->address();
+  d.token = randomU64();
+
+  if (hostMode()) {
+    int ownerDevice = -1;
+    PYCCL_CHECK_ARG(!gpu::isDevicePointer(ptr, &ownerDevice), "tensor",
+                    "is CUDA memory (cuda:", ownerDevice, ") but this communicator is in host mode");
+    auto mapping = findHostShared(ptr, size);
+    PYCCL_CHECK_ARG(mapping != nullptr, "tensor",
+                    "host memory at ", ptr, " (", size, " bytes) was not allocated by pyccl; "
+                    "host-mode registration needs memory from pyccl.empty(..., device='cpu')");
+    d.kind = MemoryKind::kHostShared;
+    d.device = -1;
+    d.offset = static_cast<char*>(ptr) - static_cast<char*>(mapping->base());
+    d.mappingSize = mapping->size();
+    d.exportId = fdServer_->publish({mapping->fd()}, d.token);
+    impl->keepAlive = mapping;
+    return trackMemory(std::move(impl));
+  }
+
+#ifdef PYCCL_WITH_CUDA
+  int ownerDevice = -1;
+  PYCCL_CHECK_ARG(gpu::isDevicePointer(ptr, &ownerDevice), "tensor",
+                  "is not CUDA device memory, but this communicator is on cuda:", device_,
+                  " (register a tensor on cuda:", device_, ")");
+  PYCCL_CHECK_ARG(ownerDevice == device_, "tensor", "is on cuda:", ownerDevice,
+                  " but this communicator is on cuda:", device_);
+  DeviceExport ex = exportDeviceMemory(device_, ptr, size);
+  d.device = device_;
+  if (ex.isCuMem) {
+    d.kind = MemoryKind::kCuMem;
+    d.offset = ex.offsetInRange;
+    d.granularity = ex.granularity;
+    std::vector<int> fds;
+    for (size_t i = 0; i < ex.chunks.size(); ++i) {
+      d.chunkOffsets.push_back(ex.chunks[i].offset);
+      d.chunkSizes.push_back(ex.chunks[i].size);
+      fds.push_back(ex.fds[i].get());
+    }
+    d.exportId = fdServer_->publish(fds, d.token);  // publishes duplicates; ex.fds close here
+  } else {
+    d.kind = MemoryKind::kCudaIpc;
+    d.offset = ex.offsetInAllocation;
+    const auto* h = reinterpret_cast<const uint8_t*>(&ex.ipcHandle);
+    d.ipcHandle.assign(h, h + sizeof(ex.ipcHandle));
+  }
+  return trackMemory(std::move(impl));
+#else
+  throw UnsupportedError("registering device memory needs a CUDA build of pyccl");
+#endif
+}
+
+RegisteredMemory Communicator::importMemory(const Bytes& descriptor) {
+  checkOpen("import_memory");
+  MemoryDescriptor d = MemoryDescriptor::deserialize(descriptor);
+  PYCCL_CHECK_ARG(d.nodeKey == nodeKey_, "descriptor",
+                  "describes memory of rank ", d.ownerRank, " on node '", d.nodeKey,
+                  "', which cannot be mapped on this node ('", nodeKey_, "')");
+  auto impl = std::make_shared<RegisteredMemory::Impl>();
+  impl->desc = d;
+  impl->local = false;
+  const auto timeout = options_.timeout;
+
+  if (d.kind == MemoryKind::kHostShared) {
+    auto fds = fetchFds(d.fdServer, d.exportId, d.token, timeout);
+    PYCCL_CHECK_ARG(fds.size() == 1, "descriptor", "host memory came with ", fds.size(), " fds");
+    PYCCL_CHECK_ARG(d.offset + d.size <= d.mappingSize, "descriptor", "range past its mapping");
+    auto mapping = mapHostShared(std::move(fds[0]), d.mappingSize);
+    impl->data = static_cast<char*>(mapping->base()) + d.offset;
+    impl->keepAlive = mapping;
+    return trackMemory(std::move(impl));
+  }
+
+#ifdef PYCCL_WITH_CUDA
+  PYCCL_CHECK_ARG(!hostMode(), "descriptor",
+                  "describes CUDA memory of rank ", d.ownerRank,
+                  ", which a host-mode communicator cannot map");
+  std::shared_ptr<ImportedDeviceMemory> imported;
+  if (d.kind == MemoryKind::kCudaIpc) {
+    PYCCL_CHECK_ARG(d.ipcHandle.size() == sizeof(cudaIpcMemHandle_t), "descriptor",
+                    "has a CUDA IPC handle of ", d.ipcHandle.size(), " bytes");
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, d.ipcHandle.data(), sizeof(handle));
+    imported = importCudaIpc(device_, handle, d.offset);
+  } else {
+    auto fds = fetchFds(d.fdServer, d.exportId, d.token, timeout);
+    std::vector<CuMemChunk> chunks;
+    for (size_t i = 0; i < d.chunkOffsets.size(); ++i) {
+      chunks.push_back({d.chunkOffsets[i], d.chunkSizes[i]});
+    }
+    imported = importCuMem(device_, chunks, std::move(fds), d.offset, d.granularity);
+  }
+  impl->data = imported->ptr();
+  impl->keepAlive = imported;
+  return trackMemory(std::move(impl));
+#else
+  throw UnsupportedError("importing device memory needs a CUDA build of pyccl");
+#endif
+}
+
+std::vector<std::optional<RegisteredMemory>> Communicator::exchangeMemory(
+    const RegisteredMemory& local) {
+  checkOpen("exchange_memory");
+  PYCCL_CHECK_ARG(local.valid() && local.isLocal(), "memory",
+                  "must be memory registered by this rank");
+  auto all = bootstrap_->allGather(local.serialize());
+  std::vector<std::optional<RegisteredMemory>> out(worldSize_);
+  for (int p = 0; p < worldSize_; ++p) {
+    if (p == rank_) {
+      out[p] = local;
+    } else if (topology_.p2p[rank_][p]) {
+      out[p] = importMemory(all[p]);
+    }
+  }
+  return out;
+}
+
+void Communicator::probePeers() {
+  const int n = worldSize_;
+  std::vector<bool> reached(n, false);  // reached[p]: this rank wrote into p's probe slot
+  reached[rank_] = true;
+  const size_t probeBytes = static_cast<size_t>(n) * sizeof(uint64_t);
+  std::shared_ptr<void> probeAlloc;
+  void* probePtr = nullptr;
+  if (hostMode()) {
+    auto mapping = allocateHostShared(probeBytes);
+    probePtr = mapping->base();
+    probeAlloc = mapping;
+  } else {
+    const int dev = device_;
+    probePtr = gpu::deviceMalloc(dev, probeBytes);
+    probeAlloc = std::shared_ptr<void>(probePtr, [dev](void* p) { gpu::deviceFree(dev, p); });
+  }
+  RegisteredMemory probe = registerMemory(probePtr, probeBytes);
+  auto descs = bootstrap_->allGather(probe.serialize());
+
+  std::vector<RegisteredMemory> imports;
+  std::vector<uint64_t*> targets;
+  std::vector<uint64_t> values;
+  std::vector<int> targetPeers;
+  for (int p = 0; p < n; ++p) {
+    if (p == rank_ || !topology_.sameNode[p]) continue;
+    try {
+#ifdef PYCCL_WITH_CUDA
+      if (!hostMode()) {
+        // The driver's "no" is final; its "yes" is checked by the probe below.
+        int peerDev = -1;
+        if (cudaDeviceGetByPCIBusId(&peerDev, topology_.ranks[p].pciBusId.c_str()) == cudaSuccess &&
+            peerDev != device_) {
+          int can = 0;
+          PYCCL_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, device_, peerDev));
+          if (!can) {
+            PYCCL_LOG(Info, "no P2P to rank " << p << ": the driver reports cuda:" << device_
+                                              << " cannot access cuda:" << peerDev);
+            continue;
+          }
+        }
+        cudaGetLastError();
+      }
+#endif
+      RegisteredMemory peerProbe = importMemory(descs[p]);
+      auto* slot = static_cast<uint64_t*>(peerProbe.data()) + rank_;
+      if (hostMode()) {
+        atomicStoreRelease(slot, probeValue(rank_, p));
+      } else {
+        targets.push_back(slot);
+        values.push_back(probeValue(rank_, p));
+      }
+      targetPeers.push_back(p);
+      imports.push_back(std::move(peerProbe));
+    } catch (const Error& e) {
+      PYCCL_LOG(Info, "no P2P to rank " << p << ": " << e.what());
+    }
+  }
+#ifdef PYCCL_WITH_CUDA
+  if (!hostMode()) {
+    try {
+      probeWritePeers(device_, targets, values);
+    } catch (const Error& e) {
+      PYCCL_LOG(Warn, "P2P probe writes failed: " << e.what());
+      targetPeers.clear();
+    }
+  }
+#endif
+  for (int p : targetPeers) reached[p] = true;
+  bootstrap_->barrier();  // every probe write has completed
+
+  std::vector<uint64_t> slots(n, 0);
+  if (hostMode()) {
+    for (int p = 0; p < n; ++p) slots[p] = atomicLoadAcquire(static_cast<uint64_t*>(probePtr) + p);
+  } else {
+    gpu::copyToHost(device_, slots.data(), probePtr, probeBytes);
+  }
+  // seen[p]: p's write arrived intact in this rank's memory.
+  Bytes seen(n, 0);
+  for (int p = 0; p < n; ++p) seen[p] = (p == rank_ || slots[p] == probeValue(p, rank_)) ? 1 : 0;
+  for (int p = 0; p < n; ++p) {
+    if (reached[p] != (seen[p] != 0) && topology_.sameNode[p]) {
+      PYCCL_LOG(Info, "P2P with rank " << p << " is one-sided (wrote: " << reached[p]
+                                       << ", received: " << static_cast<int>(seen[p]) << ")");
+    }
+  }
+  auto allSeen = bootstrap_->allGather(seen);
+  topology_.p2p.assign(n, std::vector<bool>(n, false));
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      topology_.p2p[i][j] = allSeen[i][j] != 0 && allSeen[j][i] != 0;
+    }
+  }
+  for (auto& m : imports) m.release();
+  probe.release();
+  bootstrap_->barrier();  // nobody unmaps a probe page a peer still writes
+}
+
+SemaphoreSlot* Communicator::allocateSemaphoreSlot(RegisteredMemory* page) {
+  constexpr size_t kSlotsPerPage = kSemaphorePageBytes / sizeof(SemaphoreSlot);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!semaphorePage_.valid() || semaphoreSlotsUsed_ == kSlotsPerPage) {
+    void* ptr;
+    if (hostMode()) {
+      auto mapping = allocateHostShared(kSemaphorePageBytes);
+      ptr = mapping->base();
+      ownedAllocations_.push_back(mapping);
+    } else {
+      const int dev = device_;
+      ptr = gpu::deviceMalloc(dev, kSemaphorePageBytes);
+      ownedAllocations_.emplace_back(ptr, [dev](void* p) { gpu::deviceFree(dev, p); });
+    }
+    mu_.unlock();
+    RegisteredMemory reg;
+    try {
+      reg = registerMemory(ptr, kSemaphorePageBytes);
+    } catch (...) {
+      mu_.lock();
+      throw;
+    }
+    mu_.lock();
+    semaphorePage_ = reg;
+    semaphoreSlotsUsed_ = 0;
+  }
+  *page = semaphorePage_;
+  return static_cast<SemaphoreSlot*>(semaphorePage_.data()) + semaphoreSlotsUsed_++;
+}
+
+std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
+  checkOpen("create_semaphore");
+  PYCCL_CHECK_ARG(peer >= 0 && peer < worldSize_ && peer != rank_, "peer",
+                  "must be another rank in [0, ", worldSize_, "), got ", peer);
+  PYCCL_CHECK_ARG(topology_.p2p[rank_][peer], "peer",
+                  "rank ", peer, " is not reachable by P2P from rank ", rank_,
+                  " (other node, or the P2P probe failed)");
+  RegisteredMemory localPage;
+  SemaphoreSlot* slot = allocateSemaphoreSlot(&localPage);
+  const uint64_t slotIndex = slot - static_cast<SemaphoreSlot*>(localPage.data());
+
+  ByteWriter w;
+  w.putBytes(localPage.serialize().data(), localPage.serialize().size()).put(slotIndex);
+  bootstrap_->send(peer, kSemaphoreTag, w.take());
+  Bytes reply = bootstrap_->recv(peer, kSemaphoreTag);
+  ByteReader r(reply, "semaphore descriptor");
+  Bytes pageDesc = r.getBytes();
+  const auto peerSlot = r.get<uint64_t>();
+  PYCCL_CHECK_ARG(peerSlot < kSemaphorePageBytes / sizeof(SemaphoreSlot), "semaphore descriptor",
+                  "slot ", peerSlot, " out of range");
+
+  RegisteredMemory remotePage;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, page] : importedPages_) {
+      (void)key;
+      if (page.valid() && page.rank() == peer && page.impl()->desc.serialize() == pageDesc) {
+        remotePage = page;
+        break;
+      }
+    }
+  }
+  if (!remotePage.valid()) {
+    remotePage = importMemory(pageDesc);
+    std::lock_guard<std::mutex> lock(mu_);
+    importedPages_.emplace_back(static_cast<uint64_t>(peer), remotePage);
+  }
+  auto* remoteInbound = &(static_cast<SemaphoreSlot*>(remotePage.data()) + peerSlot)->inbound;
+  return std::make_shared<Semaphore>(peer, device_, localPage, slot, remotePage, remoteInbound,
+                                     abortState(), options_.name);
+}
+
+AbortState Communicator::abortState() const {
+  AbortState s{};
+  if (hostMode()) {
+    s.abortFlag = abortFlagHost_;
+    s.errorRecord = errorRecordHost_;
+  } else {
+    s.abortFlag = static_cast<const volatile uint32_t*>(abortFlagDevice_);
+    s.errorRecord = static_cast<DeviceErrorRecord*>(errorRecordDevice_);
+  }
+  s.timeoutNs = static_cast<uint64_t>(options_.timeout.count()) * 1000000ull;
+  return s;
+}
+
+DeviceErrorRecord Communicator::deviceError() const {
+  DeviceErrorRecord rec{};
+  if (errorRecordHost_ != nullptr) {
+    rec.status = std::atomic_ref<uint32_t>(errorRecordHost_->status).load(std::memory_order_acquire);
+    if (rec.status != 0) {
+      rec.peer = errorRecordHost_->peer;
+      rec.expected = errorRecordHost_->expected;
+      rec.observed = errorRecordHost_->observed;
+    }
+  }
+  return rec;
+}
+
+void Communicator::abort() {
+  if (abortFlagHost_ != nullptr) {
+    std::atomic_ref<uint32_t>(*abortFlagHost_).store(1, std::memory_order_release);
+  }
+}
+
+bool Communicator::aborted() const {
+  return abortFlagHost_ != nullptr &&
+         std::atomic_ref<uint32_t>(*abortFlagHost_).load(std::memory_order_acquire) != 0;
+}
+
+void Communicator::close() {
+  if (closed_.exchange(true)) return;
+  abort();  // any wait still running gives up
+#ifdef PYCCL_WITH_CUDA
+  if (!hostMode()) {
+    // Kernels may still use the memory about to be unmapped.
+    try {
+      gpu::DeviceGuard guard(device_);
+      if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
+    } catch (const Error&) {
+    }
+  }
+#endif
+  std::vector<std::weak_ptr<RegisteredMemory::Impl>> tracked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tracked.swap(tracked_);
+    importedPages_.clear();
+    semaphorePage_ = RegisteredMemory();
+  }
+  for (auto& w : tracked) {
+    if (auto impl = w.lock()) impl->release();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ownedAllocations_.clear();
+  }
+  fdServer_.reset();  // joins the server thread, closes every published fd
+  if (hostMode()) {
+    delete abortFlagHost_;
+    delete errorRecordHost_;
+  } else {
+    gpu::freePinned(abortFlagHost_);
+    gpu::freePinned(errorRecordHost_);
+  }
+  // Keep a valid (raised) flag for aborted() and late readers.
+  static uint32_t raised = 1;
+  abortFlagHost_ = &raised;
+  errorRecordHost_ = nullptr;
+  abortFlagDevice_ = nullptr;
+  errorRecordDevice_ = nullptr;
+}
+
+}  // namespace pyccl

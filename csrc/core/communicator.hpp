@@ -1,0 +1,115 @@
+// Communicator: one per (process group, device). Created collectively from a
+// Store, rank and world size; owns the bootstrap, the fd server, the memory
+// it registered or imported, the semaphores, and the abort flag every wait
+// checks. device < 0 selects host mode (CPU memory, CPU "kernels").
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "channels/device_common.hpp"
+#include "core/bootstrap.hpp"
+#include "core/registered_memory.hpp"
+#include "core/semaphore.hpp"
+#include "core/topology.hpp"
+
+namespace pyccl {
+
+class FdServer;
+
+struct CommunicatorOptions {
+  std::string name;  ///< namespace of this communicator's store keys
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+
+class Communicator {
+ public:
+  /// Collective: every rank of the group calls it with the same name and
+  /// world size. Throws InvalidArgument for a bad rank, world size or device,
+  /// and TimeoutError when a rank does not arrive within the timeout.
+  Communicator(std::shared_ptr<Store> store, int rank, int worldSize, int device,
+               CommunicatorOptions options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int worldSize() const { return worldSize_; }
+  /// CUDA device ordinal, or -1 in host mode.
+  int device() const { return device_; }
+  bool hostMode() const { return device_ < 0; }
+  const std::string& name() const { return options_.name; }
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+  const Topology& topology() const { return topology_; }
+  /// Whether this rank reaches `peer`'s registered memory by loads and stores.
+  bool canAccessPeer(int peer) const;
+
+  /// Host-side collectives over the store (set-up only, not the data path).
+  std::vector<Bytes> allGather(const Bytes& mine);
+  void barrier();
+  void send(int peer, int tag, const Bytes& data);
+  Bytes recv(int peer, int tag);
+
+  /// Registers [ptr, ptr + size) for peers to map. On a GPU communicator the
+  /// memory must be device memory of this communicator's device; in host mode,
+  /// memory from allocateHostShared. The caller keeps the memory alive.
+  /// `owner`, if given, is held until the registration is released.
+  RegisteredMemory registerMemory(void* ptr, size_t size, std::shared_ptr<void> owner = nullptr);
+  /// Maps memory a peer registered (from RegisteredMemory::serialize).
+  RegisteredMemory importMemory(const Bytes& descriptor);
+  /// Collective: returns every rank's registration of `local`, mapped here,
+  /// indexed by rank (this rank's own entry is `local`). Peers this rank cannot
+  /// reach by P2P get std::nullopt.
+  std::vector<std::optional<RegisteredMemory>> exchangeMemory(const RegisteredMemory& local);
+
+  /// Pairwise: both this rank and `peer` call it (in matching order per peer).
+  std::shared_ptr<Semaphore> createSemaphore(int peer);
+
+  /// The abort/timeout state kernels of this communicator embed.
+  AbortState abortState() const;
+  /// The first failure a device-side wait recorded, if any (status 0: none).
+  DeviceErrorRecord deviceError() const;
+  /// Raises the abort flag: every wait (host or device) gives up.
+  void abort();
+  bool aborted() const;
+  /// Releases everything (idempotent). Memory and semaphores still held by the
+  /// caller become invalid; later calls raise ClosedError.
+  void close();
+  bool closed() const { return closed_.load(); }
+
+ private:
+  void checkOpen(const char* op) const;
+  void probePeers();
+  RegisteredMemory trackMemory(std::shared_ptr<RegisteredMemory::Impl> impl);
+  SemaphoreSlot* allocateSemaphoreSlot(RegisteredMemory* page);
+
+  int rank_;
+  int worldSize_;
+  int device_;
+  CommunicatorOptions options_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::shared_ptr<FdServer> fdServer_;
+  Topology topology_;
+  std::string nodeKey_;
+
+  // Abort flag and device error record: pinned + mapped on GPU, heap in host mode.
+  uint32_t* abortFlagHost_ = nullptr;
+  DeviceErrorRecord* errorRecordHost_ = nullptr;
+  void* abortFlagDevice_ = nullptr;
+  void* errorRecordDevice_ = nullptr;
+
+  std::mutex mu_;
+  std::vector<std::weak_ptr<RegisteredMemory::Impl>> tracked_;
+  std::vector<std::shared_ptr<void>> ownedAllocations_;  // semaphore pages
+  RegisteredMemory semaphorePage_;
+  size_t semaphoreSlotsUsed_ = 0;
+  std::vector<std::pair<uint64_t, RegisteredMemory>> importedPages_;  // (peer<<32|export) -> page
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace pyccl

@@ -1,0 +1,170 @@
+#include "core/gpu_runtime.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "core/logging.hpp"
+
+namespace pyccl::gpu {
+
+#ifdef PYCCL_WITH_CUDA
+
+namespace {
+
+cudaStream_t privateStream(int device) {
+  static std::mutex mu;
+  static std::vector<cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(streams.size()) <= device) streams.resize(device + 1, nullptr);
+  if (streams[device] == nullptr) {
+    DeviceGuard guard(device);
+    PYCCL_CHECK_CUDA(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
+  }
+  return streams[device];
+}
+
+}  // namespace
+
+bool built() { return true; }
+
+int deviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+void checkDevice(int device, const char* arg) {
+  const int count = deviceCount();
+  PYCCL_CHECK_ARG(count > 0, arg, "cuda:", device, " requested but no CUDA device is visible");
+  PYCCL_CHECK_ARG(device >= 0 && device < count, arg, "cuda:", device, " does not exist (",
+                  count, " visible CUDA devices)");
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  PYCCL_CHECK_CUDA(cudaGetDevice(&previous_));
+  if (previous_ != device) PYCCL_CHECK_CUDA(cudaSetDevice(device));
+}
+
+DeviceGuard::~DeviceGuard() {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
+}
+
+std::string deviceUuid(int device) {
+  cudaDeviceProp prop{};
+  PYCCL_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  std::string hex;
+  char buf[3];
+  for (int i = 0; i < 16; ++i) {
+    std::snprintf(buf, sizeof(buf), "%02x", static_cast<unsigned char>(prop.uuid.bytes[i]));
+    hex += buf;
+  }
+  return hex;
+}
+
+std::string pciBusId(int device) {
+  char buf[32] = {0};
+  PYCCL_CHECK_CUDA(cudaDeviceGetPCIBusId(buf, sizeof(buf), device));
+  return buf;
+}
+
+void* allocPinnedMapped(size_t size) {
+  void* ptr = nullptr;
+  PYCCL_CHECK_CUDA(cudaHostAlloc(&ptr, size, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(ptr, 0, size);
+  return ptr;
+}
+
+void freePinned(void* ptr) {
+  if (ptr != nullptr && cudaFreeHost(ptr) != cudaSuccess) {
+    cudaGetLastError();
+    PYCCL_LOG(Error, "cudaFreeHost failed");
+  }
+}
+
+void* devicePointerOf(void* pinnedHostPtr) {
+  void* dev = nullptr;
+  PYCCL_CHECK_CUDA(cudaHostGetDevicePointer(&dev, pinnedHostPtr, 0));
+  return dev;
+}
+
+void* deviceMalloc(int device, size_t size) {
+  DeviceGuard guard(device);
+  void* ptr = nullptr;
+  PYCCL_CHECK_CUDA(cudaMalloc(&ptr, size));
+  PYCCL_CHECK_CUDA(cudaMemset(ptr, 0, size));
+  PYCCL_CHECK_CUDA(cudaDeviceSynchronize());
+  return ptr;
+}
+
+void deviceFree(int device, void* ptr) {
+  if (ptr == nullptr) return;
+  DeviceGuard guard(device);
+  if (cudaFree(ptr) != cudaSuccess) {
+    cudaGetLastError();
+    PYCCL_LOG(Error, "cudaFree failed on cuda:" << device);
+  }
+}
+
+void copyToHost(int device, void* dst, const void* src, size_t size) {
+  DeviceGuard guard(device);
+  cudaStream_t s = privateStream(device);
+  PYCCL_CHECK_CUDA(cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault, s));
+  PYCCL_CHECK_CUDA(cudaStreamSynchronize(s));
+}
+
+void copyToDevice(int device, void* dst, const void* src, size_t size) {
+  DeviceGuard guard(device);
+  cudaStream_t s = privateStream(device);
+  PYCCL_CHECK_CUDA(cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault, s));
+  PYCCL_CHECK_CUDA(cudaStreamSynchronize(s));
+}
+
+bool isDevicePointer(const void* ptr, int* device) {
+  if (deviceCount() == 0) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (attr.type != cudaMemoryTypeDevice) return false;
+  if (device != nullptr) *device = attr.device;
+  return true;
+}
+
+#else  // CPU-only build
+
+namespace {
+[[noreturn]] void noCuda(const char* what) {
+  throw UnsupportedError(strCat(what, ": this build of pyccl has no CUDA support (it was built "
+                                      "against a torch without CUDA, or without nvcc)"));
+}
+}  // namespace
+
+bool built() { return false; }
+int deviceCount() { return 0; }
+void checkDevice(int device, const char* arg) {
+  PYCCL_CHECK_ARG(false, arg, "cuda:", device,
+                  " requested but this build of pyccl has no CUDA support");
+}
+DeviceGuard::DeviceGuard(int) { noCuda("DeviceGuard"); }
+DeviceGuard::~DeviceGuard() = default;
+std::string deviceUuid(int) { noCuda("deviceUuid"); }
+std::string pciBusId(int) { noCuda("pciBusId"); }
+void* allocPinnedMapped(size_t) { noCuda("allocPinnedMapped"); }
+void freePinned(void*) {}
+void* devicePointerOf(void*) { noCuda("devicePointerOf"); }
+void* deviceMalloc(int, size_t) { noCuda("deviceMalloc"); }
+void deviceFree(int, void*) {}
+void copyToHost(int, void*, const void*, size_t) { noCuda("copyToHost"); }
+void copyToDevice(int, void*, const void*, size_t) { noCuda("copyToDevice"); }
+bool isDevicePointer(const void*, int*) { return false; }
+
+#endif
+
+}  // namespace pyccl::gpu

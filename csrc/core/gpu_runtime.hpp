@@ -1,0 +1,68 @@
+// The CUDA runtime calls the core makes, behind one header that compiles in
+// CPU-only builds too (where every call that needs a GPU throws UnsupportedError).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/errors.hpp"
+
+#ifdef PYCCL_WITH_CUDA
+#include <cuda_runtime.h>
+#define PYCCL_CHECK_CUDA(call)                                                      \
+  do {                                                                              \
+    cudaError_t _e = (call);                                                        \
+    if (_e != cudaSuccess) {                                                        \
+      cudaGetLastError();                                                           \
+      throw ::pyccl::CudaError(::pyccl::strCat(#call, " failed: ",                  \
+                                               cudaGetErrorName(_e), ": ",          \
+                                               cudaGetErrorString(_e)));            \
+    }                                                                               \
+  } while (0)
+#endif
+
+namespace pyccl::gpu {
+
+/// Whether this build of pyccl includes CUDA.
+bool built();
+/// Number of visible CUDA devices; 0 without a CUDA build, driver or device.
+int deviceCount();
+/// Throws InvalidArgument naming `arg` unless `device` is a visible CUDA device.
+void checkDevice(int device, const char* arg);
+
+/// Makes `device` current for its scope and restores the previous one after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+/// The device's UUID as 32 hex digits, and its PCI bus id ("0000:18:00.0").
+std::string deviceUuid(int device);
+std::string pciBusId(int device);
+
+/// Host memory, page-locked and mapped into the device's address space
+/// (zero-initialized). The device pointer of it comes from devicePointerOf.
+void* allocPinnedMapped(size_t size);
+void freePinned(void* ptr);
+void* devicePointerOf(void* pinnedHostPtr);
+
+/// Device memory through cudaMalloc (so it is exportable with cudaIpc*), zeroed.
+void* deviceMalloc(int device, size_t size);
+void deviceFree(int device, void* ptr);
+
+/// Synchronous copies on a private non-blocking stream of `device`, so a host
+/// thread can read or write device memory while kernels run on other streams.
+void copyToHost(int device, void* dst, const void* src, size_t size);
+void copyToDevice(int device, void* dst, const void* src, size_t size);
+
+/// Whether `ptr` is device memory (false for host or unknown pointers).
+bool isDevicePointer(const void* ptr, int* device);
+
+}  // namespace pyccl::gpu

@@ -1,0 +1,115 @@
+#include "core/semaphore.hpp"
+
+#include <thread>
+
+#include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
+
+namespace pyccl {
+
+Semaphore::Semaphore(int peer, int device, RegisteredMemory localPage, SemaphoreSlot* localSlot,
+                     RegisteredMemory remotePage, uint64_t* remoteInbound, AbortState abort,
+                     std::string commName)
+    : peer_(peer),
+      device_(device),
+      localPage_(std::move(localPage)),
+      localSlot_(localSlot),
+      remotePage_(std::move(remotePage)),
+      remoteInbound_(remoteInbound),
+      abort_(abort),
+      commName_(std::move(commName)) {}
+
+bool Semaphore::valid() const { return localPage_.valid() && remotePage_.valid(); }
+
+void Semaphore::checkValid() const {
+  if (!valid()) {
+    throw ClosedError(strCat("semaphore with peer ", peer_, " in communicator '", commName_,
+                             "' is closed (the communicator was destroyed)"));
+  }
+  if (abort_.aborted()) {
+    throw AbortedError(strCat("communicator '", commName_, "' was aborted"));
+  }
+}
+
+SemaphoreDeviceHandle Semaphore::deviceHandle() const {
+  checkValid();
+  return SemaphoreDeviceHandle{localSlot_, remoteInbound_, abort_, peer_};
+}
+
+void Semaphore::signal() {
+  checkValid();
+  if (device_ < 0) {
+    SemaphoreDeviceHandle h{localSlot_, remoteInbound_, abort_, peer_};
+    h.signal();
+    return;
+  }
+  // Device memory: the counters live on the GPU; go through the private stream.
+  uint64_t outbound = 0;
+  gpu::copyToHost(device_, &outbound, &localSlot_->outbound, sizeof(outbound));
+  ++outbound;
+  gpu::copyToDevice(device_, &localSlot_->outbound, &outbound, sizeof(outbound));
+  gpu::copyToDevice(device_, remoteInbound_, &outbound, sizeof(outbound));
+}
+
+uint64_t Semaphore::received() const {
+  checkValid();
+  if (device_ < 0) return atomicLoadAcquire(&localSlot_->inbound);
+  uint64_t value = 0;
+  gpu::copyToHost(device_, &value, &localSlot_->inbound, sizeof(value));
+  return value;
+}
+
+void Semaphore::wait(std::chrono::milliseconds timeout) {
+  checkValid();
+  AbortState abort = abort_;
+  abort.errorRecord = nullptr;  // host waits raise instead of recording
+  if (timeout.count() > 0) abort.timeoutNs = static_cast<uint64_t>(timeout.count()) * 1000000ull;
+  WaitStatus status;
+  uint64_t expected = 0, observed = 0;
+  if (device_ < 0) {
+    SemaphoreDeviceHandle h{localSlot_, remoteInbound_, abort, peer_};
+    status = h.wait();
+    expected = localSlot_->expected;
+    observed = atomicLoadAcquire(&localSlot_->inbound);
+  } else {
+    gpu::copyToHost(device_, &expected, &localSlot_->expected, sizeof(expected));
+    ++expected;
+    gpu::copyToDevice(device_, &localSlot_->expected, &expected, sizeof(expected));
+    const uint64_t start = nowNs();
+    status = WaitStatus::kOk;
+    int polls = 0;
+    while (true) {
+      gpu::copyToHost(device_, &observed, &localSlot_->inbound, sizeof(observed));
+      if (observed >= expected) break;
+      if (abort.aborted()) {
+        status = WaitStatus::kAborted;
+        break;
+      }
+      if (abort.timeoutNs != 0 && nowNs() - start > abort.timeoutNs) {
+        status = WaitStatus::kTimeout;
+        break;
+      }
+      if (++polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  if (status != WaitStatus::kOk) {
+    // Give the signal back so a later wait can still consume it.
+    if (device_ < 0) {
+      localSlot_->expected = expected - 1;
+    } else {
+      const uint64_t restored = expected - 1;
+      gpu::copyToDevice(device_, &localSlot_->expected, &restored, sizeof(restored));
+    }
+  }
+  if (status == WaitStatus::kTimeout) {
+    throw TimeoutError(strCat("semaphore wait in communicator '", commName_, "': peer rank ",
+                              peer_, " did not signal within ", abort.timeoutNs / 1000000,
+                              " ms (waiting for signal ", expected, ", received ", observed, ")"));
+  }
+  if (status == WaitStatus::kAborted) {
+    throw AbortedError(strCat("semaphore wait on peer rank ", peer_, " in communicator '",
+                              commName_, "' was aborted"));
+  }
+}
+
+}  // namespace pyccl

@@ -1,0 +1,9 @@
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+
+namespace pyccl {
+void bindCommunicator(pybind11::module_& m);
+void bindTensors(pybind11::module_& m);
+void bindSelftest(pybind11::module_& m);
+}  // namespace pyccl

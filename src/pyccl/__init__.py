@@ -1,0 +1,82 @@
+"""pyccl: GPU collective communication for PyTorch inference engines.
+
+The runtime core is in the extension module ``pyccl._C``; this package adds the
+Python API on top of it::
+
+    import pyccl
+    comm = pyccl.Communicator(store, rank, world_size, device="cuda:0")
+    buf = pyccl.empty(1024, dtype=torch.float32, device="cuda:0")
+    peers = comm.exchange(comm.register(buf))
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch  # noqa: F401  (loads libtorch and the CUDA runtime that _C links against)
+
+from . import _C
+from ._logging import logger
+from .communicator import Communicator
+from .errors import (
+    AbortedError,
+    ClosedError,
+    CudaError,
+    InvalidArgumentError,
+    PycclError,
+    PycclTimeoutError,
+    RemoteError,
+    UnsupportedError,
+)
+from ._C import RegisteredMemory, Semaphore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbortedError",
+    "ClosedError",
+    "Communicator",
+    "CudaError",
+    "InvalidArgumentError",
+    "PycclError",
+    "PycclTimeoutError",
+    "RegisteredMemory",
+    "RemoteError",
+    "Semaphore",
+    "UnsupportedError",
+    "cuda_available",
+    "empty",
+    "get_include",
+    "logger",
+]
+
+
+def cuda_available() -> bool:
+    """Whether this build has CUDA support and at least one GPU is visible."""
+    return _C.cuda_built() and _C.device_count() > 0
+
+
+def empty(*size, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tensor:
+    """An uninitialized tensor in memory that peers can map.
+
+    On ``cpu`` the memory is shared host memory (what host mode registers); on
+    ``cuda`` it is a cuMem allocation exportable to other processes. Zero-filled.
+    """
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"invalid argument 'device': must be cpu or cuda, got {device}")
+    return _C.empty_shared([int(s) for s in size], dtype, str(dev))
+
+
+def get_include() -> str:
+    """The include directory of pyccl's public device headers: ``#include "channels/semaphore_device.hpp"``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "include")
+    if os.path.isdir(installed):
+        return installed
+    # Editable installs: the headers are in the source tree.
+    return os.path.abspath(os.path.join(here, "..", "..", "csrc"))

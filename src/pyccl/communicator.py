@@ -1,0 +1,201 @@
+"""The Python face of a pyccl communicator."""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import threading
+import weakref
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._logging import logger
+from .errors import InvalidArgumentError
+
+DeviceLike = Union[str, int, torch.device, None]
+
+#: ProcessGroupNCCL's default timeout.
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
+
+# Per-store counters that name communicators created without a name. Every rank
+# creates its communicators over one store in the same order, so the n-th one
+# gets the same name everywhere (as torch names its process groups).
+_name_lock = threading.Lock()
+_name_counters: "weakref.WeakKeyDictionary[dist.Store, itertools.count]" = weakref.WeakKeyDictionary()
+
+
+def _next_name(store: dist.Store) -> str:
+    with _name_lock:
+        counter = _name_counters.setdefault(store, itertools.count())
+        return f"comm{next(counter)}"
+
+
+def _parse_device(device: DeviceLike) -> int:
+    """-1 for host mode, else the CUDA ordinal."""
+    if device is None:
+        return torch.cuda.current_device() if _C.cuda_built() and _C.device_count() > 0 else -1
+    if isinstance(device, int):
+        if device < 0:
+            raise InvalidArgumentError(f"invalid argument 'device': {device} is negative")
+        return device
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return -1
+    if dev.type != "cuda":
+        raise InvalidArgumentError(
+            f"invalid argument 'device': must be 'cpu' (host mode) or a CUDA device, got {device!r}"
+        )
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+class Communicator:
+    """A communicator over ``world_size`` ranks, one per process and device.
+
+    Collective: every rank calls it with the same ``store`` contents, ``world_size``
+    and ``name``. ``device="cpu"`` selects host mode (shared host memory, CPU
+    threads in place of kernels); a CUDA device selects GPU mode.
+
+    Args:
+        store: a ``torch.distributed.Store`` (e.g. the one ``init_process_group`` made).
+        rank: this process's rank in ``[0, world_size)``.
+        world_size: number of ranks.
+        device: ``"cpu"``, ``"cuda:N"``, an ordinal, or None for the current CUDA
+            device (host mode when there is none).
+        name: namespace of the communicator's store keys; by default the n-th
+            communicator created over ``store`` in this process is ``comm<n>``.
+        timeout: bound of every wait (default: ProcessGroupNCCL's, 10 minutes).
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        device: DeviceLike = None,
+        name: Optional[str] = None,
+        timeout: Union[datetime.timedelta, float] = DEFAULT_TIMEOUT,
+    ) -> None:
+        if not isinstance(store, dist.Store):
+            raise InvalidArgumentError(
+                f"invalid argument 'store': expected a torch.distributed.Store, got {type(store).__name__}"
+            )
+        for arg, value in (("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgumentError(f"invalid argument '{arg}': expected an int, got {value!r}")
+        if isinstance(timeout, datetime.timedelta):
+            timeout_ms = int(timeout.total_seconds() * 1000)
+        else:
+            timeout_ms = int(float(timeout) * 1000)
+        if timeout_ms <= 0:
+            raise InvalidArgumentError(f"invalid argument 'timeout': must be positive, got {timeout!r}")
+        self._device = _parse_device(device)
+        self.name = name if name is not None else _next_name(store)
+        self._comm = _C.Communicator(store, rank, world_size, self._device, self.name, timeout_ms)
+        logger.info("communicator %s: rank %d of %d on %s", self.name, rank, world_size, self.device)
+
+    # -- identity -----------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._comm.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu") if self._device < 0 else torch.device("cuda", self._device)
+
+    @property
+    def host_mode(self) -> bool:
+        return self._device < 0
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(milliseconds=self._comm.timeout_ms)
+
+    @property
+    def closed(self) -> bool:
+        return self._comm.closed
+
+    def topology(self) -> dict:
+        """Per rank: host, node, device, and whether this rank reaches it by P2P
+        (established by a real write-and-check probe at creation)."""
+        return self._comm.topology()
+
+    def can_access_peer(self, peer: int) -> bool:
+        return self._comm.can_access_peer(peer)
+
+    # -- host-side collectives over the store --------------------------------
+    def all_gather_bytes(self, data: bytes) -> list:
+        return self._comm.all_gather_bytes(data)
+
+    def barrier(self) -> None:
+        self._comm.barrier()
+
+    def send_bytes(self, peer: int, tag: int, data: bytes) -> None:
+        self._comm.send_bytes(peer, tag, data)
+
+    def recv_bytes(self, peer: int, tag: int) -> bytes:
+        return self._comm.recv_bytes(peer, tag)
+
+    # -- memory ---------------------------------------------------------------
+    def register(self, tensor: torch.Tensor) -> "_C.RegisteredMemory":
+        """Registers a contiguous tensor so peers can map it; holds a reference
+        to the tensor until the registration is released or the communicator closes.
+
+        On GPU, tensors from torch's allocator (cudaMalloc or expandable
+        segments) and from :func:`pyccl.empty` can be registered; in host mode
+        only tensors from ``pyccl.empty(..., device="cpu")``.
+        """
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgumentError(
+                f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}"
+            )
+        return self._comm.register_tensor(tensor)
+
+    def import_memory(self, descriptor: bytes) -> "_C.RegisteredMemory":
+        """Maps memory a peer registered, from its ``serialize()`` bytes."""
+        return self._comm.import_memory(descriptor)
+
+    def exchange(self, memory: "_C.RegisteredMemory") -> list:
+        """Collective: every rank's registration, mapped here, indexed by rank
+        (None for ranks this rank cannot reach by P2P)."""
+        return self._comm.exchange_memory(memory)
+
+    def tensor(self, memory: "_C.RegisteredMemory", dtype: torch.dtype,
+               shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """A tensor viewing registered memory (a peer's mapping too) on this device."""
+        return _C.tensor_of(memory, dtype, list(shape or []), self._device)
+
+    # -- semaphores -------------------------------------------------------------
+    def create_semaphore(self, peer: int) -> "_C.Semaphore":
+        """Pairwise: this rank and ``peer`` both call it (in matching order)."""
+        return self._comm.create_semaphore(peer)
+
+    def device_error(self) -> Optional[dict]:
+        """The first failure a device-side wait recorded (peer, expected, observed), if any."""
+        return self._comm.device_error()
+
+    # -- lifetime -------------------------------------------------------------------
+    def abort(self) -> None:
+        """Makes every wait of this communicator (host or device) give up."""
+        self._comm.abort()
+
+    def close(self) -> None:
+        """Releases every registration, mapping, semaphore, fd and thread. Idempotent."""
+        self._comm.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (f"<pyccl.Communicator {self.name} rank {self.rank}/{self.world_size} "
+                f"on {self.device} ({state})>")
