@@ -60,7 +60,16 @@ void Bootstrap::barrier() {
     store_->get(done, timeout_);
   } catch (const TimeoutError&) {
     int64_t seen = store_->add(counter, 0);
-    throw TimeoutError(strCat("bootstrap barrier in communicator '", nameSpace_, "' (rank ",
+    bool late = false;
+    if (seen >= worldSize_) {
+      // The last rank arrived just now: give it a moment to publish "done".
+      try {
+        store_->get(done, std::chrono::milliseconds(2000));
+        late = true;
+      } catch (const TimeoutError&) {
+      }
+    }
+    if (!late) throw TimeoutError(strCat("bootstrap barrier in communicator '", nameSpace_, "' (rank ",
                               rank_, " of ", worldSize_, "): only ", seen, " of ", worldSize_,
                               " ranks arrived within ", timeout_.count(), " ms"));
   }

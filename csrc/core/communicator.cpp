@@ -287,6 +287,9 @@ std::vector<std::optional<RegisteredMemory>> Communicator::exchangeMemory(
       out[p] = importMemory(all[p]);
     }
   }
+  // On return every rank has mapped every peer's memory, so an owner may
+  // release its registration (or close) without racing a peer's import.
+  bootstrap_->barrier();
   return out;
 }
 
@@ -454,6 +457,9 @@ std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
     std::lock_guard<std::mutex> lock(mu_);
     importedPages_.emplace_back(static_cast<uint64_t>(peer), remotePage);
   }
+  // Both sides have mapped each other's slot before either returns.
+  bootstrap_->send(peer, kSemaphoreTag, Bytes{1});
+  bootstrap_->recv(peer, kSemaphoreTag);
   auto* remoteInbound = &(static_cast<SemaphoreSlot*>(remotePage.data()) + peerSlot)->inbound;
   return std::make_shared<Semaphore>(peer, device_, localPage, slot, remotePage, remoteInbound,
                                      abortState(), options_.name);

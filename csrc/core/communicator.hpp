@@ -64,10 +64,11 @@ class Communicator {
   RegisteredMemory importMemory(const Bytes& descriptor);
   /// Collective: returns every rank's registration of `local`, mapped here,
   /// indexed by rank (this rank's own entry is `local`). Peers this rank cannot
-  /// reach by P2P get std::nullopt.
+  /// reach by P2P get std::nullopt. Returns once every rank has mapped.
   std::vector<std::optional<RegisteredMemory>> exchangeMemory(const RegisteredMemory& local);
 
-  /// Pairwise: both this rank and `peer` call it (in matching order per peer).
+  /// Pairwise: both this rank and `peer` call it (in matching order per peer);
+  /// returns once both sides have mapped each other's slot.
   std::shared_ptr<Semaphore> createSemaphore(int peer);
 
   /// The abort/timeout state kernels of this communicator embed.

@@ -28,6 +28,13 @@ __global__ void selftestKernel(SelftestArgs args) {
     bad += src[i] != selftestValue(peer, i, args.seed) ? 1 : 0;
   }
   if (bad) atomicAdd(args.mismatches, bad);
+  // Closing handshake: the peer may reuse its slot in this buffer (the next
+  // exchange) only once every thread here has finished reading it.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    args.semaphores[b].signal();
+    if (args.semaphores[b].wait() != WaitStatus::kOk) atomicAdd(args.waitFailures, 1u);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // A self-contained exchange that checks registration and semaphores end to end:
 // each rank writes a pattern into a slot of every peer's registered buffer,
 // signals the peer, waits for the peer's signal, and counts the words of its
-// own buffer that do not hold the pattern the peer wrote. On GPUs one thread
+// own buffer that do not hold the pattern the peer wrote, then signals and
+// waits once more so the next exchange cannot overwrite a slot still being
+// read. On GPUs one thread
 // block serves one peer (stores from the SMs, over NVLink/PCIe); in host mode
 // one CPU thread does.
 #pragma once

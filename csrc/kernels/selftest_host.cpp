@@ -24,6 +24,9 @@ SelftestResult runSelftestHost(const SelftestArgs& argsIn) {
       unsigned long long bad = 0;
       for (uint64_t i = 0; i < args.wordsPerRank; ++i) bad += src[i] != selftestValue(peer, i, args.seed);
       mismatches += bad;
+      // Closing handshake: the peer reuses its slot only after this read.
+      args.semaphores[b].signal();
+      if (args.semaphores[b].wait() != WaitStatus::kOk) waitFailures++;
     });
   }
   for (auto& t : threads) t.join();

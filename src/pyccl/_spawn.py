@@ -33,17 +33,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world_size, port, env, args, results):
+def _child(fn, rank, world_size, port, env, args, results, linger_s):
     os.environ.update(env)
+    store = None
     try:
+        import datetime
+
         import torch.distributed as dist
 
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=(rank == 0),
-                              timeout=__import__("datetime").timedelta(seconds=60))
+                              timeout=datetime.timedelta(seconds=60))
         value = fn(rank, world_size, store, *args)
         results.put((rank, "ok", value))
     except BaseException as exc:  # report everything, including SystemExit
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        _finish(store, rank, world_size, linger_s)
+
+
+def _finish(store, rank, world_size, linger_s):
+    """Rank 0 serves the store: it stays until every rank is done with it (bounded)."""
+    if store is None:
+        return
+    try:
+        store.add("_pyccl_spawn/done", 1)
+        if rank == 0:
+            deadline = time.monotonic() + linger_s
+            while store.add("_pyccl_spawn/done", 0) < world_size and time.monotonic() < deadline:
+                time.sleep(0.01)
+    except Exception:
+        pass  # a peer that died took its connection with it; nothing to wait for
 
 
 class RankFailure(RuntimeError):
@@ -63,7 +82,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, dict(env or {}), tuple(args), results),
+    procs = [ctx.Process(target=_child,
+                         args=(fn, r, world_size, port, dict(env or {}), tuple(args), results, timeout),
                          daemon=True)
              for r in range(world_size)]
     for p in procs:

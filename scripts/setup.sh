@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Sourced by scripts/main.sh and scripts/test.sh: makes .venv (reusing an
+# installed torch >= 2.6 when there is one, else torch 2.11.0 from PyPI),
+# installs the build and test tools that are missing, and builds pyccl
+# (incrementally; skipped when no source changed). Works offline where torch,
+# scikit-build-core, ninja and pytest are already installed (GPU machines).
+set -euo pipefail
+
+PYCCL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PYCCL_VENV:-$PYCCL_ROOT/.venv}"
+BASE_PY="${PYTHON:-python3}"
+TORCH_PIN="2.11.0"
+
+log() { echo "[setup] $*" >&2; }
+
+has_torch() {  # $1: python; succeeds for torch >= 2.6
+  "$1" - <<'PY' 2>/dev/null
+import sys, torch
+major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+sys.exit(0 if (major, minor) >= (2, 6) else 1)
+PY
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if has_torch "$BASE_PY"; then
+    log "reusing the torch installed for $BASE_PY"
+    "$BASE_PY" -m venv --system-site-packages "$VENV"
+    # If $BASE_PY is itself a virtual environment, its packages are not the
+    # "system" ones of the new venv: point at them with a .pth file.
+    site_dir="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$BASE_PY" -c 'import site, sys; print("\n".join(site.getsitepackages()))' > "$site_dir/_pyccl_base_env.pth"
+  else
+    log "creating $VENV"
+    "$BASE_PY" -m venv "$VENV"
+  fi
+fi
+PY="$VENV/bin/python"
+export PATH="$VENV/bin:$PATH"
+
+if ! has_torch "$PY"; then
+  log "installing torch==$TORCH_PIN from PyPI (about 3 GB with its CUDA libraries)"
+  "$PY" -m pip install -q "torch==$TORCH_PIN"
+fi
+
+missing=()
+"$PY" -c "import scikit_build_core" 2>/dev/null || missing+=("scikit-build-core>=0.10")
+"$PY" -c "import pytest" 2>/dev/null || missing+=("pytest>=7")
+command -v ninja >/dev/null 2>&1 || "$PY" -c "import ninja" 2>/dev/null || missing+=("ninja")
+"$PY" -c "import numpy" 2>/dev/null || missing+=("numpy")
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  "$PY" -m pip install -q "${missing[@]}"
+fi
+if ! command -v ccache >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # Optional: speeds up rebuilds; never required.
+  (apt-get install -y -q ccache >/dev/null 2>&1 || true)
+fi
+
+# Rebuild only when a build input changed.
+stamp="$VENV/.pyccl-build-stamp"
+digest="$(cd "$PYCCL_ROOT" && find csrc CMakeLists.txt pyproject.toml scripts/torch_build_info.py -type f \
+            -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! "$PY" -c "import pyccl._C" 2>/dev/null; then
+  log "building pyccl (log: $VENV/pyccl-build.log)"
+  start=$(date +%s)
+  if ! (cd "$PYCCL_ROOT" && "$PY" -m pip install --no-build-isolation --no-deps -v -e . \
+          > "$VENV/pyccl-build.log" 2>&1); then
+    tail -n 60 "$VENV/pyccl-build.log" >&2
+    log "build failed; full log in $VENV/pyccl-build.log"
+    exit 1
+  fi
+  grep -E "pyccl: (building with CUDA|CPU-only build)" "$VENV/pyccl-build.log" | sed 's/^ *-- /[setup] /' >&2 || true
+  echo "$digest" > "$stamp"
+  log "built in $(( $(date +%s) - start )) s"
+fi

@@ -1,0 +1,23 @@
+import os
+
+import pytest
+
+# NVLink SHARP (multicast) stays off wherever these tests run.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import pyccl  # noqa: E402
+
+
+def gpu_count() -> int:
+    return pyccl._C.device_count() if pyccl._C.cuda_built() else 0
+
+
+def requires_gpus(n: int):
+    """Skips (saying why) unless this build has CUDA and at least n GPUs are visible."""
+    if not pyccl._C.cuda_built():
+        reason = "pyccl was built without CUDA"
+    else:
+        reason = f"needs {n} CUDA GPU(s), {gpu_count()} visible"
+    return pytest.mark.skipif(gpu_count() < n, reason=reason)

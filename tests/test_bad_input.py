@@ -1,0 +1,87 @@
+"""Bad input fails at the call, naming the argument, and runs nothing."""
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import pyccl
+
+
+@pytest.fixture
+def store():
+    return dist.HashStore()
+
+
+def _expect_invalid(arg, fn, *args, **kwargs):
+    with pytest.raises(pyccl.InvalidArgumentError) as info:
+        fn(*args, **kwargs)
+    assert f"'{arg}'" in str(info.value), str(info.value)
+    assert isinstance(info.value, ValueError)
+    return info.value
+
+
+@pytest.mark.parametrize("rank", [-1, 2, 7])
+def test_rank_out_of_range(store, rank):
+    _expect_invalid("rank", pyccl.Communicator, store, rank, 2, device="cpu")
+
+
+@pytest.mark.parametrize("world", [0, -3])
+def test_bad_world_size(store, world):
+    _expect_invalid("world_size", pyccl.Communicator, store, 0, world, device="cpu")
+
+
+def test_non_integer_rank(store):
+    _expect_invalid("rank", pyccl.Communicator, store, 0.5, 2, device="cpu")
+
+
+def test_store_must_be_a_store():
+    _expect_invalid("store", pyccl.Communicator, {"not": "a store"}, 0, 1, device="cpu")
+
+
+def test_bad_timeout(store):
+    _expect_invalid("timeout", pyccl.Communicator, store, 0, 1, device="cpu",
+                    timeout=datetime.timedelta(seconds=0))
+
+
+def test_bad_device_kind(store):
+    _expect_invalid("device", pyccl.Communicator, store, 0, 1, device="meta")
+
+
+def test_cuda_device_that_does_not_exist(store):
+    n = pyccl._C.device_count()
+    _expect_invalid("device", pyccl.Communicator, store, 0, 1, device=f"cuda:{n + 3}")
+
+
+def test_single_rank_communicator_and_bad_registrations(store):
+    comm = pyccl.Communicator(store, 0, 1, device="cpu")
+    assert comm.topology()["p2p"] == [[True]]
+    # Size 0.
+    _expect_invalid("tensor", comm.register, pyccl.empty(4)[:0])
+    with pytest.raises(pyccl.InvalidArgumentError, match="'size'"):
+        pyccl.empty(0)
+    # Ordinary host memory cannot be shared in host mode.
+    err = _expect_invalid("tensor", comm.register, torch.empty(16))
+    assert "pyccl.empty" in str(err)
+    # Non-contiguous.
+    _expect_invalid("tensor", comm.register, pyccl.empty(8, 8)[:, 0])
+    # Not a tensor.
+    _expect_invalid("tensor", comm.register, [1, 2, 3])
+    # Garbage and truncated descriptors.
+    _expect_invalid("memory descriptor", comm.import_memory, b"garbage")
+    good = comm.register(pyccl.empty(16)).serialize()
+    for cut in (1, 8, len(good) // 2, len(good) - 1):
+        _expect_invalid("memory descriptor", comm.import_memory, good[:cut])
+    # Semaphore with itself / out of range.
+    _expect_invalid("peer", comm.create_semaphore, 0)
+    _expect_invalid("peer", comm.create_semaphore, 5)
+    comm.close()
+    with pytest.raises(pyccl.ClosedError, match="destroyed"):
+        comm.register(pyccl.empty(4))
+
+
+@pytest.mark.skipif(pyccl._C.device_count() > 0, reason="checks the message on machines without GPUs")
+def test_cuda_device_without_gpus_names_device(store):
+    err = _expect_invalid("device", pyccl.Communicator, store, 0, 1, device="cuda:0")
+    assert "cuda:0" in str(err)

@@ -1,0 +1,56 @@
+"""The extension module itself: build flavour, errors, logging, headers."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pyccl
+
+
+def test_cuda_build_matches_torch():
+    # CUDA parts are built when torch has CUDA (and nvcc was found at build time).
+    if torch.version.cuda is None:
+        assert not pyccl._C.cuda_built()
+    assert isinstance(pyccl.cuda_available(), bool)
+
+
+def test_exception_hierarchy():
+    assert issubclass(pyccl.InvalidArgumentError, ValueError)
+    assert issubclass(pyccl.PycclTimeoutError, TimeoutError)
+    for exc in (pyccl.InvalidArgumentError, pyccl.PycclTimeoutError, pyccl.AbortedError,
+                pyccl.ClosedError, pyccl.CudaError, pyccl.UnsupportedError, pyccl.RemoteError):
+        assert issubclass(exc, pyccl.PycclError) and issubclass(exc, RuntimeError)
+
+
+def test_cpp_messages_reach_python_intact():
+    with pytest.raises(pyccl.InvalidArgumentError) as info:
+        pyccl._C.set_log_level("LOUD")
+    assert str(info.value) == (
+        "invalid argument 'level': unknown log level 'LOUD' (expected TRACE, DEBUG, INFO, WARN, ERROR or OFF)")
+
+
+def test_log_level_from_environment():
+    code = ("import torch, torch.distributed as dist, pyccl;"
+            "c = pyccl.Communicator(dist.HashStore(), 0, 1, device='cpu', name='logtest'); c.close()")
+    env = dict(os.environ, PYCCL_LOG_LEVEL="INFO")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "communicator 'logtest' ready: rank 0 of 1" in out.stderr
+    env["PYCCL_LOG_LEVEL"] = "ERROR"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ready" not in out.stderr
+
+
+def test_public_headers_are_found():
+    inc = pyccl.get_include()
+    for header in ("device_common.hpp", "semaphore_device.hpp"):
+        assert os.path.isfile(os.path.join(inc, "channels", header)), inc
+
+
+def test_module_does_not_link_libcuda():
+    so = pyccl._C.__file__
+    out = subprocess.run(["ldd", so], capture_output=True, text=True)
+    assert "libcuda.so" not in out.stdout, out.stdout
