@@ -51,10 +51,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   "$PY" -m pip install -q "${missing[@]}"
 fi
-if ! command -v ccache >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  # Optional: speeds up rebuilds; never required.
-  (apt-get install -y -q ccache >/dev/null 2>&1 || true)
-fi
 
 # Rebuild only when a build input changed.
 stamp="$VENV/.pyccl-build-stamp"

@@ -1,0 +1,166 @@
+"""Per-rank bodies of the GPU tests (one process per GPU)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+
+import pyccl
+
+
+def _gpu_comm(store, rank, world, timeout_s=60.0):
+    torch.cuda.set_device(rank)
+    return pyccl.Communicator(store, rank, world, device=f"cuda:{rank}",
+                              timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _buffers(rank, world, words, allocator):
+    """The buffer under test, from the allocator named."""
+    n = world * words
+    if allocator == "pyccl.empty":
+        return pyccl.empty(n, dtype=torch.int32, device=f"cuda:{rank}")
+    if allocator == "expandable":
+        assert "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        # Something first, so the buffer starts inside a segment and spans several.
+        _pad = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+        buf = torch.empty(n, dtype=torch.int32, device="cuda")
+        buf._pad = _pad  # keep the padding alive with the buffer
+        return buf
+    return torch.empty(n, dtype=torch.int32, device="cuda")
+
+
+def peer_writes(rank, world, store, words, allocator, seed):
+    comm = _gpu_comm(store, rank, world)
+    topo = comm.topology()
+    buf = _buffers(rank, world, words, allocator)
+    buf.fill_(-1)
+    local = comm.register(buf)
+    mapped = comm.exchange(local)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    patterns = [torch.randint(-2**31, 2**31 - 1, (words,), generator=gen, dtype=torch.int32)
+                for _ in range(world)]
+    mine = patterns[rank].cuda()
+    # A kernel on this GPU stores into every peer's memory (NVLink/PCIe P2P).
+    for p in range(world):
+        comm.tensor(mapped[p], torch.int32)[rank * words:(rank + 1) * words].copy_(mine)
+    torch.cuda.synchronize()
+    comm.barrier()
+    expected = torch.cat(patterns).cuda()
+    wrong = int((buf != expected).sum())
+    info = {"kind": local.kind, "chunks": local.num_chunks, "wrong": wrong,
+            "p2p": topo["p2p"], "peer_kinds": sorted({m.kind for m in mapped})}
+    comm.barrier()
+    comm.close()
+    return info
+
+
+def device_selftest(rank, world, store, words, seeds):
+    comm = _gpu_comm(store, rank, world)
+    buf = pyccl.empty(world * words, dtype=torch.int32, device=f"cuda:{rank}")
+    local = comm.register(buf)
+    mapped = comm.exchange(local)
+    sems = [comm.create_semaphore(p) for p in range(world) if p != rank]
+    out = []
+    for seed in seeds:
+        t0 = time.perf_counter()
+        m, f = pyccl._C._selftest_exchange(comm._comm, mapped, local, sems, words, seed)
+        out.append((int(m), int(f), time.perf_counter() - t0))
+    comm.barrier()
+    comm.close()
+    return out
+
+
+def host_semaphores_on_gpu(rank, world, store, rounds):
+    comm = _gpu_comm(store, rank, world)
+    peer = 1 - rank
+    sem = comm.create_semaphore(peer)
+    buf = pyccl.empty(4, dtype=torch.int64, device=f"cuda:{rank}")
+    mapped = comm.exchange(comm.register(buf))
+    bad = 0
+    for r in range(rounds):
+        if rank == 0:
+            comm.tensor(mapped[1], torch.int64)[0] = r  # store to the peer's GPU
+            torch.cuda.synchronize()
+            sem.signal()
+            sem.wait()
+        else:
+            sem.wait()
+            bad += int(buf[0].item() != r)
+            sem.signal()
+    received = sem.received
+    comm.barrier()
+    comm.close()
+    return bad, received
+
+
+def device_wait_timeout(rank, world, store):
+    comm = _gpu_comm(store, rank, world, timeout_s=2)
+    buf = pyccl.empty(world * 16, dtype=torch.int32, device=f"cuda:{rank}")
+    local = comm.register(buf)
+    mapped = comm.exchange(local)
+    sem = comm.create_semaphore(1 - rank)
+    result = None
+    if rank == 0:
+        t0 = time.monotonic()
+        _, failures = pyccl._C._selftest_exchange(comm._comm, mapped, local, [sem], 16, 5)
+        result = (int(failures), comm.device_error(), time.monotonic() - t0)
+        store.set("gpu_absent_done", b"1")
+    else:
+        store.get("gpu_absent_done")
+    comm.close()
+    return result
+
+
+def gpu_bad_input(rank, world, store):
+    comm = _gpu_comm(store, rank, world)
+    messages = {}
+    cases = {
+        "cpu tensor": lambda: comm.register(pyccl.empty(16, dtype=torch.float32, device="cpu")),
+        "size 0": lambda: comm.register(torch.empty(0, device="cuda")),
+        "non-contiguous": lambda: comm.register(torch.empty(8, 8, device="cuda")[:, 1]),
+    }
+    if torch.cuda.device_count() > 1:
+        other = (rank + 1) % torch.cuda.device_count()
+        cases["other device"] = lambda: comm.register(torch.empty(16, device=f"cuda:{other}"))
+    for label, call in cases.items():
+        try:
+            call()
+            messages[label] = None
+        except pyccl.InvalidArgumentError as e:
+            messages[label] = str(e)
+    comm.barrier()
+    comm.close()
+    return messages
+
+
+def gpu_create_destroy_cycles(rank, world, store, cycles):
+    def one(i):
+        torch.cuda.set_device(rank)
+        comm = pyccl.Communicator(store, rank, world, device=f"cuda:{rank}", name=f"gcycle{i}",
+                                  timeout=datetime.timedelta(seconds=60))
+        buf = torch.empty(1 << 20, dtype=torch.int32, device="cuda")
+        sym = pyccl.empty(1 << 20, dtype=torch.int32, device=f"cuda:{rank}")
+        mapped = comm.exchange(comm.register(buf))
+        mapped2 = comm.exchange(comm.register(sym))
+        sems = [comm.create_semaphore(p) for p in range(world) if p != rank]
+        pyccl._C._selftest_exchange(comm._comm, mapped2, mapped2[rank], sems, 1024, i & 0xffff)
+        comm.barrier()
+        comm.close()
+        del comm, buf, sym, mapped, mapped2, sems
+
+    def snapshot():
+        torch.cuda.synchronize()
+        free, _ = torch.cuda.mem_get_info()
+        return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")),
+                "gpu_used_mib": (torch.cuda.mem_get_info()[1] - free) >> 20}
+
+    one(-1)
+    torch.cuda.empty_cache()
+    before = snapshot()
+    for i in range(cycles):
+        one(i)
+    torch.cuda.empty_cache()
+    return before, snapshot()
