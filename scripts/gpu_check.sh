@@ -13,6 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
   nvidia-smi topo -m
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
   cmake --version | head -1; nvcc --version | tail -1
+  echo "CXX=${CXX:-} CUDAHOSTCXX=${CUDAHOSTCXX:-}"
+  if [ -n "${CXX:-}" ] && [ "$(wc -c < "$CXX")" -lt 4096 ]; then cat "$CXX"; fi
 } 2>&1 | tee "$OUT/machine.txt"
 start=$(date +%s)
 bash scripts/test.sh -rs "$@" 2>&1 | tee "$OUT/tests.txt"

@@ -52,10 +52,30 @@ if [ ${#missing[@]} -gt 0 ]; then
   "$PY" -m pip install -q "${missing[@]}"
 fi
 
+# A Python extension must share libstdc++ with torch. A compiler (or wrapper
+# script) that links libstdc++ statically gives the module a second copy whose
+# locale is never initialized: it crashes formatting numbers. Prefer the
+# system compiler then.
+links_static_libstdcxx() {
+  # The driver's link plan shows a static libstdc++ as -Bstatic "-lstdc++".
+  "$1" -### -shared -x c++ /dev/null -o /dev/null 2>&1 | grep -qE -- '-Bstatic "?-lstdc\+\+'
+
+}
+if [ -n "${CXX:-}" ] && links_static_libstdcxx "$CXX"; then
+  for candidate in g++ c++; do
+    path="$(command -v "$candidate" || true)"
+    if [ -n "$path" ] && [ "$path" != "$CXX" ] && ! links_static_libstdcxx "$path"; then
+      log "CXX=$CXX links libstdc++ statically, which breaks Python extensions; using $path"
+      export CXX="$path" CUDAHOSTCXX="$path"
+      break
+    fi
+  done
+fi
+
 # Rebuild only when a build input changed.
 stamp="$VENV/.pyccl-build-stamp"
 digest="$(cd "$PYCCL_ROOT" && find csrc CMakeLists.txt pyproject.toml scripts/torch_build_info.py -type f \
-            -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}"
+            -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${CXX:-}"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! "$PY" -c "import pyccl._C" 2>/dev/null; then
   log "building pyccl (log: $VENV/pyccl-build.log)"
   start=$(date +%s)
