@@ -56,16 +56,20 @@ fi
 # script) that links libstdc++ statically gives the module a second copy whose
 # locale is never initialized: it crashes formatting numbers. Prefer the
 # system compiler then.
-links_static_libstdcxx() {
-  # The driver's link plan shows a static libstdc++ as -Bstatic "-lstdc++".
-  "$1" -### -shared -x c++ /dev/null -o /dev/null 2>&1 | grep -qE -- '-Bstatic "?-lstdc\+\+'
-
+links_static_libstdcxx() {  # $1: C++ compiler; succeeds if it links libstdc++ statically
+  local dir syms=""
+  dir="$(mktemp -d)"
+  if "$1" -shared -fPIC "$PYCCL_ROOT/scripts/libstdcxx_probe.cpp" -o "$dir/probe.so" 2>/dev/null; then
+    syms="$(nm -C --defined-only "$dir/probe.so" 2>/dev/null || true)"
+  fi
+  rm -rf "$dir"
+  [[ "$syms" == *"_M_insert<long>"* ]]
 }
-if [ -n "${CXX:-}" ] && links_static_libstdcxx "$CXX"; then
-  for candidate in g++ c++; do
+if links_static_libstdcxx "${CXX:-c++}"; then
+  for candidate in /usr/bin/g++ /usr/bin/c++ g++ c++; do
     path="$(command -v "$candidate" || true)"
-    if [ -n "$path" ] && [ "$path" != "$CXX" ] && ! links_static_libstdcxx "$path"; then
-      log "CXX=$CXX links libstdc++ statically, which breaks Python extensions; using $path"
+    if [ -n "$path" ] && [ "$path" != "${CXX:-}" ] && ! links_static_libstdcxx "$path"; then
+      log "CXX=${CXX:-c++} links libstdc++ statically, which breaks Python extensions; using $path"
       export CXX="$path" CUDAHOSTCXX="$path"
       break
     fi
