@@ -55,11 +55,15 @@ at::Tensor tensorOf(const RegisteredMemory& memory, at::ScalarType dtype,
   const int64_t numel = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
   PYCCL_CHECK_ARG(numel >= 0 && static_cast<uint64_t>(numel) * elem <= size, "shape", "needs ",
                   numel * static_cast<int64_t>(elem), " bytes but the memory has ", size);
-  auto options = at::TensorOptions().dtype(dtype).device(
-      device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, device));
+  const at::Device where = device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, device);
   RegisteredMemory keep = memory;
-  return at::from_blob(memory.data(), shape, [keep](void*) mutable { keep = RegisteredMemory(); },
-                       options);
+  // A peer's memory mapped here reports the peer's GPU as its device; the
+  // tensor lives on (and is used from) this communicator's device.
+  return at::for_blob(memory.data(), shape)
+      .deleter([keep](void*) mutable { keep = RegisteredMemory(); })
+      .options(at::TensorOptions().dtype(dtype).device(where))
+      .target_device(where)
+      .make_tensor();
 }
 
 }  // namespace pyccl
