@@ -208,18 +208,22 @@ def host_selftest(rank, world, store, words):
     return results
 
 
-def host_selftest_peer_absent(rank, world, store):
-    """Rank 1 never takes part: rank 0's waits give up at the timeout and the
-    error record names rank 1."""
-    comm = _comm(store, rank, world, timeout_s=2)
-    buf = pyccl.empty(world * 16, dtype=torch.int32)
+def selftest_peer_absent(rank, world, store, on_gpu):
+    """Rank 1 never takes part: rank 0's waits (CPU threads in host mode, a
+    kernel on GPU) give up at the 2 s timeout and the error record names rank 1."""
+    device = "cpu"
+    if on_gpu:
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    comm = _comm(store, rank, world, device=device, timeout_s=2)
+    buf = pyccl.empty(world * 16, dtype=torch.int32, device=device)
     local = comm.register(buf)
     mapped = comm.exchange(local)
     sem = comm.create_semaphore(1 - rank)
     result = None
     if rank == 0:
         t0 = time.monotonic()
-        mism, failures = pyccl._C._selftest_exchange(comm._comm, mapped, local, [sem], 16, 9)
+        _, failures = pyccl._C._selftest_exchange(comm._comm, mapped, local, [sem], 16, 9)
         result = (int(failures), comm.device_error(), time.monotonic() - t0)
         store.set("absent_test_done", b"1")
     else:

@@ -96,24 +96,6 @@ def host_semaphores_on_gpu(rank, world, store, rounds):
     return bad, received
 
 
-def device_wait_timeout(rank, world, store):
-    comm = _gpu_comm(store, rank, world, timeout_s=2)
-    buf = pyccl.empty(world * 16, dtype=torch.int32, device=f"cuda:{rank}")
-    local = comm.register(buf)
-    mapped = comm.exchange(local)
-    sem = comm.create_semaphore(1 - rank)
-    result = None
-    if rank == 0:
-        t0 = time.monotonic()
-        _, failures = pyccl._C._selftest_exchange(comm._comm, mapped, local, [sem], 16, 5)
-        result = (int(failures), comm.device_error(), time.monotonic() - t0)
-        store.set("gpu_absent_done", b"1")
-    else:
-        store.get("gpu_absent_done")
-    comm.close()
-    return result
-
-
 def gpu_bad_input(rank, world, store):
     comm = _gpu_comm(store, rank, world)
     messages = {}

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+import ranks
 import ranks_gpu
 from conftest import gpu_count, requires_gpus
 from pyccl._spawn import run_ranks
@@ -58,7 +59,7 @@ def test_host_semaphores_on_gpu_memory():
 
 @requires_gpus(2)
 def test_device_wait_times_out_and_names_the_peer():
-    failures, record, took = run_ranks(ranks_gpu.device_wait_timeout, 2, timeout=120)[0]
+    failures, record, took = run_ranks(ranks.selftest_peer_absent, 2, args=(True,), timeout=120)[0]
     assert failures >= 1
     assert record["status"] == "timeout" and record["peer"] == 1
     assert 1.9 <= took <= 15, took

@@ -32,7 +32,7 @@ def test_abort_unblocks_a_waiting_thread():
 
 
 def test_kernel_side_wait_gives_up_and_names_the_peer():
-    failures, record, took = run_ranks(ranks.host_selftest_peer_absent, 2, timeout=60)[0]
+    failures, record, took = run_ranks(ranks.selftest_peer_absent, 2, args=(False,), timeout=60)[0]
     assert failures == 1
     assert record == {"status": "timeout", "peer": 1, "expected": 1, "observed": 0}
     assert 1.9 <= took <= 8.0, took
