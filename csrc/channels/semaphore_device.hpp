@@ -53,6 +53,16 @@ struct SemaphoreDeviceHandle {
     return spinUntilAtLeast(&local->inbound, target, abort, peer, &observed);
   }
 
+  /// Waits like wait() but with relaxed order: for signals that carry no data
+  /// (or when the caller fences itself).
+  PYCCL_HOST_DEVICE WaitStatus relaxedWait() {
+    const uint64_t target = local->expected + 1;
+    local->expected = target;
+    if (atomicLoadRelaxed(&local->inbound) >= target) return WaitStatus::kOk;
+    uint64_t observed = 0;
+    return spinUntilAtLeast(&local->inbound, target, abort, peer, &observed);
+  }
+
   /// Whether the next signal has arrived; consumes it if so. Never blocks.
   PYCCL_HOST_DEVICE bool poll() {
     const uint64_t target = local->expected + 1;

@@ -2,14 +2,17 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "core/errors.hpp"
 #include "core/fd_passing.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/host_memory.hpp"
 #include "core/logging.hpp"
+#include "core/proxy.hpp"
 
 #ifdef PYCCL_WITH_CUDA
 #include "core/gpu_memory.hpp"
@@ -465,6 +468,16 @@ std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
                                      abortState(), options_.name);
 }
 
+std::shared_ptr<ProxyService> Communicator::proxyService() {
+  checkOpen("proxy");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!proxy_) {
+    proxy_ = std::make_shared<ProxyService>(device_, kProxyFifoSize, abortState(),
+                                            strCat(options_.name, "/rank", rank_));
+  }
+  return proxy_;
+}
+
 AbortState Communicator::abortState() const {
   AbortState s{};
   if (hostMode()) {
@@ -505,6 +518,23 @@ bool Communicator::aborted() const {
 void Communicator::close() {
   if (closed_.exchange(true)) return;
   abort();  // any wait still running gives up
+  std::shared_ptr<ProxyService> proxy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    proxy = proxy_;
+  }
+  // Host-mode kernels see the abort flag within a poll interval; wait for them
+  // (bounded) before their FIFO and memory go away.
+  const uint64_t deadline = nowNs() + 10ull * 1000000000ull;
+  while (hostKernels_.load() > 0 && nowNs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (hostKernels_.load() > 0) {
+    PYCCL_LOG(Error, "closing communicator '" << options_.name << "' while "
+                                              << hostKernels_.load() << " host-mode kernels still run");
+  }
+  // The proxy stops before the memory it copies from and into is unmapped.
+  if (proxy) proxy->stop();
 #ifdef PYCCL_WITH_CUDA
   if (!hostMode()) {
     // Kernels may still use the memory about to be unmapped.
@@ -528,6 +558,10 @@ void Communicator::close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ownedAllocations_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    proxy_.reset();
   }
   fdServer_.reset();  // joins the server thread, closes every published fd
   if (hostMode()) {

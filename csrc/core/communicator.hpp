@@ -14,6 +14,7 @@
 
 #include "channels/device_common.hpp"
 #include "core/bootstrap.hpp"
+#include "core/channels.hpp"
 #include "core/registered_memory.hpp"
 #include "core/semaphore.hpp"
 #include "core/topology.hpp"
@@ -21,6 +22,7 @@
 namespace pyccl {
 
 class FdServer;
+class ProxyService;
 
 struct CommunicatorOptions {
   std::string name;  ///< namespace of this communicator's store keys
@@ -71,10 +73,35 @@ class Communicator {
   /// returns once both sides have mapped each other's slot.
   std::shared_ptr<Semaphore> createSemaphore(int peer);
 
+  /// Pairwise: a MemoryChannel between `local` (registered here) and the
+  /// buffer the peer passes; `localPackets` (optional, registered here) is the
+  /// packet buffer the peer's putPackets write into.
+  std::shared_ptr<MemoryChannel> createMemoryChannel(int peer, const RegisteredMemory& local,
+                                                     const RegisteredMemory& localPackets);
+  /// Pairwise: a PortChannel between `local` and the peer's buffer, moved by
+  /// this rank's proxy through `transport` ("auto", "host", "cuda_ipc").
+  std::shared_ptr<PortChannel> createPortChannel(int peer, const RegisteredMemory& local,
+                                                 const std::string& transport);
+  /// This communicator's proxy (started on first use).
+  std::shared_ptr<ProxyService> proxyService();
+
   /// The abort/timeout state kernels of this communicator embed.
   AbortState abortState() const;
   /// The first failure a device-side wait recorded, if any (status 0: none).
   DeviceErrorRecord deviceError() const;
+  /// Marks a host-mode "kernel" (CPU threads using this communicator's
+  /// channels) as running; close() waits for them after raising the abort flag.
+  class HostKernelScope {
+   public:
+    explicit HostKernelScope(Communicator& c) : c_(c) { c_.hostKernels_.fetch_add(1); }
+    ~HostKernelScope() { c_.hostKernels_.fetch_sub(1); }
+    HostKernelScope(const HostKernelScope&) = delete;
+    HostKernelScope& operator=(const HostKernelScope&) = delete;
+
+   private:
+    Communicator& c_;
+  };
+
   /// Raises the abort flag: every wait (host or device) gives up.
   void abort();
   bool aborted() const;
@@ -93,6 +120,7 @@ class Communicator {
   int worldSize_;
   int device_;
   CommunicatorOptions options_;
+  static constexpr uint32_t kProxyFifoSize = 1024;
   std::unique_ptr<Bootstrap> bootstrap_;
   std::shared_ptr<FdServer> fdServer_;
   Topology topology_;
@@ -110,6 +138,8 @@ class Communicator {
   RegisteredMemory semaphorePage_;
   size_t semaphoreSlotsUsed_ = 0;
   std::vector<std::pair<uint64_t, RegisteredMemory>> importedPages_;  // (peer<<32|export) -> page
+  std::shared_ptr<ProxyService> proxy_;
+  std::atomic<int> hostKernels_{0};
   std::atomic<bool> closed_{false};
 };
 

@@ -30,6 +30,8 @@ class Semaphore {
   /// The handle kernels use (its pointers are device addresses on GPU).
   SemaphoreDeviceHandle deviceHandle() const;
   bool valid() const;
+  /// The peer's inbound counter mapped here (what a proxy on this rank writes).
+  uint64_t* remoteInboundPtr() const { return remoteInbound_; }
 
  private:
   void checkValid() const;

@@ -6,6 +6,8 @@
 
 #include "core/communicator.hpp"
 #include "core/errors.hpp"
+#include "core/proxy.hpp"
+#include "kernels/channel_ops.hpp"
 #include "kernels/selftest.hpp"
 #include "python/bindings.hpp"
 #include "torch/store_adapter.hpp"
@@ -92,6 +94,21 @@ void bindCommunicator(py::module_& m) {
       }, py::arg("timeout_ms") = 0, py::call_guard<py::gil_scoped_release>(),
            "Waits for the peer's next signal; bounded by timeout_ms (0: the communicator's).");
 
+  py::class_<MemoryChannel, std::shared_ptr<MemoryChannel>>(
+      m, "MemoryChannel", "Load/store channel to one peer (HB puts and LL packets).")
+      .def_property_readonly("peer", &MemoryChannel::peer)
+      .def_property_readonly("valid", &MemoryChannel::valid)
+      .def_property_readonly("local_size", &MemoryChannel::localSize)
+      .def_property_readonly("remote_size", &MemoryChannel::remoteSize)
+      .def_property_readonly("packet_bytes", &MemoryChannel::packetBytes);
+
+  py::class_<PortChannel, std::shared_ptr<PortChannel>>(
+      m, "PortChannel", "Proxy-driven channel to one peer (copy engine, host copy).")
+      .def_property_readonly("peer", &PortChannel::peer)
+      .def_property_readonly("valid", &PortChannel::valid)
+      .def_property_readonly("transport", &PortChannel::transport)
+      .def_property_readonly("channel_id", &PortChannel::channelId);
+
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init([](c10::intrusive_ptr<c10d::Store> store, int rank, int worldSize, int device,
                        std::string name, int64_t timeoutMs) {
@@ -177,6 +194,26 @@ void bindCommunicator(py::module_& m) {
         d["observed"] = rec.observed;
         return d;
       })
+      .def("create_memory_channel", [](Communicator& c, int peer, const RegisteredMemory& local,
+                                       std::optional<RegisteredMemory> packets) {
+        py::gil_scoped_release release;
+        return c.createMemoryChannel(peer, local, packets.value_or(RegisteredMemory()));
+      }, py::arg("peer"), py::arg("memory"), py::arg("packets") = py::none())
+      .def("create_port_channel", &Communicator::createPortChannel, py::arg("peer"),
+           py::arg("memory"), py::arg("transport") = "auto",
+           py::call_guard<py::gil_scoped_release>())
+      .def("proxy_stats", [](Communicator& c) {
+        auto p = c.proxyService();
+        py::dict d;
+        d["running"] = p->running();
+        d["executed"] = p->executed();
+        d["dropped"] = p->dropped();
+        d["error"] = p->error();
+        return d;
+      })
+      .def("stop_proxy", [](Communicator& c) { c.proxyService()->stop(); },
+           py::call_guard<py::gil_scoped_release>(),
+           "Stops the proxy now (pending triggers are dropped); for tests of shutdown.")
       .def("abort", &Communicator::abort)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
 }
@@ -196,6 +233,44 @@ void bindTensors(py::module_& m) {
 }
 
 void bindSelftest(py::module_& m) {
+  m.def("_run_channel_ops", [](Communicator& comm,
+                               std::vector<std::shared_ptr<MemoryChannel>> memory,
+                               std::vector<std::shared_ptr<PortChannel>> port,
+                               std::vector<std::tuple<uint32_t, uint32_t, uint64_t, uint64_t, uint64_t, uint32_t>> ops,
+                               int repeat, uint32_t blocks, uint32_t threads) {
+    PYCCL_CHECK_ARG(memory.size() <= kMaxOpChannels && port.size() <= kMaxOpChannels, "channels",
+                    "at most ", kMaxOpChannels, " of each kind");
+    PYCCL_CHECK_ARG(!ops.empty() && ops.size() <= kMaxChannelOps, "ops", "1 to ", kMaxChannelOps, " ops");
+    PYCCL_CHECK_ARG(repeat >= 1, "repeat", "must be >= 1");
+    PYCCL_CHECK_ARG(blocks >= 1 && blocks <= 1024, "blocks", "must be in [1, 1024]");
+    PYCCL_CHECK_ARG(threads >= 1 && threads <= 1024, "threads", "must be in [1, 1024]");
+    static ChannelOpsArgs args;  // large; filled per call under the GIL
+    args = ChannelOpsArgs{};
+    for (size_t i = 0; i < memory.size(); ++i) args.memory[i] = memory[i]->deviceHandle();
+    for (size_t i = 0; i < port.size(); ++i) args.port[i] = port[i]->deviceHandle();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      auto [code, channel, a, b, c, flag] = ops[i];
+      PYCCL_CHECK_ARG(code >= 1 && code <= 15, "ops", "op ", i, " has unknown code ", code);
+      const bool portOp = code >= 9 && code <= 13;
+      PYCCL_CHECK_ARG(channel < (portOp ? port.size() : memory.size()), "ops", "op ", i,
+                      " uses channel ", channel, " of ", portOp ? port.size() : memory.size());
+      args.ops[i] = ChannelOp{code, channel, a, b, c, flag, 0};
+    }
+    args.numOps = static_cast<int>(ops.size());
+    args.repeat = repeat;
+    ChannelOpsArgs copy = args;
+    py::gil_scoped_release release;
+    Communicator::HostKernelScope active(comm);
+    ChannelOpsResult r;
+#ifdef PYCCL_WITH_CUDA
+    r = comm.hostMode() ? runChannelOpsHost(copy, blocks) : runChannelOpsDevice(comm.device(), copy, blocks, threads);
+#else
+    r = runChannelOpsHost(copy, blocks);
+#endif
+    return std::make_tuple(r.failures, r.elapsedNs, r.launchToDoneUs);
+  }, py::arg("comm"), py::arg("memory_channels"), py::arg("port_channels"), py::arg("ops"),
+     py::arg("repeat") = 1, py::arg("blocks") = 1, py::arg("threads") = 512);
+
   m.def("_selftest_exchange", [](Communicator& comm, std::vector<std::optional<RegisteredMemory>> buffers,
                                  const RegisteredMemory& local,
                                  std::vector<std::shared_ptr<Semaphore>> semaphores,
@@ -220,6 +295,7 @@ void bindSelftest(py::module_& m) {
       ++args.numPeers;
     }
     py::gil_scoped_release release;
+    Communicator::HostKernelScope active(comm);
     SelftestResult r;
 #ifdef PYCCL_WITH_CUDA
     r = comm.hostMode() ? runSelftestHost(args) : runSelftestDevice(comm.device(), args);

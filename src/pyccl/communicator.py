@@ -176,6 +176,24 @@ class Communicator:
         """Pairwise: this rank and ``peer`` both call it (in matching order)."""
         return self._comm.create_semaphore(peer)
 
+    # -- channels ---------------------------------------------------------------
+    def memory_channel(self, peer: int, memory: "_C.RegisteredMemory",
+                       packets: Optional["_C.RegisteredMemory"] = None) -> "_C.MemoryChannel":
+        """Pairwise: a load/store channel between ``memory`` (registered here)
+        and the buffer ``peer`` passes. ``packets`` (registered here) is the
+        buffer the peer's LL puts land in; both sides give one or neither."""
+        return self._comm.create_memory_channel(peer, memory, packets)
+
+    def port_channel(self, peer: int, memory: "_C.RegisteredMemory",
+                     transport: str = "auto") -> "_C.PortChannel":
+        """Pairwise: a proxy-driven channel between ``memory`` and the peer's
+        buffer; ``transport`` is ``auto`` (``cuda_ipc`` on GPUs, ``host`` in host mode)."""
+        return self._comm.create_port_channel(peer, memory, transport)
+
+    def proxy_stats(self) -> dict:
+        """The proxy's state: running, triggers executed and dropped, its error if it stopped."""
+        return self._comm.proxy_stats()
+
     def device_error(self) -> Optional[dict]:
         """The first failure a device-side wait recorded (peer, expected, observed), if any."""
         return self._comm.device_error()

@@ -1,0 +1,169 @@
+// Low-latency (LL) packets: every store carries its own flag, so a reader
+// needs no separate signal; it polls until the flags equal the value the
+// writer used for this round. Two sizes:
+//   LL8Packet:  4 data bytes + 4-byte flag, written with one 8-byte store;
+//   LL16Packet: 8 data bytes as two (4 data + 4 flag) halves, written with one
+//               16-byte store; each half carries the flag, so a store that
+//               lands in two 8-byte pieces is still never read half-written.
+// Flags must change from round to round (derive them from a sequence number)
+// and never be 0, the value packet buffers start with.
+#pragma once
+
+#include "channels/device_common.hpp"
+
+namespace pyccl {
+
+struct alignas(8) LL8Packet {
+  uint32_t data;
+  uint32_t flag;
+
+  static constexpr uint32_t kDataBytes = 4;
+
+  /// Writes data and flag with one 8-byte store (no ordering with other writes).
+  PYCCL_HOST_DEVICE void write(const uint32_t* payload, uint32_t flagValue) {
+#if PYCCL_ON_DEVICE
+    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(this), "r"(payload[0]),
+                 "r"(flagValue)
+                 : "memory");
+#else
+    const uint64_t word = static_cast<uint64_t>(payload[0]) | (static_cast<uint64_t>(flagValue) << 32);
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(this)).store(word, std::memory_order_release);
+#endif
+  }
+
+  /// Copies the data out if the flag matches; never blocks.
+  PYCCL_HOST_DEVICE bool tryRead(uint32_t flagValue, uint32_t* out) const {
+#if PYCCL_ON_DEVICE
+    uint32_t d, f;
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(d), "=r"(f) : "l"(this) : "memory");
+#else
+    const uint64_t word = std::atomic_ref<const uint64_t>(*reinterpret_cast<const uint64_t*>(this))
+                              .load(std::memory_order_acquire);
+    const uint32_t d = static_cast<uint32_t>(word), f = static_cast<uint32_t>(word >> 32);
+#endif
+    if (f != flagValue) return false;
+    out[0] = d;
+    return true;
+  }
+};
+static_assert(sizeof(LL8Packet) == 8, "LL8Packet is 8 bytes");
+
+struct alignas(16) LL16Packet {
+  uint32_t data0;
+  uint32_t flag0;
+  uint32_t data1;
+  uint32_t flag1;
+
+  static constexpr uint32_t kDataBytes = 8;
+
+  /// Writes both halves with one 16-byte store.
+  PYCCL_HOST_DEVICE void write(const uint32_t* payload, uint32_t flagValue) {
+#if PYCCL_ON_DEVICE
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(this), "r"(payload[0]),
+                 "r"(flagValue), "r"(payload[1]), "r"(flagValue)
+                 : "memory");
+#else
+    auto* words = reinterpret_cast<uint64_t*>(this);
+    std::atomic_ref<uint64_t>(words[0]).store(
+        static_cast<uint64_t>(payload[0]) | (static_cast<uint64_t>(flagValue) << 32),
+        std::memory_order_release);
+    std::atomic_ref<uint64_t>(words[1]).store(
+        static_cast<uint64_t>(payload[1]) | (static_cast<uint64_t>(flagValue) << 32),
+        std::memory_order_release);
+#endif
+  }
+
+  PYCCL_HOST_DEVICE bool tryRead(uint32_t flagValue, uint32_t* out) const {
+#if PYCCL_ON_DEVICE
+    uint32_t d0, f0, d1, f1;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                 : "l"(this)
+                 : "memory");
+#else
+    const auto* words = reinterpret_cast<const uint64_t*>(this);
+    const uint64_t w0 = std::atomic_ref<const uint64_t>(words[0]).load(std::memory_order_acquire);
+    const uint64_t w1 = std::atomic_ref<const uint64_t>(words[1]).load(std::memory_order_acquire);
+    const uint32_t d0 = static_cast<uint32_t>(w0), f0 = static_cast<uint32_t>(w0 >> 32);
+    const uint32_t d1 = static_cast<uint32_t>(w1), f1 = static_cast<uint32_t>(w1 >> 32);
+#endif
+    if (f0 != flagValue || f1 != flagValue) return false;
+    out[0] = d0;
+    out[1] = d1;
+    return true;
+  }
+};
+static_assert(sizeof(LL16Packet) == 16, "LL16Packet is 16 bytes");
+
+/// Packs `bytes` of `src` into packets at `dst` (a peer's packet buffer):
+/// packet i carries bytes [i * kDataBytes, (i + 1) * kDataBytes), the last one
+/// zero-padded. Threads [0, numThreads) share the packets.
+template <typename Packet>
+PYCCL_HOST_DEVICE void putPacketsTo(Packet* dst, const void* src, uint64_t bytes, uint32_t flag,
+                                    uint32_t tid, uint32_t numThreads) {
+  constexpr uint32_t kData = Packet::kDataBytes;
+  const uint64_t numPackets = (bytes + kData - 1) / kData;
+  const auto* s = static_cast<const unsigned char*>(src);
+  const bool aligned = (reinterpret_cast<uintptr_t>(src) & 3) == 0;
+  for (uint64_t i = tid; i < numPackets; i += numThreads) {
+    uint32_t payload[kData / 4] = {};
+    const uint64_t begin = i * kData;
+    if (aligned && begin + kData <= bytes) {
+      for (uint32_t w = 0; w < kData / 4; ++w) payload[w] = reinterpret_cast<const uint32_t*>(s + begin)[w];
+    } else {
+      auto* p = reinterpret_cast<unsigned char*>(payload);
+      for (uint32_t b = 0; b < kData && begin + b < bytes; ++b) p[b] = s[begin + b];
+    }
+    dst[i].write(payload, flag);
+  }
+}
+
+/// Waits for the packets at `src` (this rank's packet buffer) carrying `flag`
+/// and stores their `bytes` of data at `dst`. Bounded by `abort`.
+template <typename Packet>
+PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint64_t bytes,
+                                             uint32_t flag, uint32_t tid, uint32_t numThreads,
+                                             const AbortState& abort, int peer) {
+  constexpr uint32_t kData = Packet::kDataBytes;
+  const uint64_t numPackets = (bytes + kData - 1) / kData;
+  auto* d = static_cast<unsigned char*>(dst);
+  const bool aligned = (reinterpret_cast<uintptr_t>(dst) & 3) == 0;
+  for (uint64_t i = tid; i < numPackets; i += numThreads) {
+    uint32_t payload[kData / 4];
+    if (!src[i].tryRead(flag, payload)) {
+      const uint64_t start = nowNs();
+      uint32_t polls = 0;
+      while (!src[i].tryRead(flag, payload)) {
+        if (++polls % 1024 == 0) {
+          if (abort.aborted()) {
+            abort.record(WaitStatus::kAborted, peer, flag, i);
+            return WaitStatus::kAborted;
+          }
+          if (abort.timeoutNs != 0 && nowNs() - start > abort.timeoutNs) {
+            abort.record(WaitStatus::kTimeout, peer, flag, i);
+            return WaitStatus::kTimeout;
+          }
+#if !PYCCL_ON_DEVICE
+          std::this_thread::yield();
+#endif
+        }
+      }
+    }
+    const uint64_t begin = i * kData;
+    if (aligned && begin + kData <= bytes) {
+      for (uint32_t w = 0; w < kData / 4; ++w) reinterpret_cast<uint32_t*>(d + begin)[w] = payload[w];
+    } else {
+      const auto* p = reinterpret_cast<const unsigned char*>(payload);
+      for (uint32_t b = 0; b < kData && begin + b < bytes; ++b) d[begin + b] = p[b];
+    }
+  }
+  return WaitStatus::kOk;
+}
+
+/// Bytes of packet buffer that `bytes` of data occupy.
+template <typename Packet>
+PYCCL_HOST_DEVICE uint64_t packetBytesFor(uint64_t bytes) {
+  return (bytes + Packet::kDataBytes - 1) / Packet::kDataBytes * sizeof(Packet);
+}
+
+}  // namespace pyccl

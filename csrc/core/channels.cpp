@@ -1,0 +1,133 @@
+#include "core/channels.hpp"
+
+#include "core/communicator.hpp"
+#include "core/errors.hpp"
+#include "core/proxy.hpp"
+
+namespace pyccl {
+namespace {
+constexpr int kChannelTag = 0x5e0b;
+}
+
+MemoryChannel::MemoryChannel(std::shared_ptr<Semaphore> semaphore, RegisteredMemory local,
+                             RegisteredMemory remote, RegisteredMemory localPackets,
+                             RegisteredMemory remotePackets)
+    : semaphore_(std::move(semaphore)),
+      local_(std::move(local)),
+      remote_(std::move(remote)),
+      localPackets_(std::move(localPackets)),
+      remotePackets_(std::move(remotePackets)) {}
+
+bool MemoryChannel::valid() const {
+  return semaphore_->valid() && local_.valid() && remote_.valid();
+}
+
+MemoryChannelDeviceHandle MemoryChannel::deviceHandle() const {
+  if (!valid()) throw ClosedError(strCat("memory channel to rank ", peer(), " is closed"));
+  MemoryChannelDeviceHandle h{};
+  h.semaphore = semaphore_->deviceHandle();
+  h.src = static_cast<char*>(local_.data());
+  h.dst = static_cast<char*>(remote_.data());
+  h.localPackets = localPackets_.valid() ? static_cast<char*>(localPackets_.data()) : nullptr;
+  h.remotePackets = remotePackets_.valid() ? static_cast<char*>(remotePackets_.data()) : nullptr;
+  return h;
+}
+
+PortChannel::PortChannel(std::shared_ptr<ProxyService> proxy, uint32_t channelId,
+                         std::shared_ptr<Semaphore> semaphore, RegisteredMemory local,
+                         RegisteredMemory remote, std::string transport)
+    : proxy_(std::move(proxy)),
+      channelId_(channelId),
+      semaphore_(std::move(semaphore)),
+      local_(std::move(local)),
+      remote_(std::move(remote)),
+      transport_(std::move(transport)) {}
+
+bool PortChannel::valid() const {
+  return semaphore_->valid() && local_.valid() && proxy_->running();
+}
+
+PortChannelDeviceHandle PortChannel::deviceHandle() const {
+  if (!valid()) throw ClosedError(strCat("port channel to rank ", peer(), " is closed"));
+  PortChannelDeviceHandle h{};
+  h.fifo = proxy_->fifoHandle();
+  h.semaphore = semaphore_->deviceHandle();
+  h.channelId = channelId_;
+  return h;
+}
+
+// Pairwise exchange of registrations: sends ours, maps the peer's.
+static std::vector<RegisteredMemory> exchangePair(Communicator& comm, int peer,
+                                                  const std::vector<RegisteredMemory>& mine) {
+  ByteWriter w;
+  w.put<uint32_t>(static_cast<uint32_t>(mine.size()));
+  for (const auto& m : mine) {
+    Bytes d = m.valid() ? m.serialize() : Bytes{};
+    w.putBytes(d.data(), d.size());
+  }
+  comm.send(peer, kChannelTag, w.take());
+  Bytes reply = comm.recv(peer, kChannelTag);
+  ByteReader r(reply, "channel descriptor");
+  const auto n = r.get<uint32_t>();
+  PYCCL_CHECK_ARG(n == mine.size(), "channel descriptor",
+                  "rank ", peer, " sent ", n, " buffers where this rank sent ", mine.size(),
+                  " (both sides must create the same kind of channel)");
+  std::vector<RegisteredMemory> theirs;
+  for (uint32_t i = 0; i < n; ++i) {
+    Bytes d = r.getBytes();
+    theirs.push_back(d.empty() ? RegisteredMemory() : comm.importMemory(d));
+  }
+  return theirs;
+}
+
+std::shared_ptr<MemoryChannel> Communicator::createMemoryChannel(int peer, const RegisteredMemory& local,
+                                                                 const RegisteredMemory& localPackets) {
+  checkOpen("create_memory_channel");
+  PYCCL_CHECK_ARG(peer >= 0 && peer < worldSize_ && peer != rank_, "peer",
+                  "must be another rank in [0, ", worldSize_, "), got ", peer);
+  PYCCL_CHECK_ARG(topology_.p2p[rank_][peer], "peer", "rank ", peer,
+                  " is not reachable by P2P; a MemoryChannel needs load/store access (use a PortChannel)");
+  PYCCL_CHECK_ARG(local.valid() && local.isLocal(), "memory", "must be memory registered by this rank");
+  PYCCL_CHECK_ARG(!localPackets.valid() || localPackets.isLocal(), "packets",
+                  "must be memory registered by this rank");
+  auto theirs = exchangePair(*this, peer, {local, localPackets});
+  PYCCL_CHECK_ARG(localPackets.valid() == theirs[1].valid(), "packets",
+                  "this rank ", localPackets.valid() ? "gave" : "gave no", " packet buffer but rank ",
+                  peer, theirs[1].valid() ? " gave one" : " gave none");
+  auto semaphore = createSemaphore(peer);
+  return std::make_shared<MemoryChannel>(semaphore, local, theirs[0], localPackets, theirs[1]);
+}
+
+std::shared_ptr<PortChannel> Communicator::createPortChannel(int peer, const RegisteredMemory& local,
+                                                             const std::string& transport) {
+  checkOpen("create_port_channel");
+  PYCCL_CHECK_ARG(peer >= 0 && peer < worldSize_ && peer != rank_, "peer",
+                  "must be another rank in [0, ", worldSize_, "), got ", peer);
+  PYCCL_CHECK_ARG(local.valid() && local.isLocal(), "memory", "must be memory registered by this rank");
+  std::string kind = transport;
+  if (kind == "auto") kind = hostMode() ? "host" : "cuda_ipc";
+  PYCCL_CHECK_ARG(kind == "host" || kind == "cuda_ipc", "transport",
+                  "'", transport, "' is not available here (expected auto, host or cuda_ipc)");
+  PYCCL_CHECK_ARG((kind == "host") == hostMode(), "transport", "'", kind, "' does not fit a ",
+                  hostMode() ? "host-mode" : "GPU", " communicator");
+  PYCCL_CHECK_ARG(topology_.p2p[rank_][peer], "peer", "rank ", peer,
+                  " is not reachable by P2P, which the ", kind, " transport needs");
+  auto theirs = exchangePair(*this, peer, {local});
+  auto semaphore = createSemaphore(peer);
+  auto proxy = proxyService();
+  uint64_t* remoteInbound = semaphore->remoteInboundPtr();
+  std::unique_ptr<ProxyChannel> channel;
+  char* src = static_cast<char*>(local.data());
+  char* dst = static_cast<char*>(theirs[0].data());
+  if (kind == "host") {
+    channel = makeHostCopyChannel(src, dst, remoteInbound);
+  } else {
+#ifdef PYCCL_WITH_CUDA
+    channel = makeCudaIpcChannel(device_, src, dst, remoteInbound);
+#endif
+  }
+  const uint32_t id = proxy->addChannel(std::move(channel));
+  return std::make_shared<PortChannel>(proxy, id, semaphore, local, theirs[0], kind);
+}
+
+}  // namespace pyccl

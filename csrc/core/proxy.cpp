@@ -1,0 +1,180 @@
+#include "core/proxy.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
+#include "core/logging.hpp"
+
+namespace pyccl {
+
+Fifo::Fifo(int device, uint32_t size, AbortState abort) : device_(device), size_(size) {
+  PYCCL_CHECK_ARG(size >= 2 && (size & (size - 1)) == 0, "fifo_size", "must be a power of two >= 2, got ", size);
+  const size_t triggerBytes = sizeof(ProxyTrigger) * size;
+  if (device < 0) {
+    triggersHost_ = static_cast<ProxyTrigger*>(std::aligned_alloc(64, triggerBytes));
+    std::memset(triggersHost_, 0, triggerBytes);
+    tailHost_ = new uint64_t(0);
+    deviceWords_ = new uint64_t[2]{0, 0};
+    handle_.triggers = triggersHost_;
+    handle_.tail = tailHost_;
+  } else {
+    triggersHost_ = static_cast<ProxyTrigger*>(gpu::allocPinnedMapped(triggerBytes));
+    tailHost_ = static_cast<uint64_t*>(gpu::allocPinnedMapped(sizeof(uint64_t)));
+    deviceWords_ = gpu::deviceMalloc(device, 2 * sizeof(uint64_t));
+    handle_.triggers = static_cast<ProxyTrigger*>(gpu::devicePointerOf(triggersHost_));
+    handle_.tail = static_cast<uint64_t*>(gpu::devicePointerOf(tailHost_));
+  }
+  handle_.head = static_cast<uint64_t*>(deviceWords_);
+  handle_.tailCache = static_cast<uint64_t*>(deviceWords_) + 1;
+  handle_.size = size;
+  handle_.abort = abort;
+}
+
+Fifo::~Fifo() {
+  if (device_ < 0) {
+    std::free(triggersHost_);
+    delete tailHost_;
+    delete[] static_cast<uint64_t*>(deviceWords_);
+  } else {
+    gpu::freePinned(triggersHost_);
+    gpu::freePinned(tailHost_);
+    gpu::deviceFree(device_, deviceWords_);
+  }
+}
+
+bool Fifo::take(ProxyTrigger* out) {
+  ProxyTrigger* slot = &triggersHost_[tailValue_ & (size_ - 1)];
+  const uint64_t snd = atomicLoadAcquire(&slot->snd);
+  if (snd == 0) return false;
+  out->snd = snd;
+  out->fst = atomicLoadRelaxed(&slot->fst);
+  // Clear before advancing the tail: a producer that wraps around writes a clean slot.
+  atomicStoreRelaxed(&slot->fst, 0);
+  atomicStoreRelaxed(&slot->snd, 0);
+  return true;
+}
+
+void Fifo::advance() {
+  ++tailValue_;
+  atomicStoreRelease(tailHost_, tailValue_);
+}
+
+ProxyService::ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name)
+    : device_(device), name_(std::move(name)), abort_(abort), fifo_(device, fifoSize, abort) {
+  for (auto& c : channels_) c.store(nullptr);
+  running_ = true;
+  thread_ = std::thread([this] { run(); });
+}
+
+ProxyService::~ProxyService() { stop(); }
+
+uint32_t ProxyService::addChannel(std::unique_ptr<ProxyChannel> channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PYCCL_CHECK_ARG(owned_.size() < kTriggerMaxChannels, "channel", "a proxy serves at most ",
+                  kTriggerMaxChannels, " port channels");
+  const auto id = static_cast<uint32_t>(owned_.size());
+  channels_[id].store(channel.get(), std::memory_order_release);
+  owned_.push_back(std::move(channel));
+  return id;
+}
+
+std::string ProxyService::error() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
+  return error_;
+}
+
+void ProxyService::stop() {
+  stopRequested_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void ProxyService::execute(const ProxyTrigger& t) {
+  ProxyChannel* channel = channels_[t.channel()].load(std::memory_order_acquire);
+  if (channel == nullptr) {
+    throw InternalError(strCat("proxy '", name_, "': trigger for unknown channel ", t.channel()));
+  }
+  const uint32_t type = t.type();
+  if (type & kTriggerPut) channel->put(t.dstOffset(), t.srcOffset(), t.size());
+  if (type & kTriggerSignal) channel->signal();
+  if (type & kTriggerFlush) channel->flush();
+}
+
+void ProxyService::run() {
+  setLogRank(-1);
+  if (device_ >= 0) {
+#ifdef PYCCL_WITH_CUDA
+    cudaSetDevice(device_);
+#endif
+  }
+  uint32_t idle = 0;
+  ProxyTrigger t{};
+  try {
+    while (!stopRequested_.load(std::memory_order_relaxed)) {
+      if (!fifo_.take(&t)) {
+        // Spin briefly (latency), then yield, then sleep: an idle proxy must
+        // not take a core from the ranks (host mode runs them on few cores).
+        if (++idle > 4096) {
+          std::this_thread::sleep_for(std::chrono::microseconds(idle > 65536 ? 200 : 20));
+        } else if (idle > 256) {
+          std::this_thread::yield();
+        }
+        continue;
+      }
+      idle = 0;
+      execute(t);
+      // Counted before the tail moves: a producer that saw the tail sees the count.
+      executed_.fetch_add(1, std::memory_order_relaxed);
+      fifo_.advance();
+    }
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = e.what();
+    }
+    PYCCL_LOG(Error, "proxy '" << name_ << "' stopped: " << e.what());
+    // Waiters on this proxy's progress must not wait forever.
+    if (abort_.abortFlag != nullptr) {
+      std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(abort_.abortFlag)).store(1);
+    }
+  }
+  // Count what was left behind.
+  uint64_t left = 0;
+  while (fifo_.take(&t)) {
+    ++left;
+    fifo_.advance();
+  }
+  dropped_ = left;
+  if (left > 0) PYCCL_LOG(Warn, "proxy '" << name_ << "' stopped with " << left << " triggers pending");
+  running_ = false;
+}
+
+namespace {
+
+class HostCopyChannel : public ProxyChannel {
+ public:
+  HostCopyChannel(char* src, char* dst, uint64_t* remoteInbound)
+      : src_(src), dst_(dst), remoteInbound_(remoteInbound) {}
+  void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) override {
+    std::memcpy(dst_ + dstOffset, src_ + srcOffset, bytes);
+  }
+  void signal() override { atomicStoreRelease(remoteInbound_, ++outbound_); }
+  void flush() override {}
+  const char* transport() const override { return "host"; }
+
+ private:
+  char* src_;
+  char* dst_;
+  uint64_t* remoteInbound_;
+  uint64_t outbound_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ProxyChannel> makeHostCopyChannel(char* src, char* dst, uint64_t* remoteInbound) {
+  return std::make_unique<HostCopyChannel>(src, dst, remoteInbound);
+}
+
+}  // namespace pyccl

@@ -1,0 +1,109 @@
+// The proxy of PortChannels: a CPU thread per communicator (one device) that
+// executes the triggers GPU threads push into its FIFO, through one
+// ProxyChannel per PortChannel (copy engine, socket, RDMA, or host memcpy).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "channels/fifo_device.hpp"
+
+namespace pyccl {
+
+/// How one PortChannel moves data; called from the proxy thread only.
+class ProxyChannel {
+ public:
+  virtual ~ProxyChannel() = default;
+  /// Starts a copy of `bytes` from this rank's src+srcOffset to the peer's dst+dstOffset.
+  virtual void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) = 0;
+  /// Bumps the peer's semaphore after every earlier put has landed.
+  virtual void signal() = 0;
+  /// Returns once every earlier put has completed (sources reusable).
+  virtual void flush() = 0;
+  /// Short name for logs and errors ("cuda_ipc", "socket", ...).
+  virtual const char* transport() const = 0;
+};
+
+/// The FIFO's memory: triggers and tail host-pinned (GPU) or heap (host mode);
+/// head and the producers' tail cache in device memory (GPU) or heap.
+class Fifo {
+ public:
+  Fifo(int device, uint32_t size, AbortState abort);
+  ~Fifo();
+  Fifo(const Fifo&) = delete;
+  Fifo& operator=(const Fifo&) = delete;
+
+  FifoDeviceHandle deviceHandle() const { return handle_; }
+  /// Proxy side: the trigger at the tail, if filled (the slot is then cleared).
+  bool take(ProxyTrigger* out);
+  /// Proxy side: publishes that the trigger at the tail was executed.
+  void advance();
+  uint64_t tail() const { return tailValue_; }
+
+ private:
+  int device_;
+  uint32_t size_;
+  ProxyTrigger* triggersHost_ = nullptr;  // host address of the triggers
+  uint64_t* tailHost_ = nullptr;          // host address of the tail
+  void* deviceWords_ = nullptr;           // head + tail cache
+  uint64_t tailValue_ = 0;
+  FifoDeviceHandle handle_{};
+};
+
+class ProxyService {
+ public:
+  /// Starts the proxy thread for `device` (-1: host mode).
+  ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name);
+  /// Stops the thread (see stop()).
+  ~ProxyService();
+  ProxyService(const ProxyService&) = delete;
+  ProxyService& operator=(const ProxyService&) = delete;
+
+  /// Registers a channel; its id goes into the triggers. Thread-safe.
+  uint32_t addChannel(std::unique_ptr<ProxyChannel> channel);
+  FifoDeviceHandle fifoHandle() const { return fifo_.deviceHandle(); }
+  /// Stops the thread within about a millisecond: the trigger in progress
+  /// finishes, those still queued are dropped (counted and logged). Idempotent.
+  void stop();
+  bool running() const { return running_.load(); }
+  uint64_t executed() const { return executed_.load(); }
+  uint64_t dropped() const { return dropped_.load(); }
+  /// The error that stopped the proxy, if any ("" while healthy).
+  std::string error() const;
+
+ private:
+  void run();
+  void execute(const ProxyTrigger& t);
+
+  int device_;
+  std::string name_;
+  AbortState abort_;
+  Fifo fifo_;
+  std::array<std::atomic<ProxyChannel*>, kTriggerMaxChannels> channels_{};
+  std::vector<std::unique_ptr<ProxyChannel>> owned_;
+  std::mutex mu_;
+  std::atomic<bool> stopRequested_{false};
+  std::atomic<bool> running_{false};
+  std::atomic<uint64_t> executed_{0};
+  std::atomic<uint64_t> dropped_{0};
+  std::string error_;
+  std::thread thread_;
+};
+
+/// A channel between two host-mode ranks of one node: memcpy into the peer's
+/// mapped memory, then a release store into its semaphore.
+std::unique_ptr<ProxyChannel> makeHostCopyChannel(char* src, char* dst, uint64_t* remoteInbound);
+
+#ifdef PYCCL_WITH_CUDA
+/// A channel between two GPUs of one node: copy-engine transfers on a stream
+/// of `device`, and a semaphore store ordered after them on the same stream.
+std::unique_ptr<ProxyChannel> makeCudaIpcChannel(int device, char* src, char* dst,
+                                                 uint64_t* remoteInbound);
+#endif
+
+}  // namespace pyccl

@@ -1,0 +1,265 @@
+"""Per-rank bodies of the channel tests; each runs in host mode or on GPUs."""
+
+from __future__ import annotations
+
+import datetime
+import random
+import threading
+import time
+
+import torch
+
+import pyccl
+from pyccl.primitives import Op, run
+
+MARK = 0xAB  # what the receiver's buffer holds where nothing may be written
+
+
+def _setup(store, rank, world, on_gpu, timeout_s=60.0, name=None):
+    device = "cpu"
+    if on_gpu:
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    comm = pyccl.Communicator(store, rank, world, device=device, name=name,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+    return comm, device
+
+
+def _sync(comm, on_gpu):
+    if on_gpu:
+        torch.cuda.synchronize()
+    comm.barrier()
+
+
+def random_cases(seed, count, size):
+    """(mode, dst_offset, src_offset, nbytes): odd sizes and unaligned offsets included."""
+    rng = random.Random(seed)
+    modes = ["put", "get", "ll8", "ll16", "port"]
+    cases = []
+    for i in range(count):
+        mode = modes[i % len(modes)]
+        n = rng.choice([1, 3, 15, 16, 17, 255, 4096 + 5, rng.randrange(1, size // 4)])
+        src_off = rng.choice([0, 1, 8, 16 + 4, rng.randrange(0, size // 2)])
+        dst_off = rng.choice([0, 3, 16, rng.randrange(0, size // 2)])
+        if mode.startswith("ll"):
+            dst_off &= ~3  # unpacking needs no alignment, but keep some cases aligned
+            dst_off += rng.choice([0, 1])
+        cases.append((mode, dst_off, src_off, n))
+    return cases
+
+
+def transfers(rank, world, store, on_gpu, seed, count, size, blocks):
+    """Rank 0 moves random bytes to rank 1 with every protocol; rank 1 checks
+    them bitwise, and that nothing outside the range changed."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    peer = 1 - rank
+    buf = (torch.empty(size, dtype=torch.uint8, device=device) if on_gpu
+           else pyccl.empty(size, dtype=torch.uint8))
+    packets = pyccl.empty(2 * size + 64, dtype=torch.uint8, device=device)
+    mem = comm.register(buf)
+    mch = comm.memory_channel(peer, mem, comm.register(packets))
+    pch = comm.port_channel(peer, mem)
+    bad = []
+    for i, (mode, dst_off, src_off, n) in enumerate(random_cases(seed, count, size)):
+        gen = torch.Generator().manual_seed(seed * 1000 + i)
+        data = torch.randint(0, 256, (size,), generator=gen, dtype=torch.uint8)
+        # For get, rank 1 reads rank 0's buffer: the source is rank 0's data either way.
+        if rank == 0:
+            buf.copy_(data)
+        else:
+            buf.fill_(MARK)
+        _sync(comm, on_gpu)
+        flag = i + 1
+        if rank == 0:
+            ops = {"put": [Op.put(0, dst_off, src_off, n), Op.signal(0)],
+                   "get": [Op.signal(0)],
+                   "ll8": [Op.put_packets(0, 0, src_off, n, flag, packet=8)],
+                   "ll16": [Op.put_packets(0, 0, src_off, n, flag, packet=16)],
+                   "port": [Op.port_put(0, dst_off, src_off, n, signal=True), Op.port_flush(0)]}[mode]
+        else:
+            # get: copy rank 0's bytes at src_off into this rank's buffer at dst_off.
+            ops = {"put": [Op.wait(0)],
+                   "get": [Op.wait(0), Op.get(0, src_off, dst_off, n)],
+                   "ll8": [Op.read_packets(0, dst_off, 0, n, flag, packet=8)],
+                   "ll16": [Op.read_packets(0, dst_off, 0, n, flag, packet=16)],
+                   "port": [Op.port_wait(0)]}[mode]
+        res = run(comm, ops, memory=[mch], port=[pch], blocks=blocks if mode != "port" else 1)
+        if res.failures:
+            bad.append((i, mode, "wait failed"))
+        if rank == 1:
+            got = buf.cpu()
+            expect = torch.full((size,), MARK, dtype=torch.uint8)
+            expect[dst_off:dst_off + n] = data[src_off:src_off + n]
+            if not torch.equal(got, expect):
+                wrong = int((got != expect).sum())
+                bad.append((i, mode, dst_off, src_off, n, f"{wrong} wrong bytes"))
+        _sync(comm, on_gpu)
+    comm.close()
+    return bad
+
+
+def pingpong(rank, world, store, on_gpu, rounds, kind):
+    """Round trips between ranks 0 and 1: semaphores ('signal'), LL packets
+    ('ll'), or PortChannel signals ('port'). Returns (failures, ns per round trip)."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    peer = 1 - rank
+    buf = pyccl.empty(4096, dtype=torch.uint8, device=device)
+    packets = pyccl.empty(4096, dtype=torch.uint8, device=device)
+    mem = comm.register(buf)
+    mch = comm.memory_channel(peer, mem, comm.register(packets))
+    pch = comm.port_channel(peer, mem)
+    if kind == "signal":
+        there, back = Op.signal(0), Op.wait(0)
+    elif kind == "port":
+        there, back = Op.port_signal(0), Op.port_wait(0)
+    else:
+        there, back = Op.put_packets(0, 0, 0, 8, 1), Op.read_packets(0, 0, 0, 8, 1)
+    ops = [there, back] if rank == 0 else [back, there]
+    _sync(comm, on_gpu)
+    res = run(comm, ops, memory=[mch], port=[pch], repeat=rounds, blocks=1, threads=32)
+    sem_received = None
+    _sync(comm, on_gpu)
+    comm.close()
+    return res.failures, res.elapsed_ns / rounds, sem_received
+
+
+def port_flood(rank, world, store, on_gpu, count):
+    """`count` put+signal triggers through a FIFO of 1024 slots (many wrap-arounds)."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    peer = 1 - rank
+    buf = pyccl.empty(1 << 16, dtype=torch.int64, device=device)
+    buf.fill_(rank)
+    pch = comm.port_channel(peer, comm.register(buf))
+    _sync(comm, on_gpu)
+    if rank == 0:
+        res = run(comm, [Op.port_put(0, 8 * 16, 8 * 16, 64, signal=True)], port=[pch], repeat=count)
+        run(comm, [Op.port_flush(0)], port=[pch])
+        executed = comm.proxy_stats()["executed"]
+    else:
+        res = run(comm, [Op.port_wait(0)], port=[pch], repeat=count)
+        executed = None
+    _sync(comm, on_gpu)
+    landed = bool((buf[16:24] == 0).all()) if rank == 1 else None
+    comm.close()
+    return res.failures, executed, landed
+
+
+def flush_ordering(rank, world, store, on_gpu, nbytes, rounds):
+    """After flush() returns the source may be overwritten: the peer must
+    still receive what the source held at put time."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    peer = 1 - rank
+    buf = (torch.empty(nbytes, dtype=torch.uint8, device=device) if on_gpu
+           else pyccl.empty(nbytes, dtype=torch.uint8))
+    pch = comm.port_channel(peer, comm.register(buf))
+    wrong = 0
+    for r in range(rounds):
+        value = (r * 37 + 11) % 251
+        if rank == 0:
+            buf.fill_(value)
+            _sync(comm, on_gpu)
+            run(comm, [Op.port_put(0, 0, 0, nbytes), Op.port_flush(0)], port=[pch])
+            buf.fill_(255)  # reuse the source at once
+            if on_gpu:
+                torch.cuda.synchronize()
+            run(comm, [Op.port_signal(0)], port=[pch])
+        else:
+            buf.fill_(0)
+            _sync(comm, on_gpu)
+            run(comm, [Op.port_wait(0)], port=[pch])
+            wrong += int((buf != value).sum())
+        _sync(comm, on_gpu)
+    comm.close()
+    return wrong
+
+
+def silent_peer_waits(rank, world, store, on_gpu):
+    """Waits on a peer that never sends give up at the 2 s timeout."""
+    comm, device = _setup(store, rank, world, on_gpu, timeout_s=2)
+    peer = 1 - rank
+    buf = pyccl.empty(4096, dtype=torch.uint8, device=device)
+    mem = comm.register(buf)
+    mch = comm.memory_channel(peer, mem, comm.register(pyccl.empty(8192, dtype=torch.uint8, device=device)))
+    pch = comm.port_channel(peer, mem)
+    out = None
+    if rank == 0:
+        out = {}
+        for label, op in [("port_wait", Op.port_wait(0)), ("wait", Op.wait(0)),
+                          ("read_packets", Op.read_packets(0, 0, 0, 64, 7))]:
+            t0 = time.monotonic()
+            res = run(comm, [op], memory=[mch], port=[pch])
+            out[label] = (res.failures, time.monotonic() - t0)
+        out["record"] = comm.device_error()
+        store.set("silent_done", b"1")
+    else:
+        store.get("silent_done")
+    comm.close()
+    return out
+
+
+def close_with_pending_proxy_work(rank, world, store):
+    """Host mode: close() while the proxy still has queued puts returns in
+    bounded time, and the pushing "kernel" gives up instead of hanging."""
+    comm, device = _setup(store, rank, world, False, timeout_s=60)
+    peer = 1 - rank
+    buf = pyccl.empty(8 << 20, dtype=torch.uint8)
+    pch = comm.port_channel(peer, comm.register(buf))
+    comm.barrier()
+    result = None
+    if rank == 0:
+        outcome = {}
+
+        def pusher():
+            try:
+                outcome["res"] = run(comm, [Op.port_put(0, 0, 0, 8 << 20)], port=[pch], repeat=3000)
+                outcome["flush"] = run(comm, [Op.port_flush(0)], port=[pch])
+            except pyccl.PycclError as e:  # a closed communicator is a fine answer too
+                outcome["error"] = str(e)
+
+        t = threading.Thread(target=pusher)
+        t.start()
+        time.sleep(0.3)
+        busy = comm.proxy_stats()
+        t0 = time.monotonic()
+        comm.close()
+        close_s = time.monotonic() - t0
+        t.join(20)
+        result = {"close_s": close_s, "pusher_done": not t.is_alive(), "busy": busy,
+                  "outcome": {k: (v.failures if hasattr(v, "failures") else v) for k, v in outcome.items()}}
+        store.set("pending_done", b"1")
+    else:
+        store.get("pending_done")
+        comm.close()
+    return result
+
+
+def all_pairs(rank, world, store, on_gpu, nbytes, seed):
+    """Every rank puts to every peer at once (HB and port), then checks what it got."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    buf = pyccl.empty(world * nbytes, dtype=torch.uint8, device=device)
+    mem = comm.register(buf)
+    peers = [p for p in range(world) if p != rank]
+    mchs = [comm.memory_channel(p, mem) for p in peers]
+    pchs = [comm.port_channel(p, mem) for p in peers]
+    gen = torch.Generator().manual_seed(seed)
+    datas = [torch.randint(0, 256, (nbytes,), generator=gen, dtype=torch.uint8) for _ in range(world)]
+    wrong = 0
+    for via in ("memory", "port"):
+        buf.fill_(0)
+        buf[rank * nbytes:(rank + 1) * nbytes] = datas[rank].to(device)
+        _sync(comm, on_gpu)
+        if via == "memory":
+            ops = [Op.put(i, rank * nbytes, rank * nbytes, nbytes) for i in range(len(peers))]
+            ops += [Op.signal(i) for i in range(len(peers))] + [Op.wait(i) for i in range(len(peers))]
+            res = run(comm, ops, memory=mchs, blocks=4)
+        else:
+            ops = [Op.port_put(i, rank * nbytes, rank * nbytes, nbytes, signal=True) for i in range(len(peers))]
+            ops += [Op.port_wait(i) for i in range(len(peers))]
+            res = run(comm, ops, port=pchs)
+        got = buf.cpu()
+        for p in range(world):
+            wrong += int((got[p * nbytes:(p + 1) * nbytes] != datas[p]).sum())
+        wrong += res.failures
+        _sync(comm, on_gpu)
+    comm.close()
+    return wrong

@@ -1,0 +1,57 @@
+"""The Primitive API in host mode: MemoryChannel (HB and LL) and PortChannel
+(FIFO + proxy) across processes, their ordering, timeouts and shutdown."""
+
+import random
+
+import pytest
+
+import ranks_channels as rc
+from pyccl._spawn import run_ranks
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_random_transfers_all_protocols(blocks):
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rc.transfers, 2, args=(False, seed, 40, 1 << 16, blocks), timeout=240):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@pytest.mark.parametrize("kind", ["signal", "ll", "port"])
+def test_pingpong_rounds(kind):
+    for failures, _, _ in run_ranks(rc.pingpong, 2, args=(False, 2000, kind), timeout=240):
+        assert failures == 0
+
+
+def test_fifo_wraps_around_under_load():
+    count = 100_000
+    results = run_ranks(rc.port_flood, 2, args=(False, count), timeout=400)
+    assert [r[0] for r in results] == [0, 0]
+    assert results[0][1] == count + 1  # every trigger (and the flush) executed by rank 0's proxy
+    assert results[1][2] is True    # the puts landed
+
+
+def test_flush_lets_the_source_be_reused():
+    for wrong in run_ranks(rc.flush_ordering, 2, args=(False, 1 << 20, 20), timeout=240):
+        assert wrong == 0
+
+
+def test_waits_on_a_silent_peer_give_up_at_the_timeout():
+    out = run_ranks(rc.silent_peer_waits, 2, args=(False,), timeout=120)[0]
+    for label in ("port_wait", "wait", "read_packets"):
+        failures, took = out[label]
+        assert failures == 1, (label, out)
+        assert 1.9 <= took <= 10, (label, took)
+    assert out["record"]["status"] == "timeout" and out["record"]["peer"] == 1
+
+
+def test_close_with_proxy_work_pending_returns():
+    res = run_ranks(rc.close_with_pending_proxy_work, 2, timeout=120)[0]
+    assert res["busy"]["running"] and res["busy"]["executed"] < 3000, res
+    assert res["close_s"] < 15, res
+    assert res["pusher_done"], res
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_all_pairs_at_once(world):
+    for wrong in run_ranks(rc.all_pairs, world, args=(False, 4096 + 3, random.randrange(1 << 20)), timeout=240):
+        assert wrong == 0
