@@ -24,5 +24,10 @@ start=$(date +%s)
 bash scripts/main.sh 2>&1 | tee "$OUT/demo.txt"
 demo_rc=${PIPESTATUS[0]}
 echo "demo: rc=$demo_rc in $(( $(date +%s) - start )) s"
+bench_rc=0
+if [ "$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  .venv/bin/python benchmarks/channel_bench.py --out "$OUT/channel_bench.json" 2>&1 | tee "$OUT/channel_bench.txt"
+  bench_rc=${PIPESTATUS[0]}
+fi
 cp .venv/pyccl-build.log "$OUT/" 2>/dev/null || true
-exit $(( test_rc != 0 || demo_rc != 0 ))
+exit $(( test_rc != 0 || demo_rc != 0 || bench_rc != 0 ))

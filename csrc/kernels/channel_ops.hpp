@@ -65,6 +65,9 @@ PYCCL_HOST_DEVICE void gridBarrier(uint64_t* words, uint32_t numBlocks, uint32_t
     uint64_t* generation = words + 1;
     const uint64_t gen = atomicLoadAcquire(generation);
 #if PYCCL_ON_DEVICE
+    // Publish this block's stores (peer memory included) before arriving, so
+    // the block that signals after the barrier orders them before its signal.
+    __threadfence_system();
     const uint64_t arrived = atomicAdd(reinterpret_cast<unsigned long long*>(count), 1ull) + 1;
 #else
     const uint64_t arrived = std::atomic_ref<uint64_t>(*count).fetch_add(1) + 1;

@@ -1,0 +1,137 @@
+"""Primitive API benchmark (MSCCL++ paper, Table 1 style), two GPUs.
+
+Put bandwidth of MemoryChannel (HB, SM stores over NVLink) and PortChannel
+(copy engine through the proxy) from 1 MiB to 1 GiB, against a plain peer copy
+of the same size (cudaMemcpyAsync into the peer's mapped memory) measured in
+the same run; and one-way latency of MemoryChannel signal/wait, LL packets
+and the PortChannel signal round trip. Medians over repetitions.
+
+    python benchmarks/channel_bench.py [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import torch
+
+import pyccl
+from pyccl._spawn import run_ranks
+from pyccl.primitives import Op, run
+
+MiB = 1 << 20
+
+
+def _bench(rank, world, store, sizes, block_choices, trials):
+    torch.cuda.set_device(rank)
+    comm = pyccl.Communicator(store, rank, world, device=f"cuda:{rank}", name="bench",
+                              timeout=datetime.timedelta(seconds=120))
+    peer = 1 - rank
+    cap = max(sizes)
+    buf = torch.randint(0, 256, (cap,), dtype=torch.uint8, device="cuda")  # never zeros
+    packets = pyccl.empty(8192, dtype=torch.uint8, device=f"cuda:{rank}")
+    mem = comm.register(buf)
+    mapped = comm.exchange(mem)
+    mch = comm.memory_channel(peer, mem, comm.register(packets))
+    pch = comm.port_channel(peer, mem)
+    peer_view = comm.tensor(mapped[peer], torch.uint8)
+    rows = []
+
+    def timed_loop(ops_rank0, ops_rank1, repeat, **kw):
+        ops = ops_rank0 if rank == 0 else ops_rank1
+        torch.cuda.synchronize()
+        comm.barrier()
+        res = run(comm, ops, repeat=repeat, **kw)
+        assert res.failures == 0, res
+        return res.elapsed_ns / repeat
+
+    for n in sizes:
+        repeat = max(3, min(50, (256 * MiB) // n))
+        row = {"bytes": n}
+        # Peer copy (copy engine), rank 0 only, CUDA events.
+        if rank == 0:
+            times = []
+            for _ in range(trials):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                peer_view[:n].copy_(buf[:n])
+                start.record()
+                for _ in range(repeat):
+                    peer_view[:n].copy_(buf[:n])
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e6 / repeat)
+            row["peer_copy_ns"] = statistics.median(times)
+        comm.barrier()
+        # MemoryChannel HB: put + signal, the peer acknowledges.
+        best = None
+        for blocks in block_choices:
+            t = statistics.median(
+                timed_loop([Op.put(0, 0, 0, n), Op.signal(0), Op.wait(0)], [Op.wait(0), Op.signal(0)],
+                           repeat, memory=[mch], blocks=blocks, threads=1024) for _ in range(trials))
+            if best is None or t < best[0]:
+                best = (t, blocks)
+        row["memory_put_ns"], row["memory_blocks"] = best
+        # PortChannel: put with signal through the proxy, the peer acknowledges.
+        row["port_put_ns"] = statistics.median(
+            timed_loop([Op.port_put(0, 0, 0, n, signal=True), Op.port_wait(0)],
+                       [Op.port_wait(0), Op.port_signal(0)], repeat, port=[pch]) for _ in range(trials))
+        rows.append(row)
+
+    lat = {}
+    rounds = 20000
+    for kind, there, back, kw in [
+        ("memory_signal", Op.signal(0), Op.wait(0), {"memory": [mch]}),
+        ("ll8_packet", Op.put_packets(0, 0, 0, 4, 1, packet=8), Op.read_packets(0, 0, 0, 4, 1, packet=8), {"memory": [mch]}),
+        ("ll16_packet", Op.put_packets(0, 0, 0, 8, 1 << 20, packet=16), Op.read_packets(0, 0, 0, 8, 1 << 20, packet=16), {"memory": [mch]}),
+        ("port_signal", Op.port_signal(0), Op.port_wait(0), {"port": [pch]}),
+    ]:
+        r = rounds if kind != "port_signal" else 2000
+        t = statistics.median(timed_loop([there, back], [back, there], r, blocks=1, threads=32, **kw)
+                              for _ in range(trials))
+        lat[kind] = {"round_trip_ns": t, "one_way_ns": t / 2}
+    comm.barrier()
+    comm.close()
+    return {"rows": rows, "latency": lat} if rank == 0 else None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--max-bytes", type=int, default=1 << 30)
+    args = parser.parse_args(argv)
+    if torch.cuda.device_count() < 2:
+        print("needs 2 GPUs", file=sys.stderr)
+        return 2
+    sizes = []
+    n = MiB
+    while n <= args.max_bytes:
+        sizes.append(n)
+        n *= 2
+    res = run_ranks(_bench, 2, args=(sizes, (32, 66, 132), args.trials), timeout=580)[0]
+    gpu = torch.cuda.get_device_name(0)
+    print(f"# pyccl channel benchmark, 2 x {gpu}, {datetime.date.today()}")
+    print(f"{'bytes':>12} {'peer copy GB/s':>15} {'MemoryChannel GB/s':>19} {'(% copy)':>8} {'blocks':>6} "
+          f"{'PortChannel GB/s':>17} {'(% copy)':>8}")
+    for r in res["rows"]:
+        n = r["bytes"]
+        pc = n / r["peer_copy_ns"]
+        mc = n / r["memory_put_ns"]
+        po = n / r["port_put_ns"]
+        print(f"{n:>12} {pc:>15.1f} {mc:>19.1f} {100 * mc / pc:>7.1f}% {r['memory_blocks']:>6} "
+              f"{po:>17.1f} {100 * po / pc:>7.1f}%")
+    print("latency (one way = half the round trip, median):")
+    for k, v in res["latency"].items():
+        print(f"  {k:<14} round trip {v['round_trip_ns'] / 1000:7.2f} us   one way {v['one_way_ns'] / 1000:6.2f} us")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": gpu, "date": str(datetime.date.today()), **res}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

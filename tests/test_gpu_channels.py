@@ -1,0 +1,66 @@
+"""The Primitive API on GPUs: MemoryChannel and PortChannel (copy engine)."""
+
+import random
+
+import pytest
+
+import ranks_channels as rc
+from conftest import gpu_count, requires_gpus
+from pyccl._spawn import run_ranks
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("blocks", [1, 8])
+def test_random_transfers_all_protocols_bitwise(blocks):
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rc.transfers, 2, args=(True, seed, 60, 1 << 20, blocks), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+def test_one_million_signal_rounds_no_lost_or_early_wakeups():
+    # An early wake-up or a lost signal desynchronizes the two sides: one of
+    # them then waits past the timeout and the failure is counted.
+    for failures, _, _ in run_ranks(rc.pingpong, 2, args=(True, 1_000_000, "signal"), timeout=300):
+        assert failures == 0
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("kind", ["ll", "port"])
+def test_pingpong_rounds(kind):
+    for failures, _, _ in run_ranks(rc.pingpong, 2, args=(True, 20000, kind), timeout=300):
+        assert failures == 0
+
+
+@requires_gpus(2)
+def test_fifo_wraps_around_under_load():
+    count = 100_000
+    results = run_ranks(rc.port_flood, 2, args=(True, count), timeout=300)
+    assert [r[0] for r in results] == [0, 0]
+    assert results[0][1] == count + 1
+    assert results[1][2] is True
+
+
+@requires_gpus(2)
+def test_flush_lets_the_source_be_reused():
+    for wrong in run_ranks(rc.flush_ordering, 2, args=(True, 64 << 20, 10), timeout=300):
+        assert wrong == 0
+
+
+@requires_gpus(2)
+def test_waits_on_a_silent_peer_give_up_at_the_timeout():
+    out = run_ranks(rc.silent_peer_waits, 2, args=(True,), timeout=120)[0]
+    for label in ("port_wait", "wait", "read_packets"):
+        failures, took = out[label]
+        assert failures == 1, (label, out)
+        assert 1.9 <= took <= 15, (label, took)
+
+
+@requires_gpus(3)
+@pytest.mark.parametrize("world", [w for w in (3, 4) if w <= max(gpu_count(), 3)])
+def test_all_pairs_at_once(world):
+    if world > gpu_count():
+        pytest.skip(f"needs {world} GPUs")
+    for wrong in run_ranks(rc.all_pairs, world, args=(True, (1 << 20) + 3, random.randrange(1 << 20)),
+                           timeout=300):
+        assert wrong == 0
