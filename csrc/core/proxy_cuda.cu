@@ -21,6 +21,11 @@ class CudaIpcChannel : public ProxyChannel {
       : device_(device), src_(src), dst_(dst), remoteInbound_(remoteInbound) {
     gpu::DeviceGuard guard(device);
     PYCCL_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Load the signal kernel now. With lazy module loading, its first launch
+    // would otherwise load the module, which waits for running kernels; a
+    // kernel spinning on this very signal would then never finish.
+    cudaFuncAttributes attr{};
+    PYCCL_CHECK_CUDA(cudaFuncGetAttributes(&attr, storeSemaphoreKernel));
   }
   ~CudaIpcChannel() override {
     gpu::DeviceGuard guard(device_);
