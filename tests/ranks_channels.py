@@ -263,3 +263,53 @@ def all_pairs(rank, world, store, on_gpu, nbytes, seed):
         _sync(comm, on_gpu)
     comm.close()
     return wrong
+
+
+def socket_transfers(rank, world, store, seed, count, size, split_nodes):
+    """PortChannel over TCP. With split_nodes each rank is its own "node"
+    (PYCCL_NODE_ID), so there is no P2P and "auto" must pick the socket."""
+    import os
+
+    if split_nodes:
+        os.environ["PYCCL_NODE_ID"] = f"node{rank}"
+    comm, device = _setup(store, rank, world, False)
+    peer = 1 - rank
+    buf = pyccl.empty(size, dtype=torch.uint8)
+    mem = comm.register(buf)
+    pch = comm.port_channel(peer, mem, transport="auto" if split_nodes else "socket")
+    out = {"transport": pch.transport, "p2p": comm.can_access_peer(peer), "bad": []}
+    if split_nodes:
+        try:
+            comm.memory_channel(peer, mem)
+            out["memory_channel_error"] = None
+        except pyccl.InvalidArgumentError as e:
+            out["memory_channel_error"] = str(e)
+    rng = random.Random(seed)
+    for i in range(count):
+        n = rng.choice([1, 7, 4096, rng.randrange(1, size // 2)])
+        src_off, dst_off = rng.randrange(0, size - n), rng.randrange(0, size - n)
+        gen = torch.Generator().manual_seed(seed * 1000 + i)
+        data = torch.randint(0, 256, (size,), generator=gen, dtype=torch.uint8)
+        buf.copy_(data) if rank == 0 else buf.fill_(MARK)
+        comm.barrier()
+        if rank == 0:
+            res = run(comm, [Op.port_put(0, dst_off, src_off, n, signal=True), Op.port_flush(0)], port=[pch])
+        else:
+            res = run(comm, [Op.port_wait(0)], port=[pch])
+            expect = torch.full((size,), MARK, dtype=torch.uint8)
+            expect[dst_off:dst_off + n] = data[src_off:src_off + n]
+            if not torch.equal(buf, expect):
+                out["bad"].append((i, dst_off, src_off, n))
+        if res.failures:
+            out["bad"].append((i, "wait failed"))
+        comm.barrier()
+    # Many small signalled puts in a row (ordering of data before signals).
+    rounds = 2000
+    if rank == 0:
+        res = run(comm, [Op.port_put(0, 0, 0, 64, signal=True)], port=[pch], repeat=rounds)
+    else:
+        res = run(comm, [Op.port_wait(0)], port=[pch], repeat=rounds)
+    out["flood_failures"] = res.failures
+    comm.barrier()
+    comm.close()
+    return out

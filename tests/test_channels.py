@@ -55,3 +55,15 @@ def test_close_with_proxy_work_pending_returns():
 def test_all_pairs_at_once(world):
     for wrong in run_ranks(rc.all_pairs, world, args=(False, 4096 + 3, random.randrange(1 << 20)), timeout=240):
         assert wrong == 0
+
+
+@pytest.mark.parametrize("split_nodes", [False, True])
+def test_socket_transport_between_two_processes(split_nodes):
+    seed = random.randrange(1 << 20)
+    for out in run_ranks(rc.socket_transfers, 2, args=(seed, 25, 1 << 18, split_nodes), timeout=240):
+        assert out["transport"] == "socket"
+        assert out["bad"] == [], f"seed {seed}: {out['bad']}"
+        assert out["flood_failures"] == 0
+        assert out["p2p"] is (not split_nodes)
+        if split_nodes:
+            assert "'peer'" in out["memory_channel_error"] and "not reachable by P2P" in out["memory_channel_error"]

@@ -3,6 +3,7 @@
 #include "core/communicator.hpp"
 #include "core/errors.hpp"
 #include "core/proxy.hpp"
+#include "core/transport_socket.hpp"
 
 namespace pyccl {
 namespace {
@@ -105,13 +106,14 @@ std::shared_ptr<PortChannel> Communicator::createPortChannel(int peer, const Reg
                   "must be another rank in [0, ", worldSize_, "), got ", peer);
   PYCCL_CHECK_ARG(local.valid() && local.isLocal(), "memory", "must be memory registered by this rank");
   std::string kind = transport;
-  if (kind == "auto") kind = hostMode() ? "host" : "cuda_ipc";
-  PYCCL_CHECK_ARG(kind == "host" || kind == "cuda_ipc", "transport",
-                  "'", transport, "' is not available here (expected auto, host or cuda_ipc)");
+  if (kind == "auto") kind = !topology_.p2p[rank_][peer] ? "socket" : hostMode() ? "host" : "cuda_ipc";
+  PYCCL_CHECK_ARG(kind == "host" || kind == "cuda_ipc" || kind == "socket", "transport",
+                  "'", transport, "' is not a transport (expected auto, host, cuda_ipc or socket)");
+  if (kind == "socket") return createSocketPortChannel(peer, local);
   PYCCL_CHECK_ARG((kind == "host") == hostMode(), "transport", "'", kind, "' does not fit a ",
                   hostMode() ? "host-mode" : "GPU", " communicator");
   PYCCL_CHECK_ARG(topology_.p2p[rank_][peer], "peer", "rank ", peer,
-                  " is not reachable by P2P, which the ", kind, " transport needs");
+                  " is not reachable by P2P, which the ", kind, " transport needs (use 'socket')");
   auto theirs = exchangePair(*this, peer, {local});
   auto semaphore = createSemaphore(peer);
   auto proxy = proxyService();
@@ -128,6 +130,30 @@ std::shared_ptr<PortChannel> Communicator::createPortChannel(int peer, const Reg
   }
   const uint32_t id = proxy->addChannel(std::move(channel));
   return std::make_shared<PortChannel>(proxy, id, semaphore, local, theirs[0], kind);
+}
+
+}  // namespace pyccl
+
+namespace pyccl {
+
+std::shared_ptr<PortChannel> Communicator::createSocketPortChannel(int peer, const RegisteredMemory& local) {
+  // Both sides listen; the lower rank connects to the higher one's listener.
+  SocketListener listener;
+  ByteWriter w;
+  w.putString(listener.address(topology_.sameNode[peer])).put<uint64_t>(local.size());
+  send(peer, kChannelTag, w.take());
+  Bytes reply = recv(peer, kChannelTag);
+  ByteReader r(reply, "socket channel descriptor");
+  const std::string peerAddress = r.getString();
+  const auto peerSize = r.get<uint64_t>();
+  UniqueFd conn = rank_ < peer ? connectTo(peerAddress, options_.timeout)
+                               : listener.accept(options_.timeout);
+  auto semaphore = createLocalSemaphore(peer);
+  SocketChannelConfig cfg{device_, static_cast<char*>(local.data()), local.size(), peerSize,
+                          semaphore->localInboundPtr(), abortState(), peer};
+  auto proxy = proxyService();
+  const uint32_t id = proxy->addChannel(makeSocketChannel(std::move(conn), cfg));
+  return std::make_shared<PortChannel>(proxy, id, semaphore, local, RegisteredMemory(), "socket");
 }
 
 }  // namespace pyccl

@@ -423,6 +423,16 @@ SemaphoreSlot* Communicator::allocateSemaphoreSlot(RegisteredMemory* page) {
   return static_cast<SemaphoreSlot*>(semaphorePage_.data()) + semaphoreSlotsUsed_++;
 }
 
+std::shared_ptr<Semaphore> Communicator::createLocalSemaphore(int peer) {
+  checkOpen("create_semaphore");
+  PYCCL_CHECK_ARG(peer >= 0 && peer < worldSize_ && peer != rank_, "peer",
+                  "must be another rank in [0, ", worldSize_, "), got ", peer);
+  RegisteredMemory localPage;
+  SemaphoreSlot* slot = allocateSemaphoreSlot(&localPage);
+  return std::make_shared<Semaphore>(peer, device_, localPage, slot, RegisteredMemory(), nullptr,
+                                     abortState(), options_.name);
+}
+
 std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
   checkOpen("create_semaphore");
   PYCCL_CHECK_ARG(peer >= 0 && peer < worldSize_ && peer != rank_, "peer",

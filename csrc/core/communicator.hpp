@@ -79,9 +79,13 @@ class Communicator {
   std::shared_ptr<MemoryChannel> createMemoryChannel(int peer, const RegisteredMemory& local,
                                                      const RegisteredMemory& localPackets);
   /// Pairwise: a PortChannel between `local` and the peer's buffer, moved by
-  /// this rank's proxy through `transport` ("auto", "host", "cuda_ipc").
+  /// this rank's proxy through `transport`: "host", "cuda_ipc" (peers with
+  /// P2P), "socket" (any peer), or "auto" (the first that fits).
   std::shared_ptr<PortChannel> createPortChannel(int peer, const RegisteredMemory& local,
                                                  const std::string& transport);
+  /// A semaphore slot signalled by something other than the peer's stores
+  /// (e.g. a socket receiver); it maps nothing of the peer. Local, not pairwise.
+  std::shared_ptr<Semaphore> createLocalSemaphore(int peer);
   /// This communicator's proxy (started on first use).
   std::shared_ptr<ProxyService> proxyService();
 
@@ -112,6 +116,7 @@ class Communicator {
 
  private:
   void checkOpen(const char* op) const;
+  std::shared_ptr<PortChannel> createSocketPortChannel(int peer, const RegisteredMemory& local);
   void probePeers();
   RegisteredMemory trackMemory(std::shared_ptr<RegisteredMemory::Impl> impl);
   SemaphoreSlot* allocateSemaphoreSlot(RegisteredMemory* page);

@@ -19,7 +19,10 @@ Semaphore::Semaphore(int peer, int device, RegisteredMemory localPage, Semaphore
       abort_(abort),
       commName_(std::move(commName)) {}
 
-bool Semaphore::valid() const { return localPage_.valid() && remotePage_.valid(); }
+bool Semaphore::valid() const {
+  // A semaphore of a socket channel maps no peer memory: the peer's proxy signals it.
+  return localPage_.valid() && (remoteInbound_ == nullptr || remotePage_.valid());
+}
 
 void Semaphore::checkValid() const {
   if (!valid()) {
@@ -36,8 +39,15 @@ SemaphoreDeviceHandle Semaphore::deviceHandle() const {
   return SemaphoreDeviceHandle{localSlot_, remoteInbound_, abort_, peer_};
 }
 
+uint64_t* Semaphore::localInboundPtr() const { return &localSlot_->inbound; }
+
 void Semaphore::signal() {
   checkValid();
+  if (remoteInbound_ == nullptr) {
+    throw InvalidArgument(strCat("invalid argument 'semaphore': the semaphore with rank ", peer_,
+                                 " has no mapping of the peer (socket transport); signal through "
+                                 "its PortChannel instead"));
+  }
   if (device_ < 0) {
     SemaphoreDeviceHandle h{localSlot_, remoteInbound_, abort_, peer_};
     h.signal();

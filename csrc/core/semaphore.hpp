@@ -32,6 +32,8 @@ class Semaphore {
   bool valid() const;
   /// The peer's inbound counter mapped here (what a proxy on this rank writes).
   uint64_t* remoteInboundPtr() const { return remoteInbound_; }
+  /// This rank's inbound counter (what a receiver of the peer's signals writes).
+  uint64_t* localInboundPtr() const;
 
  private:
   void checkValid() const;

@@ -1,0 +1,258 @@
+#include "core/transport_socket.hpp"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
+#include "core/logging.hpp"
+
+namespace pyccl {
+namespace {
+
+constexpr uint32_t kMsgPut = 1;
+constexpr uint32_t kMsgSignal = 2;
+constexpr uint32_t kMsgMagic = 0x70636373;  // "pccs"
+constexpr size_t kStageBytes = 4 << 20;     // GPU staging chunk
+
+struct MsgHeader {
+  uint32_t magic;
+  uint32_t type;
+  uint64_t offset;
+  uint64_t bytes;
+};
+
+bool sendAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Returns false on EOF or error (the caller tells which from errno/shutdown).
+bool recvAll(int fd, void* data, size_t size) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    ssize_t n = ::recv(fd, p, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::string firstNonLoopbackIPv4() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "127.0.0.1";
+  const char* wanted = std::getenv("PYCCL_SOCKET_IFNAME");
+  std::string found;
+  for (ifaddrs* it = list; it != nullptr && found.empty(); it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if (wanted != nullptr && *wanted != '\0' && std::strcmp(it->ifa_name, wanted) != 0) continue;
+    auto* sin = reinterpret_cast<sockaddr_in*>(it->ifa_addr);
+    if (wanted == nullptr && ntohl(sin->sin_addr.s_addr) >> 24 == 127) continue;
+    char buf[INET_ADDRSTRLEN];
+    if (inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf)) != nullptr) found = buf;
+  }
+  freeifaddrs(list);
+  return found.empty() ? "127.0.0.1" : found;
+}
+
+void tuneSocket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int buf = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+class SocketChannel : public ProxyChannel {
+ public:
+  SocketChannel(UniqueFd fd, SocketChannelConfig cfg) : fd_(std::move(fd)), cfg_(cfg) {
+    tuneSocket(fd_.get());
+    if (cfg_.device >= 0) {
+      sendStage_.resize(kStageBytes);
+      recvStage_.resize(kStageBytes);
+    }
+    receiver_ = std::thread([this] { receive(); });
+  }
+
+  ~SocketChannel() override {
+    stopping_ = true;
+    ::shutdown(fd_.get(), SHUT_RDWR);  // wakes the receiver
+    if (receiver_.joinable()) receiver_.join();
+  }
+
+  void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) override {
+    if (dstOffset + bytes > cfg_.remoteSize || srcOffset + bytes > cfg_.localSize) {
+      throw InvalidArgument(strCat("invalid argument 'put': [", srcOffset, ", +", bytes,
+                                   ") -> [", dstOffset, ", +", bytes, ") is outside the buffers (",
+                                   cfg_.localSize, " bytes here, ", cfg_.remoteSize,
+                                   " at rank ", cfg_.peer, ")"));
+    }
+    MsgHeader h{kMsgMagic, kMsgPut, dstOffset, bytes};
+    if (!sendAll(fd_.get(), &h, sizeof(h))) fail("send");
+    if (cfg_.device < 0) {
+      if (!sendAll(fd_.get(), cfg_.local + srcOffset, bytes)) fail("send");
+      return;
+    }
+    for (uint64_t done = 0; done < bytes;) {
+      const uint64_t n = std::min<uint64_t>(kStageBytes, bytes - done);
+      gpu::copyToHost(cfg_.device, sendStage_.data(), cfg_.local + srcOffset + done, n);
+      if (!sendAll(fd_.get(), sendStage_.data(), n)) fail("send");
+      done += n;
+    }
+  }
+
+  void signal() override {
+    MsgHeader h{kMsgMagic, kMsgSignal, 0, 0};
+    if (!sendAll(fd_.get(), &h, sizeof(h))) fail("send");
+  }
+
+  // send() returns once the kernel holds a copy of the data (and GPU data was
+  // staged synchronously): the source is reusable after put() already.
+  void flush() override {}
+  const char* transport() const override { return "socket"; }
+
+ private:
+  [[noreturn]] void fail(const char* op) {
+    throw RemoteError(strCat("socket transport to rank ", cfg_.peer, ": ", op, " failed: ",
+                             std::strerror(errno), " (did the peer exit?)"));
+  }
+
+  void receive() {
+    MsgHeader h{};
+    try {
+      while (recvAll(fd_.get(), &h, sizeof(h))) {
+        if (h.magic != kMsgMagic || (h.type != kMsgPut && h.type != kMsgSignal) ||
+            h.offset + h.bytes > cfg_.localSize) {
+          throw RemoteError(strCat("socket transport from rank ", cfg_.peer,
+                                   ": malformed message (type ", h.type, ", offset ", h.offset,
+                                   ", bytes ", h.bytes, ")"));
+        }
+        if (h.type == kMsgPut) {
+          receivePayload(h.offset, h.bytes);
+        } else {
+          // Data of earlier puts is in place (received in order, copied synchronously).
+          ++received_;
+          if (cfg_.device < 0) {
+            atomicStoreRelease(cfg_.localInbound, received_);
+          } else {
+            gpu::copyToDevice(cfg_.device, cfg_.localInbound, &received_, sizeof(received_));
+          }
+        }
+      }
+      if (!stopping_) throw RemoteError(strCat("socket transport: rank ", cfg_.peer, " closed the connection"));
+    } catch (const std::exception& e) {
+      if (stopping_) return;
+      PYCCL_LOG(Error, e.what());
+      if (cfg_.abort.abortFlag != nullptr) {
+        std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(cfg_.abort.abortFlag)).store(1);
+      }
+    }
+  }
+
+  void receivePayload(uint64_t offset, uint64_t bytes) {
+    if (cfg_.device < 0) {
+      if (!recvAll(fd_.get(), cfg_.local + offset, bytes)) throw RemoteError("socket transport: truncated put");
+      return;
+    }
+    for (uint64_t done = 0; done < bytes;) {
+      const uint64_t n = std::min<uint64_t>(kStageBytes, bytes - done);
+      if (!recvAll(fd_.get(), recvStage_.data(), n)) throw RemoteError("socket transport: truncated put");
+      gpu::copyToDevice(cfg_.device, cfg_.local + offset + done, recvStage_.data(), n);
+      done += n;
+    }
+  }
+
+  UniqueFd fd_;
+  SocketChannelConfig cfg_;
+  std::vector<char> sendStage_, recvStage_;
+  uint64_t received_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread receiver_;
+};
+
+}  // namespace
+
+SocketListener::SocketListener() {
+  fd_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd_) throwSystemError("socket(AF_INET)", errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  PYCCL_CHECK_SYS(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
+  PYCCL_CHECK_SYS(::listen(fd_.get(), 4));
+  socklen_t len = sizeof(addr);
+  PYCCL_CHECK_SYS(::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len));
+  port_ = ntohs(addr.sin_port);
+}
+
+std::string SocketListener::address(bool peerOnSameNode) const {
+  const char* forced = std::getenv("PYCCL_SOCKET_ADDR");
+  std::string ip = (forced != nullptr && *forced != '\0') ? forced
+                   : peerOnSameNode                      ? "127.0.0.1"
+                                                         : firstNonLoopbackIPv4();
+  return strCat(ip, ":", port_);
+}
+
+UniqueFd SocketListener::accept(std::chrono::milliseconds timeout) {
+  pollfd p{fd_.get(), POLLIN, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  } while (n < 0 && errno == EINTR);
+  if (n == 0) throw TimeoutError(strCat("socket transport: the peer did not connect within ", timeout.count(), " ms"));
+  if (n < 0) throwSystemError("poll(listen)", errno);
+  UniqueFd conn(::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  if (!conn) throwSystemError("accept", errno);
+  return conn;
+}
+
+UniqueFd connectTo(const std::string& address, std::chrono::milliseconds timeout) {
+  const auto colon = address.rfind(':');
+  PYCCL_CHECK_ARG(colon != std::string::npos, "address", "'", address, "' is not ip:port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + colon + 1)));
+  const std::string ip = address.substr(0, colon);
+  PYCCL_CHECK_ARG(inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) == 1, "address",
+                  "'", ip, "' is not an IPv4 address");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd) throwSystemError("socket(AF_INET)", errno);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+    const int err = errno;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(strCat("socket transport: cannot connect to ", address, " within ",
+                                timeout.count(), " ms: ", std::strerror(err)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::unique_ptr<ProxyChannel> makeSocketChannel(UniqueFd connection, SocketChannelConfig config) {
+  return std::make_unique<SocketChannel>(std::move(connection), config);
+}
+
+}  // namespace pyccl

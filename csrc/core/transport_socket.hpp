@@ -1,0 +1,55 @@
+// The TCP socket transport of PortChannels, for peers without load/store
+// access (other nodes without RDMA, or one machine split into "nodes" with
+// PYCCL_NODE_ID). One connection per channel pair:
+//   - the proxy thread sends PUT (header + payload) and SIGNAL messages, in
+//     order, so a signal always follows the data of earlier puts;
+//   - a receiver thread per channel writes incoming payloads into this rank's
+//     registered memory and then bumps this rank's semaphore for SIGNALs.
+// GPU memory is staged through host memory on both sides.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "channels/device_common.hpp"
+#include "core/fd_passing.hpp"
+#include "core/proxy.hpp"
+
+namespace pyccl {
+
+class Communicator;
+
+/// Listening side of a channel's connection, created before addresses are exchanged.
+class SocketListener {
+ public:
+  SocketListener();
+  /// "ip:port" peers should connect to. The ip is PYCCL_SOCKET_ADDR if set,
+  /// 127.0.0.1 for a peer on this node, else this host's first non-loopback IPv4.
+  std::string address(bool peerOnSameNode) const;
+  /// Accepts one connection, waiting up to `timeout`.
+  UniqueFd accept(std::chrono::milliseconds timeout);
+
+ private:
+  UniqueFd fd_;
+  int port_ = 0;
+};
+
+/// Connects to "ip:port", retrying until `timeout`.
+UniqueFd connectTo(const std::string& address, std::chrono::milliseconds timeout);
+
+struct SocketChannelConfig {
+  int device;               ///< -1: host memory
+  char* local;              ///< this rank's registered memory (source of puts, target of the peer's)
+  uint64_t localSize;
+  uint64_t remoteSize;      ///< the peer's registered size (puts are checked against it)
+  uint64_t* localInbound;   ///< this rank's semaphore inbound counter (host or device memory)
+  AbortState abort;         ///< raised if the connection fails
+  int peer;
+};
+
+/// The channel: the proxy calls put/signal/flush; the receiver thread runs
+/// until the connection closes. Takes ownership of the connected socket.
+std::unique_ptr<ProxyChannel> makeSocketChannel(UniqueFd connection, SocketChannelConfig config);
+
+}  // namespace pyccl
