@@ -313,3 +313,18 @@ def socket_transfers(rank, world, store, seed, count, size, split_nodes):
     comm.barrier()
     comm.close()
     return out
+
+
+def transport_errors(rank, world, store):
+    comm, _ = _setup(store, rank, world, False)
+    mem = comm.register(pyccl.empty(1024, dtype=torch.uint8))
+    out = {}
+    for kind in ("bogus", "rdma"):
+        try:
+            comm.port_channel(1 - rank, mem, transport=kind)
+            out[kind] = None
+        except (pyccl.InvalidArgumentError, pyccl.UnsupportedError) as e:
+            out[kind] = str(e)
+    comm.barrier()
+    comm.close()
+    return out

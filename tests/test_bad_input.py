@@ -85,3 +85,35 @@ def test_single_rank_communicator_and_bad_registrations(store):
 def test_cuda_device_without_gpus_names_device(store):
     err = _expect_invalid("device", pyccl.Communicator, store, 0, 1, device="cuda:0")
     assert "cuda:0" in str(err)
+
+
+def test_switch_channel_is_off_unless_enabled(store, monkeypatch):
+    comm = pyccl.Communicator(store, 0, 1, device="cpu")
+    mem = comm.register(pyccl.empty(64))
+    monkeypatch.delenv("PYCCL_ENABLE_NVLS", raising=False)
+    with pytest.raises(pyccl.UnsupportedError, match="PYCCL_ENABLE_NVLS=1"):
+        comm.switch_channel(mem)
+    monkeypatch.setenv("PYCCL_ENABLE_NVLS", "1")
+    _expect_invalid("comm", comm.switch_channel, mem)  # host mode has no multicast
+    comm.close()
+
+
+def test_rdma_discovery_reports_what_is_missing():
+    # Where rdma-core is absent the loader says so; where it is present the
+    # answer is a (possibly empty) list of device names.
+    try:
+        devices = pyccl._C.rdma_devices()
+    except pyccl.UnsupportedError as e:
+        assert "libibverbs.so.1" in str(e) and "rdma-core" in str(e)
+    else:
+        assert isinstance(devices, list) and all(isinstance(d, str) for d in devices)
+
+
+def test_unknown_and_unavailable_transports_are_refused():
+    from pyccl._spawn import run_ranks
+
+    import ranks_channels as rc
+    for messages in run_ranks(rc.transport_errors, 2, timeout=60):
+        assert "'transport'" in messages["bogus"]
+        assert "libibverbs" in messages["rdma"] or "RDMA device" in messages["rdma"] \
+            or "not implemented" in messages["rdma"]

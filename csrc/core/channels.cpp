@@ -2,6 +2,7 @@
 
 #include "core/communicator.hpp"
 #include "core/errors.hpp"
+#include "core/ibverbs.hpp"
 #include "core/proxy.hpp"
 #include "core/transport_socket.hpp"
 
@@ -107,8 +108,18 @@ std::shared_ptr<PortChannel> Communicator::createPortChannel(int peer, const Reg
   PYCCL_CHECK_ARG(local.valid() && local.isLocal(), "memory", "must be memory registered by this rank");
   std::string kind = transport;
   if (kind == "auto") kind = !topology_.p2p[rank_][peer] ? "socket" : hostMode() ? "host" : "cuda_ipc";
-  PYCCL_CHECK_ARG(kind == "host" || kind == "cuda_ipc" || kind == "socket", "transport",
-                  "'", transport, "' is not a transport (expected auto, host, cuda_ipc or socket)");
+  PYCCL_CHECK_ARG(kind == "host" || kind == "cuda_ipc" || kind == "socket" || kind == "rdma",
+                  "transport", "'", transport,
+                  "' is not a transport (expected auto, host, cuda_ipc, socket or rdma)");
+  if (kind == "rdma") {
+    const auto devices = listRdmaDevices();  // throws, naming libibverbs, where rdma-core is absent
+    if (devices.empty()) {
+      throw UnsupportedError("transport 'rdma': libibverbs found no RDMA device on this machine; "
+                             "use transport='socket'");
+    }
+    throw UnsupportedError(strCat("transport 'rdma': the RDMA data path is not implemented yet (",
+                                  devices.size(), " device(s) found); use transport='socket'"));
+  }
   if (kind == "socket") return createSocketPortChannel(peer, local);
   PYCCL_CHECK_ARG((kind == "host") == hostMode(), "transport", "'", kind, "' does not fit a ",
                   hostMode() ? "host-mode" : "GPU", " communicator");

@@ -7,6 +7,7 @@
 #include "core/communicator.hpp"
 #include "core/errors.hpp"
 #include "core/proxy.hpp"
+#include "core/switch_channel.hpp"
 #include "kernels/channel_ops.hpp"
 #include "kernels/selftest.hpp"
 #include "python/bindings.hpp"
@@ -109,6 +110,9 @@ void bindCommunicator(py::module_& m) {
       .def_property_readonly("transport", &PortChannel::transport)
       .def_property_readonly("channel_id", &PortChannel::channelId);
 
+  py::class_<SwitchChannel, std::shared_ptr<SwitchChannel>>(
+      m, "SwitchChannel", "NVLink SHARP multicast over one buffer of every GPU (off by default).");
+
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init([](c10::intrusive_ptr<c10d::Store> store, int rank, int worldSize, int device,
                        std::string name, int64_t timeoutMs) {
@@ -202,6 +206,9 @@ void bindCommunicator(py::module_& m) {
       .def("create_port_channel", &Communicator::createPortChannel, py::arg("peer"),
            py::arg("memory"), py::arg("transport") = "auto",
            py::call_guard<py::gil_scoped_release>())
+      .def("create_switch_channel", [](Communicator& c, const RegisteredMemory& local) {
+        return createSwitchChannel(c, local);
+      }, py::arg("memory"), py::call_guard<py::gil_scoped_release>())
       .def("proxy_stats", [](Communicator& c) {
         auto p = c.proxyService();
         py::dict d;

@@ -6,6 +6,7 @@
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/host_memory.hpp"
+#include "core/ibverbs.hpp"
 #include "core/logging.hpp"
 #include "python/bindings.hpp"
 
@@ -78,6 +79,9 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("level"), "Sets the C++ log level (TRACE, DEBUG, INFO, WARN, ERROR, OFF).");
   m.def("num_host_shared_allocations", &numHostSharedAllocations,
         "Live host shared-memory allocations in this process (for leak checks).");
+
+  m.def("rdma_devices", &listRdmaDevices,
+        "RDMA devices libibverbs sees; raises UnsupportedError where rdma-core is absent.");
 
   bindCommunicator(m);
   bindTensors(m);

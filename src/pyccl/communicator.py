@@ -190,6 +190,11 @@ class Communicator:
         buffer; ``transport`` is ``auto`` (``cuda_ipc`` on GPUs, ``host`` in host mode)."""
         return self._comm.create_port_channel(peer, memory, transport)
 
+    def switch_channel(self, memory: "_C.RegisteredMemory") -> "_C.SwitchChannel":
+        """Collective: NVLink SHARP multicast over ``memory`` (from :func:`pyccl.empty`)
+        of every rank. Off unless ``PYCCL_ENABLE_NVLS=1``: raises UnsupportedError."""
+        return self._comm.create_switch_channel(memory)
+
     def proxy_stats(self) -> dict:
         """The proxy's state: running, triggers executed and dropped, its error if it stopped."""
         return self._comm.proxy_stats()
