@@ -255,9 +255,16 @@ def create_destroy_cycles(rank, world, store, cycles):
             sem.signal()
         for sem in sems.values():
             sem.wait()
+        # Channels start the proxy thread and, for sockets, receiver threads.
+        from pyccl.primitives import Op, run
+        peer = (rank + 1) % world if rank % 2 == 0 else (rank - 1) % world
+        chans = [comm.memory_channel(peer, local), comm.port_channel(peer, local),
+                 comm.port_channel(peer, local, transport="socket")]
+        run(comm, [Op.port_put(0, 0, 0, 64, signal=True), Op.port_wait(0),
+                   Op.port_put(1, 64, 64, 64, signal=True), Op.port_wait(1)], port=chans[1:])
         comm.barrier()
         comm.close()
-        del comm, buf, local, mapped, sems
+        del comm, buf, local, mapped, sems, chans
 
     one(-1)  # warm-up: lazily created process-wide state
     before = _resources()

@@ -89,6 +89,8 @@ std::string ProxyService::error() const {
 void ProxyService::stop() {
   stopRequested_ = true;
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& channel : owned_) channel->shutdown();
 }
 
 void ProxyService::execute(const ProxyTrigger& t) {

@@ -27,6 +27,9 @@ class ProxyChannel {
   virtual void flush() = 0;
   /// Short name for logs and errors ("cuda_ipc", "socket", ...).
   virtual const char* transport() const = 0;
+  /// Stops any thread the channel runs (after the proxy thread stopped), so
+  /// nothing touches the communicator's memory afterwards. Idempotent.
+  virtual void shutdown() {}
 };
 
 /// The FIFO's memory: triggers and tail host-pinned (GPU) or heap (host mode);
@@ -68,7 +71,8 @@ class ProxyService {
   uint32_t addChannel(std::unique_ptr<ProxyChannel> channel);
   FifoDeviceHandle fifoHandle() const { return fifo_.deviceHandle(); }
   /// Stops the thread within about a millisecond: the trigger in progress
-  /// finishes, those still queued are dropped (counted and logged). Idempotent.
+  /// finishes, those still queued are dropped (counted and logged); then every
+  /// channel is shut down. Idempotent.
   void stop();
   bool running() const { return running_.load(); }
   uint64_t executed() const { return executed_.load(); }

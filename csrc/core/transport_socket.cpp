@@ -24,6 +24,7 @@ namespace {
 
 constexpr uint32_t kMsgPut = 1;
 constexpr uint32_t kMsgSignal = 2;
+constexpr uint32_t kMsgBye = 3;  // orderly close: the peer stops receiving quietly
 constexpr uint32_t kMsgMagic = 0x70636373;  // "pccs"
 constexpr size_t kStageBytes = 4 << 20;     // GPU staging chunk
 
@@ -95,9 +96,13 @@ class SocketChannel : public ProxyChannel {
     receiver_ = std::thread([this] { receive(); });
   }
 
-  ~SocketChannel() override {
-    stopping_ = true;
-    ::shutdown(fd_.get(), SHUT_RDWR);  // wakes the receiver
+  ~SocketChannel() override { shutdown(); }
+
+  void shutdown() override {
+    if (stopping_.exchange(true)) return;
+    MsgHeader bye{kMsgMagic, kMsgBye, 0, 0};
+    sendAll(fd_.get(), &bye, sizeof(bye));  // best effort: the peer may be gone
+    ::shutdown(fd_.get(), SHUT_RDWR);       // wakes the receiver
     if (receiver_.joinable()) receiver_.join();
   }
 
@@ -142,6 +147,7 @@ class SocketChannel : public ProxyChannel {
     MsgHeader h{};
     try {
       while (recvAll(fd_.get(), &h, sizeof(h))) {
+        if (h.magic == kMsgMagic && h.type == kMsgBye) return;  // the peer closed in order
         if (h.magic != kMsgMagic || (h.type != kMsgPut && h.type != kMsgSignal) ||
             h.offset + h.bytes > cfg_.localSize) {
           throw RemoteError(strCat("socket transport from rank ", cfg_.peer,
