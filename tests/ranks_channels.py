@@ -15,7 +15,7 @@ from pyccl.primitives import Op, run
 MARK = 0xAB  # what the receiver's buffer holds where nothing may be written
 
 
-def _setup(store, rank, world, on_gpu, timeout_s=60.0, name=None):
+def _setup(store, rank, world, on_gpu, timeout_s=20.0, name=None):
     device = "cpu"
     if on_gpu:
         torch.cuda.set_device(rank)
@@ -117,10 +117,10 @@ def pingpong(rank, world, store, on_gpu, rounds, kind):
     ops = [there, back] if rank == 0 else [back, there]
     _sync(comm, on_gpu)
     res = run(comm, ops, memory=[mch], port=[pch], repeat=rounds, blocks=1, threads=32)
-    sem_received = None
+    record = comm.device_error()  # on failure: which wait, what it expected and saw
     _sync(comm, on_gpu)
     comm.close()
-    return res.failures, res.elapsed_ns / rounds, sem_received
+    return res.failures, res.elapsed_ns / rounds, record
 
 
 def port_flood(rank, world, store, on_gpu, count):

@@ -18,8 +18,8 @@ def test_random_transfers_all_protocols(blocks):
 
 @pytest.mark.parametrize("kind", ["signal", "ll", "port"])
 def test_pingpong_rounds(kind):
-    for failures, _, _ in run_ranks(rc.pingpong, 2, args=(False, 2000, kind), timeout=240):
-        assert failures == 0
+    for failures, _, record in run_ranks(rc.pingpong, 2, args=(False, 2000, kind), timeout=240):
+        assert failures == 0, record
 
 
 def test_fifo_wraps_around_under_load():

@@ -13,7 +13,7 @@ from pyccl._spawn import run_ranks
 @pytest.mark.parametrize("blocks", [1, 8])
 def test_random_transfers_all_protocols_bitwise(blocks):
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(rc.transfers, 2, args=(True, seed, 60, 1 << 20, blocks), timeout=300):
+    for bad in run_ranks(rc.transfers, 2, args=(True, seed, 60, 1 << 20, blocks), timeout=150):
         assert bad == [], f"seed {seed}: {bad}"
 
 
@@ -21,21 +21,21 @@ def test_random_transfers_all_protocols_bitwise(blocks):
 def test_one_million_signal_rounds_no_lost_or_early_wakeups():
     # An early wake-up or a lost signal desynchronizes the two sides: one of
     # them then waits past the timeout and the failure is counted.
-    for failures, _, _ in run_ranks(rc.pingpong, 2, args=(True, 1_000_000, "signal"), timeout=300):
-        assert failures == 0
+    for failures, _, record in run_ranks(rc.pingpong, 2, args=(True, 1_000_000, "signal"), timeout=150):
+        assert failures == 0, record
 
 
 @requires_gpus(2)
 @pytest.mark.parametrize("kind", ["ll", "port"])
 def test_pingpong_rounds(kind):
-    for failures, _, _ in run_ranks(rc.pingpong, 2, args=(True, 20000, kind), timeout=300):
-        assert failures == 0
+    for failures, _, record in run_ranks(rc.pingpong, 2, args=(True, 20000, kind), timeout=150):
+        assert failures == 0, record
 
 
 @requires_gpus(2)
 def test_fifo_wraps_around_under_load():
     count = 100_000
-    results = run_ranks(rc.port_flood, 2, args=(True, count), timeout=300)
+    results = run_ranks(rc.port_flood, 2, args=(True, count), timeout=150)
     assert [r[0] for r in results] == [0, 0]
     assert results[0][1] == count + 1
     assert results[1][2] is True
@@ -43,7 +43,7 @@ def test_fifo_wraps_around_under_load():
 
 @requires_gpus(2)
 def test_flush_lets_the_source_be_reused():
-    for wrong in run_ranks(rc.flush_ordering, 2, args=(True, 64 << 20, 10), timeout=300):
+    for wrong in run_ranks(rc.flush_ordering, 2, args=(True, 64 << 20, 10), timeout=150):
         assert wrong == 0
 
 
@@ -62,5 +62,5 @@ def test_all_pairs_at_once(world):
     if world > gpu_count():
         pytest.skip(f"needs {world} GPUs")
     for wrong in run_ranks(rc.all_pairs, world, args=(True, (1 << 20) + 3, random.randrange(1 << 20)),
-                           timeout=300):
+                           timeout=150):
         assert wrong == 0

@@ -84,6 +84,12 @@ PYCCL_HOST_DEVICE uint64_t nowNs() {
 #endif
 }
 
+/// Whether more than `timeoutNs` passed since `start` (0: never). Signed, so a
+/// clock that steps backwards reads as "not yet" rather than wrapping around.
+PYCCL_HOST_DEVICE bool pastDeadline(uint64_t start, uint64_t timeoutNs) {
+  return timeoutNs != 0 && static_cast<int64_t>(nowNs() - start) > static_cast<int64_t>(timeoutNs);
+}
+
 /// Why a bounded wait gave up.
 enum class WaitStatus : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2 };
 
@@ -152,7 +158,7 @@ PYCCL_HOST_DEVICE WaitStatus spinUntilAtLeast(const uint64_t* counter, uint64_t 
         *observed = value;
         return WaitStatus::kAborted;
       }
-      if (abort.timeoutNs != 0 && nowNs() - start > abort.timeoutNs) {
+      if (pastDeadline(start, abort.timeoutNs)) {
         abort.record(WaitStatus::kTimeout, peer, target, value);
         *observed = value;
         return WaitStatus::kTimeout;

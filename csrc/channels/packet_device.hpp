@@ -139,7 +139,7 @@ PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint6
             abort.record(WaitStatus::kAborted, peer, flag, i);
             return WaitStatus::kAborted;
           }
-          if (abort.timeoutNs != 0 && nowNs() - start > abort.timeoutNs) {
+          if (pastDeadline(start, abort.timeoutNs)) {
             abort.record(WaitStatus::kTimeout, peer, flag, i);
             return WaitStatus::kTimeout;
           }

@@ -95,7 +95,7 @@ void Semaphore::wait(std::chrono::milliseconds timeout) {
         status = WaitStatus::kAborted;
         break;
       }
-      if (abort.timeoutNs != 0 && nowNs() - start > abort.timeoutNs) {
+      if (pastDeadline(start, abort.timeoutNs)) {
         status = WaitStatus::kTimeout;
         break;
       }
