@@ -135,43 +135,49 @@ struct AbortState {
   }
 };
 
-/// Spins until `*counter >= target` (acquire), the abort flag is raised, or the
-/// timeout passes. The clock and the flag are read every `kCheckEvery` polls so
-/// the fast path stays a single load.
-PYCCL_HOST_DEVICE WaitStatus spinUntilAtLeast(const uint64_t* counter, uint64_t target,
-                                              const AbortState& abort, int peer,
-                                              uint64_t* observed) {
+/// Polls `ready()` until it returns true, the abort flag rises, or the
+/// timeout passes. The clock and the flag are read every `kCheckEvery` polls,
+/// so the fast path stays one poll. On giving up it records (peer, expected,
+/// lastSeen()) in the error record and says why. Host threads back off to
+/// yielding and then short sleeps: other ranks may share the cores.
+template <typename Ready, typename LastSeen>
+PYCCL_HOST_DEVICE WaitStatus boundedPoll(Ready&& ready, LastSeen&& lastSeen, const AbortState& abort,
+                                         int peer, uint64_t expected) {
   constexpr uint32_t kCheckEvery = 1024;
-  uint64_t value = atomicLoadAcquire(counter);
-  if (value >= target) {
-    *observed = value;
-    return WaitStatus::kOk;
-  }
+  if (ready()) return WaitStatus::kOk;
   const uint64_t start = nowNs();
-  uint32_t polls = 0;
-  while (true) {
-    value = atomicLoadAcquire(counter);
-    if (value >= target) break;
-    if (++polls % kCheckEvery == 0) {
+  for (uint32_t polls = 1;; ++polls) {
+    if (ready()) return WaitStatus::kOk;
+    if (polls % kCheckEvery == 0) {
       if (abort.aborted()) {
-        abort.record(WaitStatus::kAborted, peer, target, value);
-        *observed = value;
+        abort.record(WaitStatus::kAborted, peer, expected, lastSeen());
         return WaitStatus::kAborted;
       }
       if (pastDeadline(start, abort.timeoutNs)) {
-        abort.record(WaitStatus::kTimeout, peer, target, value);
-        *observed = value;
+        abort.record(WaitStatus::kTimeout, peer, expected, lastSeen());
         return WaitStatus::kTimeout;
       }
 #if !PYCCL_ON_DEVICE
-      // Host threads back off after the first burst: other ranks may share cores.
       if (polls >= 16 * kCheckEvery) std::this_thread::sleep_for(std::chrono::microseconds(50));
       else std::this_thread::yield();
 #endif
     }
   }
+}
+
+/// Spins until `*counter >= target` (acquire), bounded like boundedPoll.
+PYCCL_HOST_DEVICE WaitStatus spinUntilAtLeast(const uint64_t* counter, uint64_t target,
+                                              const AbortState& abort, int peer,
+                                              uint64_t* observed) {
+  uint64_t value = 0;
+  const WaitStatus status = boundedPoll(
+      [&] {
+        value = atomicLoadAcquire(counter);
+        return value >= target;
+      },
+      [&] { return value; }, abort, peer, target);
   *observed = value;
-  return WaitStatus::kOk;
+  return status;
 }
 
 }  // namespace pyccl

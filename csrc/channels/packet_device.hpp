@@ -130,25 +130,10 @@ PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint6
   const bool aligned = (reinterpret_cast<uintptr_t>(dst) & 3) == 0;
   for (uint64_t i = tid; i < numPackets; i += numThreads) {
     uint32_t payload[kData / 4];
-    if (!src[i].tryRead(flag, payload)) {
-      const uint64_t start = nowNs();
-      uint32_t polls = 0;
-      while (!src[i].tryRead(flag, payload)) {
-        if (++polls % 1024 == 0) {
-          if (abort.aborted()) {
-            abort.record(WaitStatus::kAborted, peer, flag, i);
-            return WaitStatus::kAborted;
-          }
-          if (pastDeadline(start, abort.timeoutNs)) {
-            abort.record(WaitStatus::kTimeout, peer, flag, i);
-            return WaitStatus::kTimeout;
-          }
-#if !PYCCL_ON_DEVICE
-          std::this_thread::yield();
-#endif
-        }
-      }
-    }
+    // On giving up, the record holds the flag waited for and the packet index.
+    const WaitStatus status = boundedPoll([&] { return src[i].tryRead(flag, payload); },
+                                          [&] { return i; }, abort, peer, flag);
+    if (status != WaitStatus::kOk) return status;
     const uint64_t begin = i * kData;
     if (aligned && begin + kData <= bytes) {
       for (uint32_t w = 0; w < kData / 4; ++w) reinterpret_cast<uint32_t*>(d + begin)[w] = payload[w];

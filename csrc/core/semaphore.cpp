@@ -85,22 +85,15 @@ void Semaphore::wait(std::chrono::milliseconds timeout) {
     gpu::copyToHost(device_, &expected, &localSlot_->expected, sizeof(expected));
     ++expected;
     gpu::copyToDevice(device_, &localSlot_->expected, &expected, sizeof(expected));
-    const uint64_t start = nowNs();
-    status = WaitStatus::kOk;
-    int polls = 0;
-    while (true) {
-      gpu::copyToHost(device_, &observed, &localSlot_->inbound, sizeof(observed));
-      if (observed >= expected) break;
-      if (abort.aborted()) {
-        status = WaitStatus::kAborted;
-        break;
-      }
-      if (pastDeadline(start, abort.timeoutNs)) {
-        status = WaitStatus::kTimeout;
-        break;
-      }
-      if (++polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    // Poll the device counter through the private stream (tens of µs a poll).
+    status = boundedPoll(
+        [&] {
+          gpu::copyToHost(device_, &observed, &localSlot_->inbound, sizeof(observed));
+          if (observed >= expected) return true;
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+          return false;
+        },
+        [&] { return observed; }, abort, peer_, expected);
   }
   if (status != WaitStatus::kOk) {
     // Give the signal back so a later wait can still consume it.
