@@ -395,7 +395,7 @@ void Communicator::probePeers() {
 
 SemaphoreSlot* Communicator::allocateSemaphoreSlot(RegisteredMemory* page) {
   constexpr size_t kSlotsPerPage = kSemaphorePageBytes / sizeof(SemaphoreSlot);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!semaphorePage_.valid() || semaphoreSlotsUsed_ == kSlotsPerPage) {
     void* ptr;
     if (hostMode()) {
@@ -407,15 +407,9 @@ SemaphoreSlot* Communicator::allocateSemaphoreSlot(RegisteredMemory* page) {
       ptr = gpu::deviceMalloc(dev, kSemaphorePageBytes);
       ownedAllocations_.emplace_back(ptr, [dev](void* p) { gpu::deviceFree(dev, p); });
     }
-    mu_.unlock();
-    RegisteredMemory reg;
-    try {
-      reg = registerMemory(ptr, kSemaphorePageBytes);
-    } catch (...) {
-      mu_.lock();
-      throw;
-    }
-    mu_.lock();
+    lock.unlock();  // registerMemory takes mu_ itself
+    RegisteredMemory reg = registerMemory(ptr, kSemaphorePageBytes);
+    lock.lock();
     semaphorePage_ = reg;
     semaphoreSlotsUsed_ = 0;
   }
