@@ -7,6 +7,8 @@
 // Requires sm_90 or newer; elsewhere the methods trap.
 #pragma once
 
+#include <type_traits>
+
 #include "channels/device_common.hpp"
 
 #if defined(__CUDACC__)
@@ -21,45 +23,25 @@ struct SwitchChannelDeviceHandle {
   char* local;      ///< this GPU's unicast address of the same buffer
 
 #if defined(__CUDACC__)
-  /// Loads 4 floats at `offset` reduced (sum) over every GPU of the group.
+  /// Loads 16 bytes of T (float, __half or __nv_bfloat16) at `offset`, summed
+  /// over every GPU of the group (half types accumulate in fp32 in the switch).
   /// Relaxed: order it after the peers' writes with a barrier across the group.
-  __device__ __forceinline__ float4 reduceFloat4(uint64_t offset) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    float4 v;
-    asm volatile("multimem.ld_reduce.relaxed.sys.global.add.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(multicast + offset)
-                 : "memory");
-    return v;
-#else
-    __trap();
-    return float4{};
-#endif
-  }
-
-  /// Loads 8 bf16 (as 4 x bf16x2) at `offset`, summed over the group (fp32 accumulation in the switch).
-  __device__ __forceinline__ uint4 reduceBf16x8(uint64_t offset) const {
+  template <typename T>
+  __device__ __forceinline__ uint4 reduce16(uint64_t offset) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     uint4 v;
-    asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(multicast + offset)
-                 : "memory");
-    return v;
-#else
-    __trap();
-    return uint4{};
-#endif
-  }
-
-  /// Loads 8 fp16 at `offset`, summed over the group.
-  __device__ __forceinline__ uint4 reduceHalfx8(uint64_t offset) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint4 v;
-    asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.f16x2 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(multicast + offset)
-                 : "memory");
+    const char* p = multicast + offset;
+    if constexpr (std::is_same_v<T, float>) {
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    } else if constexpr (std::is_same_v<T, __half>) {
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.f16x2 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    } else {
+      static_assert(std::is_same_v<T, __nv_bfloat16>, "reduce16 takes float, __half or __nv_bfloat16");
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    }
     return v;
 #else
     __trap();
@@ -85,9 +67,7 @@ struct SwitchChannelDeviceHandle {
   __device__ __forceinline__ void allReduceFloatSlice(uint64_t offset, uint64_t bytes, uint32_t tid,
                                                       uint32_t numThreads) const {
     for (uint64_t i = tid * 16ull; i < bytes; i += numThreads * 16ull) {
-      float4 s = reduceFloat4(offset + i);
-      broadcast16(offset + i, make_uint4(__float_as_uint(s.x), __float_as_uint(s.y),
-                                         __float_as_uint(s.z), __float_as_uint(s.w)));
+      broadcast16(offset + i, reduce16<float>(offset + i));
     }
   }
 #endif

@@ -98,6 +98,30 @@ PYCCL_HOST_DEVICE void blockSlice(uint64_t bytes, uint32_t block, uint32_t numBl
   if (*end > bytes) *end = bytes;
 }
 
+/// This block's share of an LL put: packets for data bytes [lo, hi).
+template <typename Packet>
+PYCCL_HOST_DEVICE void putPacketsSlice(MemoryChannelDeviceHandle& mem, const ChannelOp& op, uint32_t flag,
+                                       uint32_t block, uint32_t numBlocks, uint32_t tid,
+                                       uint32_t numThreads) {
+  uint64_t lo = 0, hi = 0;
+  blockSlice(op.c, block, numBlocks, Packet::kDataBytes, &lo, &hi);
+  if (hi > lo) {
+    mem.putPackets<Packet>(op.a + lo / Packet::kDataBytes * sizeof(Packet), op.b + lo, hi - lo, flag,
+                           tid, numThreads);
+  }
+}
+
+/// This block's share of an LL read; false if a wait gave up.
+template <typename Packet>
+PYCCL_HOST_DEVICE bool readPacketsSlice(MemoryChannelDeviceHandle& mem, const ChannelOp& op, uint32_t flag,
+                                        uint32_t block, uint32_t numBlocks, uint32_t tid,
+                                        uint32_t numThreads) {
+  uint64_t lo = 0, hi = 0;
+  blockSlice(op.c, block, numBlocks, Packet::kDataBytes, &lo, &hi);
+  return hi <= lo || mem.readPackets<Packet>(op.a + lo, op.b + lo / Packet::kDataBytes * sizeof(Packet),
+                                             hi - lo, flag, tid, numThreads) == WaitStatus::kOk;
+}
+
 PYCCL_HOST_DEVICE void runChannelOps(ChannelOpsArgs& args, uint32_t block, uint32_t numBlocks,
                                      uint32_t tid, uint32_t numThreads) {
   const uint64_t start = nowNs();
@@ -121,31 +145,16 @@ PYCCL_HOST_DEVICE void runChannelOps(ChannelOpsArgs& args, uint32_t block, uint3
           if (hi > lo) mem.get(op.a + lo, op.b + lo, hi - lo, tid, numThreads);
           break;
         case ChannelOpCode::kPutPackets8:
-          blockSlice(op.c, block, numBlocks, LL8Packet::kDataBytes, &lo, &hi);
-          if (hi > lo)
-            mem.putPackets<LL8Packet>(op.a + lo / LL8Packet::kDataBytes * sizeof(LL8Packet), op.b + lo,
-                                      hi - lo, flag, tid, numThreads);
+          putPacketsSlice<LL8Packet>(mem, op, flag, block, numBlocks, tid, numThreads);
           break;
         case ChannelOpCode::kPutPackets16:
-          blockSlice(op.c, block, numBlocks, LL16Packet::kDataBytes, &lo, &hi);
-          if (hi > lo)
-            mem.putPackets<LL16Packet>(op.a + lo / LL16Packet::kDataBytes * sizeof(LL16Packet),
-                                       op.b + lo, hi - lo, flag, tid, numThreads);
+          putPacketsSlice<LL16Packet>(mem, op, flag, block, numBlocks, tid, numThreads);
           break;
         case ChannelOpCode::kReadPackets8:
-          blockSlice(op.c, block, numBlocks, LL8Packet::kDataBytes, &lo, &hi);
-          if (hi > lo &&
-              mem.readPackets<LL8Packet>(op.a + lo, op.b + lo / LL8Packet::kDataBytes * sizeof(LL8Packet),
-                                         hi - lo, flag, tid, numThreads) != WaitStatus::kOk)
-            ++failures;
+          if (!readPacketsSlice<LL8Packet>(mem, op, flag, block, numBlocks, tid, numThreads)) ++failures;
           break;
         case ChannelOpCode::kReadPackets16:
-          blockSlice(op.c, block, numBlocks, LL16Packet::kDataBytes, &lo, &hi);
-          if (hi > lo &&
-              mem.readPackets<LL16Packet>(op.a + lo,
-                                          op.b + lo / LL16Packet::kDataBytes * sizeof(LL16Packet),
-                                          hi - lo, flag, tid, numThreads) != WaitStatus::kOk)
-            ++failures;
+          if (!readPacketsSlice<LL16Packet>(mem, op, flag, block, numBlocks, tid, numThreads)) ++failures;
           break;
         case ChannelOpCode::kSignal:
           if (leader) mem.signal();

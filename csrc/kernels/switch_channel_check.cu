@@ -15,8 +15,8 @@ __global__ void switchAllReduceFloatKernel(SwitchChannelDeviceHandle channel, ui
 
 __global__ void switchReduceBf16Kernel(SwitchChannelDeviceHandle channel, uint4* out, uint64_t count) {
   for (uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
-    out[i] = channel.reduceBf16x8(i * 16);
-    out[i] = channel.reduceHalfx8(i * 16);
+    out[i] = channel.reduce16<__nv_bfloat16>(i * 16);
+    out[i] = channel.reduce16<__half>(i * 16);
   }
 }
 
