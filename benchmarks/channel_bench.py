@@ -71,7 +71,7 @@ def _bench(rank, world, store, sizes, block_choices, trials):
         for blocks in block_choices:
             t = statistics.median(
                 timed_loop([Op.put(0, 0, 0, n), Op.signal(0), Op.wait(0)], [Op.wait(0), Op.signal(0)],
-                           repeat, memory=[mch], blocks=blocks, threads=1024) for _ in range(trials))
+                           repeat, memory=[mch], blocks=blocks, threads=512) for _ in range(trials))
             if best is None or t < best[0]:
                 best = (t, blocks)
         row["memory_put_ns"], row["memory_blocks"] = best
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     while n <= args.max_bytes:
         sizes.append(n)
         n *= 2
-    res = run_ranks(_bench, 2, args=(sizes, (32, 66, 132), args.trials), timeout=580)[0]
+    res = run_ranks(_bench, 2, args=(sizes, (32, 64, 128), args.trials), timeout=400)[0]
     gpu = torch.cuda.get_device_name(0)
     print(f"# pyccl channel benchmark, 2 x {gpu}, {datetime.date.today()}")
     print(f"{'bytes':>12} {'peer copy GB/s':>15} {'MemoryChannel GB/s':>19} {'(% copy)':>8} {'blocks':>6} "
