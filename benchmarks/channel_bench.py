@@ -16,6 +16,7 @@ import datetime
 import json
 import statistics
 import sys
+import time
 
 import torch
 
@@ -26,14 +27,17 @@ from pyccl.primitives import Op, run
 MiB = 1 << 20
 
 
-def _bench(rank, world, store, sizes, block_choices, trials):
-    torch.cuda.set_device(rank)
-    comm = pyccl.Communicator(store, rank, world, device=f"cuda:{rank}", name="bench",
+def _bench(rank, world, store, sizes, block_choices, trials, host, rounds):
+    device = "cpu" if host else f"cuda:{rank}"
+    if not host:
+        torch.cuda.set_device(rank)
+    comm = pyccl.Communicator(store, rank, world, device=device, name="bench",
                               timeout=datetime.timedelta(seconds=120))
     peer = 1 - rank
     cap = max(sizes)
-    buf = torch.randint(0, 256, (cap,), dtype=torch.uint8, device="cuda")  # never zeros
-    packets = pyccl.empty(8192, dtype=torch.uint8, device=f"cuda:{rank}")
+    buf = pyccl.empty(cap, dtype=torch.uint8) if host else torch.empty(cap, dtype=torch.uint8, device=device)
+    buf.copy_(torch.randint(0, 256, (cap,), dtype=torch.uint8))  # never zeros
+    packets = pyccl.empty(8192, dtype=torch.uint8, device=device)
     mem = comm.register(buf)
     mapped = comm.exchange(mem)
     mch = comm.memory_channel(peer, mem, comm.register(packets))
@@ -41,9 +45,13 @@ def _bench(rank, world, store, sizes, block_choices, trials):
     peer_view = comm.tensor(mapped[peer], torch.uint8)
     rows = []
 
+    def sync():
+        if not host:
+            torch.cuda.synchronize()
+
     def timed_loop(ops_rank0, ops_rank1, repeat, **kw):
         ops = ops_rank0 if rank == 0 else ops_rank1
-        torch.cuda.synchronize()
+        sync()
         comm.barrier()
         res = run(comm, ops, repeat=repeat, **kw)
         assert res.failures == 0, res
@@ -52,12 +60,18 @@ def _bench(rank, world, store, sizes, block_choices, trials):
     for n in sizes:
         repeat = max(3, min(50, (256 * MiB) // n))
         row = {"bytes": n}
-        # Peer copy (copy engine), rank 0 only, CUDA events.
+        # Peer copy (copy engine on GPUs), rank 0 only, CUDA events (host clock in host mode).
         if rank == 0:
             times = []
             for _ in range(trials):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 peer_view[:n].copy_(buf[:n])
+                if host:
+                    t0 = time.perf_counter_ns()
+                    for _ in range(repeat):
+                        peer_view[:n].copy_(buf[:n])
+                    times.append((time.perf_counter_ns() - t0) / repeat)
+                    continue
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 for _ in range(repeat):
                     peer_view[:n].copy_(buf[:n])
@@ -82,14 +96,13 @@ def _bench(rank, world, store, sizes, block_choices, trials):
         rows.append(row)
 
     lat = {}
-    rounds = 20000
     for kind, there, back, kw in [
         ("memory_signal", Op.signal(0), Op.wait(0), {"memory": [mch]}),
         ("ll8_packet", Op.put_packets(0, 0, 0, 4, 1, packet=8), Op.read_packets(0, 0, 0, 4, 1, packet=8), {"memory": [mch]}),
         ("ll16_packet", Op.put_packets(0, 0, 0, 8, 1 << 20, packet=16), Op.read_packets(0, 0, 0, 8, 1 << 20, packet=16), {"memory": [mch]}),
         ("port_signal", Op.port_signal(0), Op.port_wait(0), {"port": [pch]}),
     ]:
-        r = rounds if kind != "port_signal" else 2000
+        r = rounds if kind != "port_signal" else max(1, rounds // 10)
         t = statistics.median(timed_loop([there, back], [back, there], r, blocks=1, threads=32, **kw)
                               for _ in range(trials))
         lat[kind] = {"round_trip_ns": t, "one_way_ns": t / 2}
@@ -103,17 +116,23 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
+    parser.add_argument("--host", action="store_true",
+                        help="host mode (CPU): checks the script, its figures mean nothing")
     args = parser.parse_args(argv)
-    if torch.cuda.device_count() < 2:
-        print("needs 2 GPUs", file=sys.stderr)
+    if args.host:
+        args.max_bytes = min(args.max_bytes, 4 * MiB)
+    elif torch.cuda.device_count() < 2:
+        print("needs 2 GPUs (or --host)", file=sys.stderr)
         return 2
     sizes = []
     n = MiB
     while n <= args.max_bytes:
         sizes.append(n)
         n *= 2
-    res = run_ranks(_bench, 2, args=(sizes, (32, 64, 128), args.trials), timeout=400)[0]
-    gpu = torch.cuda.get_device_name(0)
+    blocks = (1, 2) if args.host else (32, 64, 128)
+    rounds = 200 if args.host else 20000
+    res = run_ranks(_bench, 2, args=(sizes, blocks, args.trials, args.host, rounds), timeout=400)[0]
+    gpu = "host mode (CPU)" if args.host else torch.cuda.get_device_name(0)
     print(f"# pyccl channel benchmark, 2 x {gpu}, {datetime.date.today()}")
     print(f"{'bytes':>12} {'peer copy GB/s':>15} {'MemoryChannel GB/s':>19} {'(% copy)':>8} {'blocks':>6} "
           f"{'PortChannel GB/s':>17} {'(% copy)':>8}")
