@@ -438,8 +438,9 @@ std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
   SemaphoreSlot* slot = allocateSemaphoreSlot(&localPage);
   const uint64_t slotIndex = slot - static_cast<SemaphoreSlot*>(localPage.data());
 
+  const Bytes localDesc = localPage.serialize();
   ByteWriter w;
-  w.putBytes(localPage.serialize().data(), localPage.serialize().size()).put(slotIndex);
+  w.putBytes(localDesc.data(), localDesc.size()).put(slotIndex);
   bootstrap_->send(peer, kSemaphoreTag, w.take());
   Bytes reply = bootstrap_->recv(peer, kSemaphoreTag);
   ByteReader r(reply, "semaphore descriptor");
@@ -448,21 +449,17 @@ std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
   PYCCL_CHECK_ARG(peerSlot < kSemaphorePageBytes / sizeof(SemaphoreSlot), "semaphore descriptor",
                   "slot ", peerSlot, " out of range");
 
+  // A peer's page holds many slots: map it once (the descriptor names owner and export).
   RegisteredMemory remotePage;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [key, page] : importedPages_) {
-      (void)key;
-      if (page.valid() && page.rank() == peer && page.impl()->desc.serialize() == pageDesc) {
-        remotePage = page;
-        break;
-      }
-    }
+    auto it = importedPages_.find(pageDesc);
+    if (it != importedPages_.end() && it->second.valid()) remotePage = it->second;
   }
   if (!remotePage.valid()) {
     remotePage = importMemory(pageDesc);
     std::lock_guard<std::mutex> lock(mu_);
-    importedPages_.emplace_back(static_cast<uint64_t>(peer), remotePage);
+    importedPages_[pageDesc] = remotePage;
   }
   // Both sides have mapped each other's slot before either returns.
   bootstrap_->send(peer, kSemaphoreTag, Bytes{1});

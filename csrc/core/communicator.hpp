@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -142,7 +143,7 @@ class Communicator {
   std::vector<std::shared_ptr<void>> ownedAllocations_;  // semaphore pages
   RegisteredMemory semaphorePage_;
   size_t semaphoreSlotsUsed_ = 0;
-  std::vector<std::pair<uint64_t, RegisteredMemory>> importedPages_;  // (peer<<32|export) -> page
+  std::map<Bytes, RegisteredMemory> importedPages_;  // peers' semaphore pages, by descriptor
   std::shared_ptr<ProxyService> proxy_;
   std::atomic<int> hostKernels_{0};
   std::atomic<bool> closed_{false};

@@ -251,8 +251,7 @@ void bindSelftest(py::module_& m) {
     PYCCL_CHECK_ARG(repeat >= 1, "repeat", "must be >= 1");
     PYCCL_CHECK_ARG(blocks >= 1 && blocks <= 1024, "blocks", "must be in [1, 1024]");
     PYCCL_CHECK_ARG(threads >= 1 && threads <= 1024, "threads", "must be in [1, 1024]");
-    static ChannelOpsArgs args;  // large; filled per call under the GIL
-    args = ChannelOpsArgs{};
+    ChannelOpsArgs args{};
     for (size_t i = 0; i < memory.size(); ++i) args.memory[i] = memory[i]->deviceHandle();
     for (size_t i = 0; i < port.size(); ++i) args.port[i] = port[i]->deviceHandle();
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -265,14 +264,13 @@ void bindSelftest(py::module_& m) {
     }
     args.numOps = static_cast<int>(ops.size());
     args.repeat = repeat;
-    ChannelOpsArgs copy = args;
     py::gil_scoped_release release;
     Communicator::HostKernelScope active(comm);
     ChannelOpsResult r;
 #ifdef PYCCL_WITH_CUDA
-    r = comm.hostMode() ? runChannelOpsHost(copy, blocks) : runChannelOpsDevice(comm.device(), copy, blocks, threads);
+    r = comm.hostMode() ? runChannelOpsHost(args, blocks) : runChannelOpsDevice(comm.device(), args, blocks, threads);
 #else
-    r = runChannelOpsHost(copy, blocks);
+    r = runChannelOpsHost(args, blocks);
 #endif
     return std::make_tuple(r.failures, r.elapsedNs, r.launchToDoneUs);
   }, py::arg("comm"), py::arg("memory_channels"), py::arg("port_channels"), py::arg("ops"),
