@@ -26,7 +26,7 @@ timeout "$(( $(left) * 2 / 5 ))" bash scripts/test.sh -v -rfs --ignore=tests/tes
 test_rc=${PIPESTATUS[0]}
 echo "tests: rc=$test_rc in $(( $(date +%s) - start )) s (build included)"
 start=$(date +%s)
-timeout "$(( $(left) * 2 / 3 ))" bash scripts/test.sh -v -rfs tests/test_gpu_channels.py "$@" 2>&1 | tee "$OUT/tests_channels.txt"
+timeout "$(( $(left) * 2 / 3 ))" bash scripts/test.sh -v -rfs --durations=20 tests/test_gpu_channels.py "$@" 2>&1 | tee "$OUT/tests_channels.txt"
 channel_rc=${PIPESTATUS[0]}
 echo "channel tests: rc=$channel_rc in $(( $(date +%s) - start )) s"
 test_rc=$(( test_rc != 0 || channel_rc != 0 ))

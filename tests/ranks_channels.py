@@ -11,6 +11,7 @@ import torch
 
 import pyccl
 from pyccl.primitives import Op, run
+from pyccl.primitives import pingpong as pyccl_pingpong
 
 MARK = 0xAB  # what the receiver's buffer holds where nothing may be written
 
@@ -98,13 +99,60 @@ def transfers(rank, world, store, on_gpu, seed, count, size, blocks):
     return bad
 
 
-def pingpong(rank, world, store, on_gpu, rounds, kind):
-    """Round trips between ranks 0 and 1: semaphores ('signal'), LL packets
-    ('ll'), or PortChannel signals ('port'). Returns (failures, ns per round trip)."""
+def pingpong(rank, world, store, on_gpu, rounds, kind, check=True):
+    """Round trips between ranks 0 and 1 on the dedicated ping-pong loop:
+    semaphores ('signal', 'relaxed_signal'), LL packets ('ll8', 'll16') or
+    PortChannel signals ('port_signal'). With ``check`` every message carries
+    its round number and the receiver verifies it.
+    Returns (failures, mismatches, rounds done, ns per round trip, error record)."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    peer = 1 - rank
+    buf = pyccl.empty(4096, dtype=torch.uint8, device=device)
+    buf.fill_(0)
+    packets = pyccl.empty(4096, dtype=torch.uint8, device=device)
+    packets.fill_(0)
+    mem = comm.register(buf)
+    mch = comm.memory_channel(peer, mem, comm.register(packets))
+    pch = comm.port_channel(peer, mem) if kind == "port_signal" else None
+    _sync(comm, on_gpu)
+    res = pyccl_pingpong(comm, mch, kind, rounds, initiator=rank == 0, port_channel=pch, check=check)
+    record = comm.device_error()  # on failure: which wait, what it expected and saw
+    _sync(comm, on_gpu)
+    comm.close()
+    return res.failures, res.mismatches, res.rounds_done, res.round_trip_ns, record
+
+
+def pingpong_bad_arguments(rank, world, store):
+    """Each bad argument of the ping-pong loop is refused at the call, by name."""
+    comm, device = _setup(store, rank, world, False)
+    mem = comm.register(pyccl.empty(4096, dtype=torch.uint8))
+    with_packets = comm.memory_channel(1 - rank, mem, comm.register(pyccl.empty(4096, dtype=torch.uint8)))
+    plain = comm.memory_channel(1 - rank, mem)
+    out = {}
+    for label, call in [
+        ("mode", lambda: pyccl_pingpong(comm, with_packets, "bogus", 1, True)),
+        ("rounds", lambda: pyccl_pingpong(comm, with_packets, "signal", 0, True)),
+        ("flag_base", lambda: pyccl_pingpong(comm, with_packets, "ll16", 10, True, flag_base=0)),
+        ("no_packets", lambda: pyccl_pingpong(comm, plain, "ll8", 1, True)),
+        ("no_port", lambda: pyccl_pingpong(comm, with_packets, "port_signal", 1, True)),
+    ]:
+        try:
+            call()
+            out[label] = "accepted"
+        except ValueError as e:  # InvalidArgumentError is a ValueError
+            out[label] = str(e)
+    comm.barrier()
+    comm.close()
+    return out
+
+
+def op_runner_pingpong(rank, world, store, on_gpu, rounds, kind):
+    """The same round trips through the op runner (block barriers between ops)."""
     comm, device = _setup(store, rank, world, on_gpu)
     peer = 1 - rank
     buf = pyccl.empty(4096, dtype=torch.uint8, device=device)
     packets = pyccl.empty(4096, dtype=torch.uint8, device=device)
+    packets.fill_(0)
     mem = comm.register(buf)
     mch = comm.memory_channel(peer, mem, comm.register(packets))
     pch = comm.port_channel(peer, mem)
@@ -117,7 +165,7 @@ def pingpong(rank, world, store, on_gpu, rounds, kind):
     ops = [there, back] if rank == 0 else [back, there]
     _sync(comm, on_gpu)
     res = run(comm, ops, memory=[mch], port=[pch], repeat=rounds, blocks=1, threads=32)
-    record = comm.device_error()  # on failure: which wait, what it expected and saw
+    record = comm.device_error()
     _sync(comm, on_gpu)
     comm.close()
     return res.failures, res.elapsed_ns / rounds, record

@@ -16,10 +16,28 @@ def test_random_transfers_all_protocols(blocks):
         assert bad == [], f"seed {seed}: {bad}"
 
 
+@pytest.mark.parametrize("kind", ["signal", "relaxed_signal", "ll8", "ll16", "port_signal"])
+def test_pingpong_carries_every_round(kind):
+    rounds = 2000 if kind != "port_signal" else 500
+    for failures, mismatches, done, _, record in run_ranks(rc.pingpong, 2, args=(False, rounds, kind),
+                                                           timeout=240):
+        assert (failures, mismatches, done) == (0, 0, rounds), record
+
+
 @pytest.mark.parametrize("kind", ["signal", "ll", "port"])
-def test_pingpong_rounds(kind):
-    for failures, _, record in run_ranks(rc.pingpong, 2, args=(False, 2000, kind), timeout=240):
+def test_op_runner_pingpong_rounds(kind):
+    for failures, _, record in run_ranks(rc.op_runner_pingpong, 2, args=(False, 500, kind), timeout=240):
         assert failures == 0, record
+
+
+def test_pingpong_rejects_bad_arguments():
+    out = run_ranks(rc.pingpong_bad_arguments, 2, timeout=120)
+    for messages in out:
+        assert "mode" in messages["mode"]
+        assert "rounds" in messages["rounds"]
+        assert "flag_base" in messages["flag_base"]
+        assert "packet buffer" in messages["no_packets"]
+        assert "port_channel" in messages["no_port"]
 
 
 def test_fifo_wraps_around_under_load():

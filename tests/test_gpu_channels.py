@@ -19,16 +19,27 @@ def test_random_transfers_all_protocols_bitwise(blocks):
 
 @requires_gpus(2)
 def test_one_million_signal_rounds_no_lost_or_early_wakeups():
-    # An early wake-up or a lost signal desynchronizes the two sides: one of
-    # them then waits past the timeout and the failure is counted.
-    for failures, _, record in run_ranks(rc.pingpong, 2, args=(True, 1_000_000, "signal"), timeout=150):
-        assert failures == 0, record
+    # Every message carries its round number, written to the peer before the
+    # signal: an early wake-up reads the previous round's value (a mismatch),
+    # a lost signal leaves a wait to time out (a failure).
+    for failures, mismatches, done, _, record in run_ranks(rc.pingpong, 2, args=(True, 1_000_000, "signal"),
+                                                           timeout=150):
+        assert (failures, mismatches, done) == (0, 0, 1_000_000), record
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("kind", ["ll", "port"])
-def test_pingpong_rounds(kind):
-    for failures, _, record in run_ranks(rc.pingpong, 2, args=(True, 20000, kind), timeout=150):
+@pytest.mark.parametrize("kind", ["relaxed_signal", "ll8", "ll16", "port_signal"])
+def test_pingpong_carries_every_round(kind):
+    rounds = 100_000 if kind != "port_signal" else 20_000
+    for failures, mismatches, done, _, record in run_ranks(rc.pingpong, 2, args=(True, rounds, kind),
+                                                           timeout=150):
+        assert (failures, mismatches, done) == (0, 0, rounds), record
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("kind", ["signal", "ll", "port"])
+def test_op_runner_pingpong_rounds(kind):
+    for failures, _, record in run_ranks(rc.op_runner_pingpong, 2, args=(True, 20000, kind), timeout=150):
         assert failures == 0, record
 
 

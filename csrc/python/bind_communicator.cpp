@@ -9,6 +9,7 @@
 #include "core/proxy.hpp"
 #include "core/switch_channel.hpp"
 #include "kernels/channel_ops.hpp"
+#include "kernels/pingpong.hpp"
 #include "kernels/selftest.hpp"
 #include "python/bindings.hpp"
 #include "torch/store_adapter.hpp"
@@ -275,6 +276,43 @@ void bindSelftest(py::module_& m) {
     return std::make_tuple(r.failures, r.elapsedNs, r.launchToDoneUs);
   }, py::arg("comm"), py::arg("memory_channels"), py::arg("port_channels"), py::arg("ops"),
      py::arg("repeat") = 1, py::arg("blocks") = 1, py::arg("threads") = 512);
+
+  m.def("_run_pingpong", [](Communicator& comm, std::shared_ptr<MemoryChannel> memory,
+                            std::shared_ptr<PortChannel> port, uint32_t mode, uint64_t rounds,
+                            bool initiator, uint32_t flagBase, bool check) {
+    PYCCL_CHECK_ARG(mode <= static_cast<uint32_t>(PingPongMode::kPortSignal), "mode", "unknown mode ", mode);
+    PYCCL_CHECK_ARG(rounds >= 1, "rounds", "must be >= 1");
+    PYCCL_CHECK_ARG(memory != nullptr, "memory_channel", "is required (its buffer carries the checked words)");
+    const auto m = static_cast<PingPongMode>(mode);
+    const bool packets = m == PingPongMode::kPackets8 || m == PingPongMode::kPackets16;
+    PYCCL_CHECK_ARG(!packets || memory->packetBytes() >= 16, "memory_channel",
+                    "LL modes need a channel with a packet buffer");
+    PYCCL_CHECK_ARG(!packets || (flagBase != 0 && flagBase + rounds - 1 >= flagBase), "flag_base",
+                    "must be non-zero and leave room for ", rounds, " rounds without wrapping to 0");
+    PYCCL_CHECK_ARG(m != PingPongMode::kPortSignal || port != nullptr, "port_channel",
+                    "is required for the port mode");
+    PYCCL_CHECK_ARG(!check || (memory->localSize() >= kPingPongLandingOffset + 8 &&
+                               memory->remoteSize() >= kPingPongLandingOffset + 8),
+                    "memory_channel", "check needs buffers of at least ", kPingPongLandingOffset + 8, " bytes");
+    PingPongArgs args{};
+    args.memory = memory->deviceHandle();
+    if (port) args.port = port->deviceHandle();
+    args.rounds = rounds;
+    args.mode = mode;
+    args.initiator = initiator ? 1 : 0;
+    args.flagBase = flagBase;
+    args.check = check ? 1 : 0;
+    py::gil_scoped_release release;
+    Communicator::HostKernelScope active(comm);
+    PingPongResult r;
+#ifdef PYCCL_WITH_CUDA
+    r = comm.hostMode() ? runPingPongHost(args) : runPingPongDevice(comm.device(), args);
+#else
+    r = runPingPongHost(args);
+#endif
+    return std::make_tuple(r.failures, r.mismatches, r.elapsedNs, r.roundsDone);
+  }, py::arg("comm"), py::arg("memory_channel"), py::arg("port_channel"), py::arg("mode"),
+     py::arg("rounds"), py::arg("initiator"), py::arg("flag_base") = 1, py::arg("check") = false);
 
   m.def("_selftest_exchange", [](Communicator& comm, std::vector<std::optional<RegisteredMemory>> buffers,
                                  const RegisteredMemory& local,

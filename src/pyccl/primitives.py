@@ -118,3 +118,37 @@ def run(comm, ops: Sequence[Op], memory: Sequence = (), port: Sequence = (), rep
     failures, elapsed, wall = _C._run_channel_ops(comm_c, list(memory), list(port), raw, repeat,
                                                   blocks, threads)
     return RunResult(int(failures), int(elapsed), float(wall))
+
+
+#: Ping-pong modes (see ``csrc/kernels/pingpong.hpp``).
+PINGPONG_MODES = {"signal": 0, "relaxed_signal": 1, "ll8": 2, "ll16": 3, "port_signal": 4}
+
+
+@dataclasses.dataclass
+class PingPongResult:
+    failures: int      #: 1 if a wait gave up (the loop stops there), else 0
+    mismatches: int    #: messages whose payload was not the current round's
+    elapsed_ns: int    #: this rank's loop, first to last message
+    rounds_done: int   #: round trips completed
+
+    @property
+    def round_trip_ns(self) -> float:
+        return self.elapsed_ns / max(1, self.rounds_done)
+
+
+def pingpong(comm, memory_channel, mode: str, rounds: int, initiator: bool, port_channel=None,
+             flag_base: int = 1, check: bool = False) -> PingPongResult:
+    """Round trips with the peer of ``memory_channel`` on one thread per rank.
+
+    Both ranks call it at the same time with the same ``mode``, ``rounds`` and
+    ``flag_base``, one of them as ``initiator``. ``mode`` is one of
+    :data:`PINGPONG_MODES`. With ``check`` every message carries its round
+    number and the receiver verifies it, counting lost and early wake-ups.
+    """
+    if mode not in PINGPONG_MODES:
+        raise ValueError(f"mode must be one of {sorted(PINGPONG_MODES)}, got {mode!r}")
+    comm_c = getattr(comm, "_comm", comm)
+    failures, mismatches, elapsed, done = _C._run_pingpong(
+        comm_c, memory_channel, port_channel, PINGPONG_MODES[mode], int(rounds), bool(initiator),
+        int(flag_base), bool(check))
+    return PingPongResult(int(failures), int(mismatches), int(elapsed), int(done))

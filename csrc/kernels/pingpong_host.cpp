@@ -1,0 +1,11 @@
+#include "kernels/pingpong.hpp"
+
+namespace pyccl {
+
+PingPongResult runPingPongHost(const PingPongArgs& args) {
+  PingPongResult result{};
+  runPingPong(args, &result);
+  return result;
+}
+
+}  // namespace pyccl
