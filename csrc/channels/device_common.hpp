@@ -69,6 +69,24 @@ PYCCL_HOST_DEVICE void atomicStoreRelaxed(uint64_t* p, uint64_t value) {
 #endif
 }
 
+/// Adds with release order (a reduction: no value comes back, so on the
+/// device it is a fire-and-forget `red`, as cheap to issue as a store).
+PYCCL_HOST_DEVICE void atomicAddRelease(uint64_t* p, uint64_t value) {
+#if PYCCL_ON_DEVICE
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).fetch_add(value, cuda::memory_order_release);
+#else
+  std::atomic_ref<uint64_t>(*p).fetch_add(value, std::memory_order_release);
+#endif
+}
+
+PYCCL_HOST_DEVICE void atomicAddRelaxed(uint64_t* p, uint64_t value) {
+#if PYCCL_ON_DEVICE
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).fetch_add(value, cuda::memory_order_relaxed);
+#else
+  std::atomic_ref<uint64_t>(*p).fetch_add(value, std::memory_order_relaxed);
+#endif
+}
+
 PYCCL_HOST_DEVICE uint32_t loadFlagVolatile(const volatile uint32_t* p) { return *p; }
 
 /// Nanoseconds from an arbitrary origin; monotonic within one process/GPU.

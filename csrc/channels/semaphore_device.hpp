@@ -25,22 +25,36 @@ struct SemaphoreDeviceHandle {
   uint64_t* remoteInbound;  ///< the peer's slot's inbound, mapped here
   AbortState abort;
   int peer;
+  /// 1: signal with an atomic add on the peer's counter (host mode, NVLink),
+  /// which keeps the read of this rank's count off the peer's critical path;
+  /// 0: store the incremented count (links without native P2P atomics).
+  uint32_t remoteAtomics;
 
   /// Signals the peer. Release: every write this thread made before (including
   /// puts to the peer's memory) is visible to the peer once its wait returns.
   /// Call from one thread; order other threads' writes first (e.g. __syncthreads()).
   PYCCL_HOST_DEVICE void signal() {
+    if (remoteAtomics) {
+      atomicAddRelease(remoteInbound, 1);
+      local->outbound += 1;  // the peer's count already moved; keep ours in step
+      return;
+    }
     const uint64_t next = local->outbound + 1;
-    local->outbound = next;
     atomicStoreRelease(remoteInbound, next);
+    local->outbound = next;
   }
 
   /// Signals with relaxed order: no ordering of earlier writes. For signals
   /// that carry no data, or after an explicit fence.
   PYCCL_HOST_DEVICE void relaxedSignal() {
+    if (remoteAtomics) {
+      atomicAddRelaxed(remoteInbound, 1);
+      local->outbound += 1;
+      return;
+    }
     const uint64_t next = local->outbound + 1;
-    local->outbound = next;
     atomicStoreRelaxed(remoteInbound, next);
+    local->outbound = next;
   }
 
   /// Waits for the next signal from the peer. Acquire: data the peer wrote

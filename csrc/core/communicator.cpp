@@ -319,6 +319,7 @@ void Communicator::probePeers() {
   std::vector<uint64_t*> targets;
   std::vector<uint64_t> values;
   std::vector<int> targetPeers;
+  topology_.remoteAtomics.assign(n, hostMode());
   for (int p = 0; p < n; ++p) {
     if (p == rank_ || !topology_.sameNode[p]) continue;
     try {
@@ -335,6 +336,10 @@ void Communicator::probePeers() {
                                               << " cannot access cuda:" << peerDev);
             continue;
           }
+          int atomics = 0;
+          PYCCL_CHECK_CUDA(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported,
+                                                     device_, peerDev));
+          topology_.remoteAtomics[p] = atomics != 0;
         }
         cudaGetLastError();
       }
@@ -466,7 +471,7 @@ std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
   bootstrap_->recv(peer, kSemaphoreTag);
   auto* remoteInbound = &(static_cast<SemaphoreSlot*>(remotePage.data()) + peerSlot)->inbound;
   return std::make_shared<Semaphore>(peer, device_, localPage, slot, remotePage, remoteInbound,
-                                     abortState(), options_.name);
+                                     abortState(), options_.name, topology_.remoteAtomics[peer]);
 }
 
 std::shared_ptr<ProxyService> Communicator::proxyService() {

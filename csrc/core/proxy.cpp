@@ -1,5 +1,6 @@
 #include "core/proxy.hpp"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -62,8 +63,31 @@ void Fifo::advance() {
   atomicStoreRelease(tailHost_, tailValue_);
 }
 
+namespace {
+
+/// How long an idle proxy keeps polling before it sleeps: PYCCL_PROXY_SPIN_US,
+/// by default 10 ms for a GPU's proxy (a kernel waiting on a put or signal
+/// must not wait for a sleeping proxy to wake) and 1 ms in host mode (where
+/// the ranks share few cores).
+uint64_t proxySpinNs(bool gpu) {
+  const char* env = std::getenv("PYCCL_PROXY_SPIN_US");
+  if (env == nullptr || *env == '\0') return gpu ? 10'000'000ull : 1'000'000ull;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long us = std::strtoull(env, &end, 10);
+  PYCCL_CHECK_ARG(errno == 0 && end != env && *end == '\0' && us <= 60'000'000ull, "PYCCL_PROXY_SPIN_US",
+                  "must be a whole number of microseconds up to 60000000, got '", env, "'");
+  return us * 1000ull;
+}
+
+}  // namespace
+
 ProxyService::ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name)
-    : device_(device), name_(std::move(name)), abort_(abort), fifo_(device, fifoSize, abort) {
+    : device_(device),
+      name_(std::move(name)),
+      abort_(abort),
+      spinNs_(proxySpinNs(device >= 0)),
+      fifo_(device, fifoSize, abort) {
   for (auto& c : channels_) c.store(nullptr);
   running_ = true;
   thread_ = std::thread([this] { run(); });
@@ -111,21 +135,29 @@ void ProxyService::run() {
     cudaSetDevice(device_);
 #endif
   }
-  uint32_t idle = 0;
+  using Clock = std::chrono::steady_clock;
+  uint32_t polls = 0;
+  auto lastWork = Clock::now();
   ProxyTrigger t{};
   try {
     while (!stopRequested_.load(std::memory_order_relaxed)) {
       if (!fifo_.take(&t)) {
-        // Spin briefly (latency), then yield, then sleep: an idle proxy must
-        // not take a core from the ranks (host mode runs them on few cores).
-        if (++idle > 4096) {
-          std::this_thread::sleep_for(std::chrono::microseconds(idle > 65536 ? 200 : 20));
-        } else if (idle > 256) {
+        // Poll, yielding every 256 polls, for spinNs_ after the last trigger;
+        // then sleep in short steps, and in longer ones once idle for a second,
+        // so an idle proxy gives its core back to the ranks.
+        if (++polls < 256) continue;
+        polls = 0;
+        const auto idleNs = static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - lastWork).count());
+        if (idleNs < spinNs_) {
           std::this_thread::yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(idleNs < 1'000'000'000ull ? 20 : 200));
         }
         continue;
       }
-      idle = 0;
+      polls = 0;
+      lastWork = Clock::now();
       execute(t);
       // Counted before the tail moves: a producer that saw the tail sees the count.
       executed_.fetch_add(1, std::memory_order_relaxed);

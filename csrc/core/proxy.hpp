@@ -87,6 +87,7 @@ class ProxyService {
   int device_;
   std::string name_;
   AbortState abort_;
+  uint64_t spinNs_;  ///< busy-poll this long after the last trigger before sleeping
   Fifo fifo_;
   std::array<std::atomic<ProxyChannel*>, kTriggerMaxChannels> channels_{};
   std::vector<std::unique_ptr<ProxyChannel>> owned_;

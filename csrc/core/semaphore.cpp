@@ -9,7 +9,7 @@ namespace pyccl {
 
 Semaphore::Semaphore(int peer, int device, RegisteredMemory localPage, SemaphoreSlot* localSlot,
                      RegisteredMemory remotePage, uint64_t* remoteInbound, AbortState abort,
-                     std::string commName)
+                     std::string commName, bool remoteAtomics)
     : peer_(peer),
       device_(device),
       localPage_(std::move(localPage)),
@@ -17,7 +17,8 @@ Semaphore::Semaphore(int peer, int device, RegisteredMemory localPage, Semaphore
       remotePage_(std::move(remotePage)),
       remoteInbound_(remoteInbound),
       abort_(abort),
-      commName_(std::move(commName)) {}
+      commName_(std::move(commName)),
+      remoteAtomics_(remoteAtomics && remoteInbound != nullptr) {}
 
 bool Semaphore::valid() const {
   // A semaphore of a socket channel maps no peer memory: the peer's proxy signals it.
@@ -36,7 +37,7 @@ void Semaphore::checkValid() const {
 
 SemaphoreDeviceHandle Semaphore::deviceHandle() const {
   checkValid();
-  return SemaphoreDeviceHandle{localSlot_, remoteInbound_, abort_, peer_};
+  return SemaphoreDeviceHandle{localSlot_, remoteInbound_, abort_, peer_, remoteAtomics_ ? 1u : 0u};
 }
 
 uint64_t* Semaphore::localInboundPtr() const { return &localSlot_->inbound; }

@@ -17,7 +17,7 @@ class Semaphore {
  public:
   Semaphore(int peer, int device, RegisteredMemory localPage, SemaphoreSlot* localSlot,
             RegisteredMemory remotePage, uint64_t* remoteInbound, AbortState abort,
-            std::string commName);
+            std::string commName, bool remoteAtomics = false);
 
   int peer() const { return peer_; }
   /// Signals the peer from the host (release order after this thread's writes).
@@ -45,6 +45,7 @@ class Semaphore {
   uint64_t* remoteInbound_;
   AbortState abort_;
   std::string commName_;
+  bool remoteAtomics_;  ///< kernels signal with an atomic add on the peer's counter
 };
 
 }  // namespace pyccl

@@ -36,6 +36,9 @@ struct Topology {
   std::vector<bool> sameNode;
   /// p2p[i][j]: ranks i and j both succeeded in writing into each other's memory.
   std::vector<std::vector<bool>> p2p;
+  /// remoteAtomics[p]: this rank's stores to p's memory may be atomic
+  /// read-modify-writes (host mode, or NVLink with native P2P atomics).
+  std::vector<bool> remoteAtomics;
 
   int numRanksOnNode() const;
   std::string describe(int rank) const;

@@ -48,10 +48,19 @@ struct ChannelOpsArgs {
   ChannelOp ops[kMaxChannelOps];
   int numOps;
   int repeat;
-  unsigned int* failures;  ///< out: waits that gave up
+  unsigned int* failures;  ///< out: waits that gave up (an LL read counts once per block)
   uint64_t* elapsedNs;     ///< out: block 0's time from first to last op
   uint64_t* barrier;       ///< two words, zeroed, for the grid barrier
 };
+
+/// Whether `pred` holds for any thread of the block (a block barrier).
+PYCCL_HOST_DEVICE bool anyInBlock(bool pred) {
+#if PYCCL_ON_DEVICE
+  return __syncthreads_or(pred) != 0;
+#else
+  return pred;
+#endif
+}
 
 /// Grid-wide barrier for co-resident blocks (generation counting).
 PYCCL_HOST_DEVICE void gridBarrier(uint64_t* words, uint32_t numBlocks, uint32_t tid) {
@@ -151,11 +160,14 @@ PYCCL_HOST_DEVICE void runChannelOps(ChannelOpsArgs& args, uint32_t block, uint3
           putPacketsSlice<LL16Packet>(mem, op, flag, block, numBlocks, tid, numThreads);
           break;
         case ChannelOpCode::kReadPackets8:
-          if (!readPacketsSlice<LL8Packet>(mem, op, flag, block, numBlocks, tid, numThreads)) ++failures;
+        case ChannelOpCode::kReadPackets16: {
+          // One read by many threads is one wait: a block counts it once.
+          const bool ok = code == ChannelOpCode::kReadPackets8
+                              ? readPacketsSlice<LL8Packet>(mem, op, flag, block, numBlocks, tid, numThreads)
+                              : readPacketsSlice<LL16Packet>(mem, op, flag, block, numBlocks, tid, numThreads);
+          if (anyInBlock(!ok) && tid == 0) ++failures;
           break;
-        case ChannelOpCode::kReadPackets16:
-          if (!readPacketsSlice<LL16Packet>(mem, op, flag, block, numBlocks, tid, numThreads)) ++failures;
-          break;
+        }
         case ChannelOpCode::kSignal:
           if (leader) mem.signal();
           break;
