@@ -376,3 +376,17 @@ def transport_errors(rank, world, store):
     comm.barrier()
     comm.close()
     return out
+
+
+def bad_proxy_spin(rank, world, store):
+    """A malformed PYCCL_PROXY_SPIN_US is refused by name when the proxy starts."""
+    comm, _ = _setup(store, rank, world, False)
+    mem = comm.register(pyccl.empty(1024, dtype=torch.uint8))
+    try:
+        comm.port_channel(1 - rank, mem)
+        message = None
+    except pyccl.InvalidArgumentError as e:
+        message = str(e)
+    comm.barrier()
+    comm.close()
+    return message

@@ -85,3 +85,8 @@ def test_socket_transport_between_two_processes(split_nodes):
         assert out["p2p"] is (not split_nodes)
         if split_nodes:
             assert "'peer'" in out["memory_channel_error"] and "not reachable by P2P" in out["memory_channel_error"]
+
+
+def test_bad_proxy_spin_setting_is_named():
+    for message in run_ranks(rc.bad_proxy_spin, 2, env={"PYCCL_PROXY_SPIN_US": "10ms"}, timeout=120):
+        assert message is not None and "PYCCL_PROXY_SPIN_US" in message and "10ms" in message
