@@ -6,4 +6,5 @@ namespace pyccl {
 void bindCommunicator(pybind11::module_& m);
 void bindTensors(pybind11::module_& m);
 void bindSelftest(pybind11::module_& m);
+void bindCollectives(pybind11::module_& m);
 }  // namespace pyccl

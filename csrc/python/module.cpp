@@ -86,4 +86,5 @@ PYBIND11_MODULE(_C, m) {
   bindCommunicator(m);
   bindTensors(m);
   bindSelftest(m);
+  bindCollectives(m);
 }

@@ -17,6 +17,7 @@ import torch  # noqa: F401  (loads libtorch and the CUDA runtime that _C links a
 
 from . import _C
 from ._logging import logger
+from .collectives import all_reduce
 from .communicator import Communicator
 from .errors import (
     AbortedError,
@@ -44,6 +45,7 @@ __all__ = [
     "RemoteError",
     "Semaphore",
     "UnsupportedError",
+    "all_reduce",
     "cuda_available",
     "empty",
     "get_include",

@@ -208,8 +208,19 @@ class Communicator:
         """Makes every wait of this communicator (host or device) give up."""
         self._comm.abort()
 
+    def all_reduce(self, tensor: torch.Tensor, op="sum", out: Optional[torch.Tensor] = None,
+                   algorithm: Optional[str] = None) -> torch.Tensor:
+        """All-reduces ``tensor`` over this communicator; see :func:`pyccl.all_reduce`."""
+        from .collectives import all_reduce
+
+        return all_reduce(tensor, op, out=out, comm=self, algorithm=algorithm)
+
     def close(self) -> None:
         """Releases every registration, mapping, semaphore, fd and thread. Idempotent."""
+        engine = getattr(self, "_allreduce_engine", None)
+        if engine is not None:
+            engine.close()
+            self._allreduce_engine = None
         self._comm.close()
 
     def __enter__(self) -> "Communicator":

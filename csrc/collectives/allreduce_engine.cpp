@@ -1,0 +1,179 @@
+#include "collectives/allreduce_engine.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#ifdef PYCCL_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
+#include "core/host_memory.hpp"
+#include "core/logging.hpp"
+
+namespace pyccl {
+namespace {
+
+uint64_t roundDown(uint64_t x, uint64_t m) { return x / m * m; }
+
+}  // namespace
+
+AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what) {
+  if (name == "1pa_ll") return AllReduceAlgorithm::kOnePhaseLL;
+  if (name == "2pa_hb") return AllReduceAlgorithm::kTwoPhaseHB;
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
+                               "' is not an all-reduce algorithm (expected 1pa_ll or 2pa_hb)"));
+}
+
+const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
+  return a == AllReduceAlgorithm::kOnePhaseLL ? "1pa_ll" : "2pa_hb";
+}
+
+AllReduceEngine::AllReduceEngine(Communicator& comm, AllReduceOptions options)
+    : comm_(comm), options_(options) {
+  const bool host = comm.hostMode();
+  const int world = comm.worldSize();
+  PYCCL_CHECK_ARG(world >= 1 && world <= kMaxCollectiveRanks, "world_size", "collectives support 1 to ",
+                  kMaxCollectiveRanks, " ranks in one node, got ", world);
+  for (int p = 0; p < world; ++p) {
+    if (p != comm.rank() && !comm.canAccessPeer(p)) {
+      throw UnsupportedError(strCat("all-reduce in communicator '", comm.name(), "' needs P2P between all ranks; rank ",
+                                    comm.rank(), " cannot reach rank ", p, " (another node, or no P2P path)"));
+    }
+  }
+  if (options_.llBlocks == 0) options_.llBlocks = host ? 2 : 32;
+  if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 64;
+  if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (512u << 10);
+  if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
+  if (options_.llThresholdBytes == 0) options_.llThresholdBytes = options_.llMaxBytes / 2;
+  PYCCL_CHECK_ARG(options_.threadsPerBlock >= 32 && options_.threadsPerBlock <= 1024 &&
+                      options_.threadsPerBlock % 32 == 0,
+                  "threads_per_block", "must be a multiple of 32 in [32, 1024], got ", options_.threadsPerBlock);
+  PYCCL_CHECK_ARG(options_.llBlocks <= 1024 && options_.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
+  PYCCL_CHECK_ARG(options_.llThresholdBytes <= options_.llMaxBytes, "ll_threshold_bytes",
+                  "must not exceed ll_max_bytes (", options_.llMaxBytes, ")");
+
+  // Scratch layout (16-byte aligned regions).
+  const uint64_t llBlockPackets =
+      (options_.llMaxBytes / LL16Packet::kDataBytes + options_.llBlocks - 1) / options_.llBlocks;
+  const uint64_t llBytes = 2ull * world * options_.llBlocks * llBlockPackets * sizeof(LL16Packet);
+  const uint64_t subBytes = roundDown(options_.hbPieceBytes / (static_cast<uint64_t>(world) * options_.hbBlocks), 16);
+  PYCCL_CHECK_ARG(subBytes >= 16, "hb_piece_bytes", "too small for ", world, " ranks x ", options_.hbBlocks,
+                  " blocks");
+  const uint64_t stagingBytes = 2ull * options_.hbBlocks * world * subBytes;
+  const uint64_t resultBytes = 2ull * options_.hbBlocks * subBytes;
+  const uint64_t barrierBytes = (static_cast<uint64_t>(options_.hbBlocks) * world * 8 + 15) / 16 * 16;
+  const uint64_t total = llBytes + stagingBytes + resultBytes + barrierBytes;
+
+#ifdef PYCCL_WITH_CUDA
+  // Set-up may run while the caller's stream is being captured into a CUDA
+  // graph (a graph captured before the first eager call): allocation and IPC
+  // are not stream work, so let them through in relaxed capture mode.
+  struct RelaxCapture {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    bool active;
+    explicit RelaxCapture(bool on) : active(on) {
+      if (active) cudaThreadExchangeStreamCaptureMode(&mode);
+    }
+    ~RelaxCapture() {
+      if (active) cudaThreadExchangeStreamCaptureMode(&mode);
+    }
+  } relax(!host);
+#endif
+  void* scratch = nullptr;
+  if (host) {
+    auto mapping = allocateHostShared(total);
+    scratch = mapping->base();
+    scratchOwner_ = mapping;
+  } else {
+    const int dev = comm.device();
+    scratch = gpu::deviceMalloc(dev, total);
+    scratchOwner_ = std::shared_ptr<void>(scratch, [dev](void* p) { gpu::deviceFree(dev, p); });
+  }
+  const uint64_t counterBytes = options_.llBlocks * sizeof(uint32_t) + options_.hbBlocks * sizeof(uint64_t) + 8;
+  void* counters = nullptr;
+  if (host) {
+    counters = std::calloc(1, counterBytes);
+    if (counters == nullptr) throw SystemError("out of host memory for collective counters");
+    countersOwner_ = std::shared_ptr<void>(counters, [](void* p) { std::free(p); });
+  } else {
+    const int dev = comm.device();
+    counters = gpu::deviceMalloc(dev, counterBytes);
+    countersOwner_ = std::shared_ptr<void>(counters, [dev](void* p) { gpu::deviceFree(dev, p); });
+  }
+  scratch_ = comm.registerMemory(scratch, total, scratchOwner_);
+  peers_ = comm.exchangeMemory(scratch_);
+
+  context_.rank = comm.rank();
+  context_.worldSize = world;
+  for (int p = 0; p < world; ++p) context_.scratch[p] = static_cast<char*>(peers_[p]->data());
+  context_.llOffset = 0;
+  context_.llBlockPackets = llBlockPackets;
+  context_.llBlocks = options_.llBlocks;
+  context_.hbBlocks = options_.hbBlocks;
+  context_.hbStagingOffset = llBytes;
+  context_.hbResultOffset = llBytes + stagingBytes;
+  context_.hbBarrierOffset = llBytes + stagingBytes + resultBytes;
+  context_.hbSubBytes = subBytes;
+  // The hb counters come first: 8-byte aligned.
+  context_.hbCalls = static_cast<uint64_t*>(counters);
+  context_.llCalls = reinterpret_cast<uint32_t*>(static_cast<char*>(counters) + options_.hbBlocks * sizeof(uint64_t));
+  context_.abort = comm.abortState();
+  PYCCL_LOG(Info, "all-reduce engine: " << world << " ranks, scratch " << (total >> 10) << " KiB, LL up to "
+                                        << options_.llMaxBytes << " B on " << options_.llBlocks
+                                        << " blocks, HB pieces of " << options_.hbPieceBytes << " B on "
+                                        << options_.hbBlocks << " blocks");
+}
+
+AllReduceEngine::~AllReduceEngine() { close(); }
+
+void AllReduceEngine::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& p : peers_) {
+    if (p) p->release();
+  }
+  peers_.clear();
+  scratch_.release();
+}
+
+AllReduceAlgorithm AllReduceEngine::select(uint64_t bytes) const {
+  return bytes <= options_.llThresholdBytes ? AllReduceAlgorithm::kOnePhaseLL : AllReduceAlgorithm::kTwoPhaseHB;
+}
+
+void AllReduceEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
+                                std::optional<AllReduceAlgorithm> algorithm, void* stream) {
+  if (closed_ || comm_.closed()) {
+    throw ClosedError(strCat("all_reduce: communicator '", comm_.name(), "' is closed"));
+  }
+  if (comm_.aborted()) throw AbortedError(strCat("all_reduce: communicator '", comm_.name(), "' was aborted"));
+  if (count == 0) return;
+  PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
+  const uint64_t elemSize = dataTypeSize(dtype);
+  const uint64_t bytes = count * elemSize;
+  const AllReduceAlgorithm algo = algorithm ? *algorithm : select(bytes);
+  if (algo == AllReduceAlgorithm::kOnePhaseLL) {
+    PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
+                    " bytes per call in this communicator, the message has ", bytes);
+  }
+  const uint64_t piece = algo == AllReduceAlgorithm::kOnePhaseLL
+                             ? count
+                             : static_cast<uint64_t>(comm_.worldSize()) * options_.hbBlocks *
+                                   (context_.hbSubBytes / elemSize);
+  for (uint64_t done = 0; done < count; done += piece) {
+    AllReduceCall call{static_cast<const char*>(input) + done * elemSize, static_cast<char*>(output) + done * elemSize,
+                       count - done < piece ? count - done : piece, dtype, op, algo};
+#ifdef PYCCL_WITH_CUDA
+    if (!comm_.hostMode()) {
+      allReduceDevice(context_, call, stream, options_.threadsPerBlock);
+      continue;
+    }
+#endif
+    (void)stream;
+    Communicator::HostKernelScope active(comm_);
+    allReduceHost(context_, call);
+  }
+}
+
+}  // namespace pyccl

@@ -1,0 +1,62 @@
+// The host-side owner of the all-reduce algorithms of one communicator: the
+// scratch buffer every peer maps, the per-block call counters, and the choice
+// of algorithm per message size. Create it collectively (every rank, same
+// options); call allReduce() from one stream at a time, in the same order on
+// every rank (as with NCCL).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "collectives/allreduce_launch.hpp"
+#include "core/communicator.hpp"
+
+namespace pyccl {
+
+struct AllReduceOptions {
+  uint32_t llBlocks = 0;         ///< 0: default (32 on GPUs, 2 in host mode)
+  uint32_t hbBlocks = 0;         ///< 0: default (64 on GPUs, 2 in host mode)
+  uint32_t threadsPerBlock = 512;
+  uint64_t llMaxBytes = 0;       ///< largest LL message; 0: default (512 KiB GPUs, 64 KiB host)
+  uint64_t hbPieceBytes = 0;     ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
+  uint64_t llThresholdBytes = 0; ///< automatic choice: LL up to here; 0: default (= llMaxBytes / 2)
+};
+
+class AllReduceEngine {
+ public:
+  /// Collective: allocates and registers the scratch, maps every peer's.
+  /// Throws UnsupportedError if a peer is not reachable by P2P.
+  AllReduceEngine(Communicator& comm, AllReduceOptions options);
+  ~AllReduceEngine();
+  AllReduceEngine(const AllReduceEngine&) = delete;
+  AllReduceEngine& operator=(const AllReduceEngine&) = delete;
+
+  /// All-reduces `count` elements of `input` into `output` (may be the same
+  /// buffer) with `algorithm` (or the size-based choice), enqueued on `stream`
+  /// (a cudaStream_t; ignored in host mode, where it returns when done).
+  void allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
+                 std::optional<AllReduceAlgorithm> algorithm, void* stream);
+
+  /// The algorithm the automatic choice takes for a message of `bytes`.
+  AllReduceAlgorithm select(uint64_t bytes) const;
+  const AllReduceOptions& options() const { return options_; }
+  /// Releases the scratch mappings (idempotent); later calls raise ClosedError.
+  void close();
+
+ private:
+  Communicator& comm_;
+  AllReduceOptions options_;
+  AllReduceContext context_{};
+  std::shared_ptr<void> scratchOwner_;
+  std::shared_ptr<void> countersOwner_;
+  RegisteredMemory scratch_;
+  std::vector<std::optional<RegisteredMemory>> peers_;
+  bool closed_ = false;
+};
+
+/// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.
+AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what);
+const char* allReduceAlgorithmName(AllReduceAlgorithm a);
+
+}  // namespace pyccl

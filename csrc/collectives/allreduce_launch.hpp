@@ -1,0 +1,50 @@
+// Launching the all-reduce bodies: as CUDA kernels on a stream, or in host
+// mode on CPU threads (one per block). Dispatch over dtype x op x algorithm.
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/allreduce_device.hpp"
+
+namespace pyccl {
+
+enum class AllReduceAlgorithm : uint32_t { kOnePhaseLL = 0, kTwoPhaseHB = 1 };
+
+struct AllReduceCall {
+  const void* input;
+  void* output;
+  uint64_t count;  ///< elements; within the algorithm's per-call limit
+  DataType dtype;
+  ReduceOp op;
+  AllReduceAlgorithm algorithm;
+};
+
+/// Runs one call on CPU threads and returns when it is done.
+void allReduceHost(const AllReduceContext& context, const AllReduceCall& call);
+#ifdef PYCCL_WITH_CUDA
+/// Enqueues one call on `stream` (a cudaStream_t); capturable in CUDA graphs.
+void allReduceDevice(const AllReduceContext& context, const AllReduceCall& call, void* stream,
+                     uint32_t threadsPerBlock);
+#endif
+
+/// Calls fn.template operator()<T, Op>() for the runtime dtype and op.
+template <typename Fn>
+void dispatchReduction(DataType dtype, ReduceOp op, Fn&& fn) {
+  auto withOp = [&](auto typeTag) {
+    using T = decltype(typeTag);
+    switch (op) {
+      case ReduceOp::kSum: fn.template operator()<T, ReduceOp::kSum>(); break;
+      case ReduceOp::kAvg: fn.template operator()<T, ReduceOp::kAvg>(); break;
+      case ReduceOp::kMin: fn.template operator()<T, ReduceOp::kMin>(); break;
+      case ReduceOp::kMax: fn.template operator()<T, ReduceOp::kMax>(); break;
+      case ReduceOp::kProd: fn.template operator()<T, ReduceOp::kProd>(); break;
+    }
+  };
+  switch (dtype) {
+    case DataType::kFloat32: withOp(float{}); break;
+    case DataType::kFloat16: withOp(Half{}); break;
+    case DataType::kBFloat16: withOp(BFloat16{}); break;
+  }
+}
+
+}  // namespace pyccl

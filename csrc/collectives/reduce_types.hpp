@@ -1,0 +1,164 @@
+// Element types and reduction operators of the collectives, for device code
+// and for host mode alike. 16-bit floats are carried as their bits and
+// reduced in fp32; every rank reduces contributions in rank order, so results
+// are bitwise identical across ranks.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "channels/device_common.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace pyccl {
+
+enum class DataType : uint32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum class ReduceOp : uint32_t { kSum = 0, kAvg = 1, kMin = 2, kMax = 3, kProd = 4 };
+
+inline uint32_t dataTypeSize(DataType t) { return t == DataType::kFloat32 ? 4 : 2; }
+
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+namespace detail {
+
+PYCCL_HOST_DEVICE float bitsToFloat(uint32_t u) {
+#if PYCCL_ON_DEVICE
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+PYCCL_HOST_DEVICE uint32_t floatToBits(float f) {
+#if PYCCL_ON_DEVICE
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+/// IEEE binary16 -> binary32 (exact), host side.
+inline float halfToFloatHost(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return bitsToFloat(sign | 0x7f800000u | (mant << 13));  // inf / nan
+  if (exp == 0) {
+    if (mant == 0) return bitsToFloat(sign);
+    // Subnormal: normalize.
+    exp = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    mant &= 0x3ffu;
+    return bitsToFloat(sign | (exp << 23) | (mant << 13));
+  }
+  return bitsToFloat(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+/// binary32 -> binary16, round to nearest even, host side.
+inline uint16_t floatToHalfHost(float f) {
+  const uint32_t u = floatToBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t absu = u & 0x7fffffffu;
+  if (absu >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absu > 0x7f800000u ? 0x200u : 0));
+  if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (absu < 0x38800000u) {
+    // Subnormal or zero in half: shift the implicit-one mantissa into place.
+    if (absu < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t exp = absu >> 23;
+    const uint32_t mant = (absu & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14..24
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((absu >> 13) - (112u << 10));
+  const uint32_t rem = absu & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+inline uint16_t floatToBFloat16Host(float f) {
+  const uint32_t u = floatToBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet nan
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+}  // namespace detail
+
+/// Conversions to and from the fp32 accumulator.
+template <typename T>
+struct ElementTraits;
+
+template <>
+struct ElementTraits<float> {
+  PYCCL_HOST_DEVICE static float toFloat(float v) { return v; }
+  PYCCL_HOST_DEVICE static float fromFloat(float v) { return v; }
+};
+
+template <>
+struct ElementTraits<Half> {
+  PYCCL_HOST_DEVICE static float toFloat(Half v) {
+#if PYCCL_ON_DEVICE
+    return __half2float(__ushort_as_half(v.bits));
+#else
+    return detail::halfToFloatHost(v.bits);
+#endif
+  }
+  PYCCL_HOST_DEVICE static Half fromFloat(float v) {
+#if PYCCL_ON_DEVICE
+    return Half{__half_as_ushort(__float2half_rn(v))};
+#else
+    return Half{detail::floatToHalfHost(v)};
+#endif
+  }
+};
+
+template <>
+struct ElementTraits<BFloat16> {
+  PYCCL_HOST_DEVICE static float toFloat(BFloat16 v) { return detail::bitsToFloat(static_cast<uint32_t>(v.bits) << 16); }
+  PYCCL_HOST_DEVICE static BFloat16 fromFloat(float v) {
+#if PYCCL_ON_DEVICE
+    return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(v))};
+#else
+    return BFloat16{detail::floatToBFloat16Host(v)};
+#endif
+  }
+};
+
+/// The binary operator of a reduction, on fp32 accumulators. kAvg sums; the
+/// division by the world size happens once, in finish().
+template <ReduceOp Op>
+struct Reducer {
+  PYCCL_HOST_DEVICE static float apply(float a, float b) {
+    if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) return a + b;
+    if constexpr (Op == ReduceOp::kMin) return b < a ? b : a;
+    if constexpr (Op == ReduceOp::kMax) return b > a ? b : a;
+    if constexpr (Op == ReduceOp::kProd) return a * b;
+    return a;
+  }
+  PYCCL_HOST_DEVICE static float finish(float a, int worldSize) {
+    if constexpr (Op == ReduceOp::kAvg) return a / static_cast<float>(worldSize);
+    return a;
+  }
+};
+
+}  // namespace pyccl

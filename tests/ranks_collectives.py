@@ -1,0 +1,190 @@
+"""Per-rank bodies of the collective tests; each runs in host mode or on GPUs."""
+
+from __future__ import annotations
+
+import datetime
+import random
+
+import torch
+
+import pyccl
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOLERANCE = {torch.float32: (1e-5, 1e-6), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+
+
+def _setup(store, rank, world, on_gpu, timeout_s=60.0):
+    device = "cpu"
+    if on_gpu:
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    comm = pyccl.Communicator(store, rank, world, device=device, name="coll",
+                              timeout=datetime.timedelta(seconds=timeout_s))
+    return comm, device
+
+
+def rank_input(seed: int, case: int, rank: int, count: int, dtype: torch.dtype, op: str) -> torch.Tensor:
+    """Rank `rank`'s input of case `case`: fresh random values (never zeros);
+    near 1 for prod so the product stays finite."""
+    gen = torch.Generator().manual_seed(seed * 100_003 + case * 101 + rank)
+    if op == "prod":
+        x = 1.0 + 0.25 * (torch.rand(count, generator=gen, dtype=torch.float64) - 0.5)
+    else:
+        x = torch.randn(count, generator=gen, dtype=torch.float64) * 4
+    return x.to(dtype)
+
+
+def reference(inputs, op: str) -> torch.Tensor:
+    stack = torch.stack([x.to(torch.float64) for x in inputs])
+    if op == "sum":
+        return stack.sum(0)
+    if op == "avg":
+        return stack.mean(0)
+    if op == "min":
+        return stack.min(0).values
+    if op == "max":
+        return stack.max(0).values
+    return stack.prod(0)
+
+
+def random_cases(seed: int, count: int, max_elems: int):
+    """(dtype, op, elements, algorithm, in_place, offset): odd sizes and
+    misaligned views included; algorithm None means the automatic choice."""
+    rng = random.Random(seed)
+    ops = ["sum", "avg", "min", "max", "prod"]
+    cases = []
+    for i in range(count):
+        dtype = list(DTYPES.values())[i % 3]
+        op = ops[(i // 3) % len(ops)]
+        n = rng.choice([1, 2, 3, 7, 8, 9, 31, 255, 1000, 4097, rng.randrange(1, max_elems)])
+        algo = rng.choice([None, "1pa_ll", "2pa_hb"])
+        cases.append((dtype, op, n, algo, rng.random() < 0.3, rng.choice([0, 0, 1, 3])))
+    return cases
+
+
+def all_reduce_cases(rank, world, store, on_gpu, seed, count, max_elems):
+    """Random all-reduces checked against a float64 reference, and bitwise
+    equality of the results across ranks. Returns a list of failures."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    ll_max = None
+    bad = []
+    for i, (dtype, op, n, algo, in_place, offset) in enumerate(random_cases(seed, count, max_elems)):
+        if algo == "1pa_ll":
+            if ll_max is None:
+                pyccl.all_reduce(torch.ones(1, device=device), comm=comm)  # creates the engine
+                ll_max = comm._allreduce_engine.ll_max_bytes
+            if n * torch.tensor([], dtype=dtype).element_size() > ll_max:
+                algo = "2pa_hb"
+        inputs = [rank_input(seed, i, r, n, dtype, op) for r in range(world)]
+        # A view at an element offset: misaligned for the vector paths.
+        base = torch.empty(n + offset, dtype=dtype, device=device)
+        x = base[offset:]
+        x.copy_(inputs[rank])
+        out = x if in_place else None
+        y = pyccl.all_reduce(x, op=op, out=out, comm=comm, algorithm=algo)
+        got = y.cpu()
+        expect = reference(inputs, op)
+        rtol, atol = TOLERANCE[dtype]
+        if not torch.allclose(got.to(torch.float64), expect, rtol=rtol, atol=atol * expect.abs().max().item()):
+            err = (got.to(torch.float64) - expect).abs().max().item()
+            bad.append((i, str(dtype), op, n, algo, in_place, offset, f"max abs error {err:.3g}"))
+        # Bitwise identical on every rank.
+        digest = got.view(torch.int16 if dtype != torch.float32 else torch.int32).to(torch.int64)
+        digests = comm.all_gather_bytes(digest.numpy().tobytes())
+        if any(d != digests[0] for d in digests):
+            bad.append((i, str(dtype), op, n, algo, "results differ across ranks"))
+    record = comm.device_error()
+    comm.close()
+    return bad, record
+
+
+def back_to_back(rank, world, store, on_gpu, rounds):
+    """Many calls in a row with no host synchronization between them, sizes
+    alternating, both algorithms: each result must match its own reference."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    sizes = [5, 4096 + 3, 16_000, 17, 9_000]  # within host mode's 64 KiB LL limit
+    inputs, outputs, refs = [], [], []
+    for r in range(rounds):
+        n = sizes[r % len(sizes)]
+        per_rank = [rank_input(7, r, q, n, torch.float32, "sum") for q in range(world)]
+        x = per_rank[rank].to(device)
+        inputs.append(x)
+        refs.append(reference(per_rank, "sum"))
+        outputs.append(pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb"][r % 2]))
+    bad = 0
+    for y, ref in zip(outputs, refs):
+        if not torch.allclose(y.cpu().to(torch.float64), ref, rtol=1e-5, atol=1e-5):
+            bad += 1
+    comm.close()
+    return bad
+
+
+def bad_arguments(rank, world, store):
+    comm, device = _setup(store, rank, world, False)
+    x = torch.randn(16)
+    out = {}
+    for label, call in [
+        ("op", lambda: pyccl.all_reduce(x, op="median", comm=comm)),
+        ("dtype", lambda: pyccl.all_reduce(torch.ones(4, dtype=torch.int32), comm=comm)),
+        ("out_size", lambda: pyccl.all_reduce(x, out=torch.empty(3), comm=comm)),
+        ("algorithm", lambda: pyccl.all_reduce(x, comm=comm, algorithm="ring")),
+        ("contiguous", lambda: pyccl.all_reduce(torch.randn(4, 4).t(), comm=comm)),
+    ]:
+        try:
+            call()
+            out[label] = "accepted"
+        except ValueError as e:
+            out[label] = str(e)
+    comm.close()
+    return out
+
+
+def graph_replays(rank, world, store, replays):
+    """All-reduces captured in a CUDA graph (after one eager call), replayed
+    with fresh inputs, with eager collectives of other sizes in between."""
+    comm, device = _setup(store, rank, world, True)
+    sizes = {"1pa_ll": 3001, "2pa_hb": 300_001}
+    xs = {a: torch.empty(n, device=device, dtype=torch.bfloat16) for a, n in sizes.items()}
+    outs = {a: torch.empty_like(x) for a, x in xs.items()}
+    for a in sizes:
+        pyccl.all_reduce(xs[a].normal_(), out=outs[a], comm=comm, algorithm=a)  # warm-up (engine set-up)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for a in sizes:
+            pyccl.all_reduce(xs[a], out=outs[a], comm=comm, algorithm=a)
+    bad = []
+    for r in range(replays):
+        per_rank = {a: [rank_input(11, r * 7 + k, q, n, torch.bfloat16, "sum") for q in range(world)]
+                    for k, (a, n) in enumerate(sizes.items())}
+        for a in sizes:
+            xs[a].copy_(per_rank[a][rank])
+        graph.replay()
+        # Eager calls between replays move the per-block call counters on.
+        extra = torch.randn(777 + r, device=device)
+        pyccl.all_reduce(extra, comm=comm)
+        for a in sizes:
+            ref = reference(per_rank[a], "sum")
+            got = outs[a].cpu().to(torch.float64)
+            if not torch.allclose(got, ref, rtol=1.6e-2, atol=1e-2 * ref.abs().max().item()):
+                bad.append((r, a))
+    torch.cuda.synchronize()
+    del graph
+    comm.close()
+    return bad
+
+
+def large_cases(rank, world, store, on_gpu, seed, n32=700_001, n16=1_300_003):
+    """Messages larger than one HB piece, every dtype."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    bad = []
+    for i, dtype in enumerate(DTYPES.values()):
+        n = n32 if dtype == torch.float32 else n16
+        inputs = [rank_input(seed, i, r, n, dtype, "sum") for r in range(world)]
+        y = pyccl.all_reduce(inputs[rank].to(device), comm=comm, algorithm="2pa_hb").cpu()
+        expect = reference(inputs, "sum")
+        rtol, atol = TOLERANCE[dtype]
+        if not torch.allclose(y.to(torch.float64), expect, rtol=rtol, atol=atol * expect.abs().max().item()):
+            bad.append((str(dtype), n))
+    comm.close()
+    return bad

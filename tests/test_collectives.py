@@ -1,0 +1,47 @@
+"""Collectives in host mode (CPU processes): the algorithms' logic in CI."""
+
+import random
+
+import pytest
+import torch
+
+import pyccl
+import ranks_collectives as rcol
+from pyccl._spawn import run_ranks
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_all_reduce_random_cases_match_float64_reference(world):
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rcol.all_reduce_cases, world, args=(False, seed, 45, 40_000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_all_reduce_back_to_back_without_host_sync():
+    for bad in run_ranks(rcol.back_to_back, 3, args=(False, 20), timeout=300):
+        assert bad == 0
+
+
+def test_all_reduce_rejects_bad_arguments():
+    out = run_ranks(rcol.bad_arguments, 2, timeout=120)
+    for messages in out:
+        assert "'op'" in messages["op"]
+        assert "'tensor'" in messages["dtype"] and "float32" in messages["dtype"]
+        assert "'out'" in messages["out_size"]
+        assert "'algorithm'" in messages["algorithm"]
+        assert "'tensor'" in messages["contiguous"]
+
+
+def test_half_conversions_round_to_nearest_even():
+    # The host-mode fp16/bf16 conversions (used in CI) agree with torch's, bit for bit.
+    x = torch.randn(100_000, dtype=torch.float64) * torch.logspace(-9, 5, 100_000, dtype=torch.float64)
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 65504.0, 65520.0, 1e-8, 6e-8, float("inf")], dtype=torch.float64)])
+    for dtype in (torch.float16, torch.bfloat16):
+        got = pyccl._C._round_trip_16bit(x.float(), dtype)
+        assert torch.equal(got.view(torch.int16), x.float().to(dtype).view(torch.int16)), dtype
+
+
+def test_all_reduce_in_pieces():
+    # Host mode's HB pieces are 1 MiB: 700 000 float32 take three calls.
+    for bad in run_ranks(rcol.large_cases, 2, args=(False, random.randrange(1 << 20)), timeout=300):
+        assert bad == []

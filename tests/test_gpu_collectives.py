@@ -1,0 +1,40 @@
+"""Collectives on GPUs: numerics against float64, bitwise agreement across
+ranks, back-to-back calls and CUDA-graph replays."""
+
+import random
+
+import pytest
+
+import ranks_collectives as rcol
+from conftest import gpu_count, requires_gpus
+from pyccl._spawn import run_ranks
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", [w for w in (2, 3, 4) if w <= max(gpu_count(), 2)])
+def test_all_reduce_random_cases_match_float64_reference(world):
+    if world > gpu_count():
+        pytest.skip(f"needs {world} GPUs")
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rcol.all_reduce_cases, world, args=(True, seed, 60, 3_000_000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_all_reduce_back_to_back_without_host_sync():
+    for bad in run_ranks(rcol.back_to_back, min(gpu_count(), 4), args=(True, 200), timeout=300):
+        assert bad == 0
+
+
+@requires_gpus(2)
+def test_all_reduce_in_cuda_graph_replays():
+    for bad in run_ranks(rcol.graph_replays, min(gpu_count(), 4), args=(20,), timeout=300):
+        assert bad == []
+
+
+@requires_gpus(2)
+def test_all_reduce_in_pieces():
+    # GPU HB pieces are 16 MiB: 40 MB of float32 and bf16 take several calls.
+    for bad in run_ranks(rcol.large_cases, min(gpu_count(), 4),
+                         args=(True, random.randrange(1 << 20), 10_000_003, 20_000_001), timeout=300):
+        assert bad == []
