@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import random
 
 import torch
@@ -89,8 +90,8 @@ def all_reduce_cases(rank, world, store, on_gpu, seed, count, max_elems):
             err = (got.to(torch.float64) - expect).abs().max().item()
             bad.append((i, str(dtype), op, n, algo, in_place, offset, f"max abs error {err:.3g}"))
         # Bitwise identical on every rank.
-        digest = got.view(torch.int16 if dtype != torch.float32 else torch.int32).to(torch.int64)
-        digests = comm.all_gather_bytes(digest.numpy().tobytes())
+        digest = hashlib.sha256(got.view(torch.uint8).numpy().tobytes()).digest()
+        digests = comm.all_gather_bytes(digest)
         if any(d != digests[0] for d in digests):
             bad.append((i, str(dtype), op, n, algo, "results differ across ranks"))
     record = comm.device_error()
@@ -187,4 +188,23 @@ def large_cases(rank, world, store, on_gpu, seed, n32=700_001, n16=1_300_003):
         if not torch.allclose(y.to(torch.float64), expect, rtol=rtol, atol=atol * expect.abs().max().item()):
             bad.append((str(dtype), n))
     comm.close()
+    return bad
+
+
+def group_path(rank, world, store):
+    """pyccl.all_reduce on a torch NCCL group: small messages through pyccl's
+    kernels, large ones through the group's NCCL; both correct."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
+    bad = []
+    for i, n in enumerate([1000, 5_000_000]):  # 4 KB and 20 MB of float32
+        inputs = [rank_input(3, i, r, n, torch.float32, "sum") for r in range(world)]
+        y = pyccl.all_reduce(inputs[rank].to(device), op=dist.ReduceOp.SUM)
+        if not torch.allclose(y.cpu().to(torch.float64), reference(inputs, "sum"), rtol=1e-5, atol=1e-4):
+            bad.append(n)
+    pyccl.collectives.communicator_for(None, device).close()
+    dist.destroy_process_group()
     return bad

@@ -38,3 +38,9 @@ def test_all_reduce_in_pieces():
     for bad in run_ranks(rcol.large_cases, min(gpu_count(), 4),
                          args=(True, random.randrange(1 << 20), 10_000_003, 20_000_001), timeout=300):
         assert bad == []
+
+
+@requires_gpus(2)
+def test_all_reduce_on_a_torch_nccl_group():
+    for bad in run_ranks(rcol.group_path, min(gpu_count(), 4), timeout=300):
+        assert bad == []

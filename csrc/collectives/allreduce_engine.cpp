@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #ifdef PYCCL_WITH_CUDA
 #include <cuda_runtime.h>
@@ -43,13 +44,14 @@ AllReduceEngine::AllReduceEngine(Communicator& comm, AllReduceOptions options)
     }
   }
   if (options_.llBlocks == 0) options_.llBlocks = host ? 2 : 32;
-  if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 64;
-  if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (512u << 10);
+  if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 128;
+  if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (1u << 20);
   if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
   if (options_.llThresholdBytes == 0) options_.llThresholdBytes = options_.llMaxBytes / 2;
-  PYCCL_CHECK_ARG(options_.threadsPerBlock >= 32 && options_.threadsPerBlock <= 1024 &&
-                      options_.threadsPerBlock % 32 == 0,
-                  "threads_per_block", "must be a multiple of 32 in [32, 1024], got ", options_.threadsPerBlock);
+  for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"}}) {
+    PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
+                    "must be a multiple of 32 in [32, 1024], got ", threads);
+  }
   PYCCL_CHECK_ARG(options_.llBlocks <= 1024 && options_.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
   PYCCL_CHECK_ARG(options_.llThresholdBytes <= options_.llMaxBytes, "ll_threshold_bytes",
                   "must not exceed ll_max_bytes (", options_.llMaxBytes, ")");
@@ -166,7 +168,8 @@ void AllReduceEngine::allReduce(const void* input, void* output, uint64_t count,
                        count - done < piece ? count - done : piece, dtype, op, algo};
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
-      allReduceDevice(context_, call, stream, options_.threadsPerBlock);
+      allReduceDevice(context_, call, stream,
+                      algo == AllReduceAlgorithm::kOnePhaseLL ? options_.llThreads : options_.hbThreads);
       continue;
     }
 #endif

@@ -14,13 +14,15 @@
 
 namespace pyccl {
 
+/// Defaults measured on 4 x H200 NVLink (bf16, CUDA graphs; benchmarks/RESULTS.md).
 struct AllReduceOptions {
-  uint32_t llBlocks = 0;         ///< 0: default (32 on GPUs, 2 in host mode)
-  uint32_t hbBlocks = 0;         ///< 0: default (64 on GPUs, 2 in host mode)
-  uint32_t threadsPerBlock = 512;
-  uint64_t llMaxBytes = 0;       ///< largest LL message; 0: default (512 KiB GPUs, 64 KiB host)
-  uint64_t hbPieceBytes = 0;     ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
-  uint64_t llThresholdBytes = 0; ///< automatic choice: LL up to here; 0: default (= llMaxBytes / 2)
+  uint32_t llBlocks = 0;          ///< 0: default (32 on GPUs, 2 in host mode)
+  uint32_t hbBlocks = 0;          ///< 0: default (128 on GPUs, 2 in host mode)
+  uint32_t llThreads = 1024;      ///< threads per block of the LL kernel
+  uint32_t hbThreads = 256;       ///< threads per block of the HB kernel
+  uint64_t llMaxBytes = 0;        ///< largest LL message; 0: default (1 MiB GPUs, 64 KiB host)
+  uint64_t hbPieceBytes = 0;      ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
+  uint64_t llThresholdBytes = 0;  ///< automatic choice: LL up to here; 0: default (= llMaxBytes / 2)
 };
 
 class AllReduceEngine {

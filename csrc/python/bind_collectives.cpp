@@ -65,19 +65,21 @@ void bindCollectives(py::module_& m) {
   }, py::arg("x"), py::arg("dtype"));
 
   py::class_<AllReduceEngine, std::shared_ptr<AllReduceEngine>>(m, "AllReduceEngine")
-      .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t threads,
-                       uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes) {
+      .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
+                       uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes) {
              AllReduceOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
-             o.threadsPerBlock = threads;
+             o.llThreads = llThreads;
+             o.hbThreads = hbThreads;
              o.llMaxBytes = llMaxBytes;
              o.hbPieceBytes = hbPieceBytes;
              o.llThresholdBytes = llThresholdBytes;
              py::gil_scoped_release release;
              return std::make_shared<AllReduceEngine>(comm, o);
            }),
-           py::arg("comm"), py::arg("ll_blocks") = 0, py::arg("hb_blocks") = 0, py::arg("threads_per_block") = 512,
+           py::arg("comm"), py::arg("ll_blocks") = 0, py::arg("hb_blocks") = 0, py::arg("ll_threads") = 1024,
+           py::arg("hb_threads") = 256,
            py::arg("ll_max_bytes") = 0, py::arg("hb_piece_bytes") = 0, py::arg("ll_threshold_bytes") = 0,
            py::keep_alive<1, 2>())
       .def("all_reduce",

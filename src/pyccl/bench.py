@@ -5,7 +5,9 @@ captured in a CUDA graph (``--iters`` calls per graph), replayed ``--trials``
 times; the table gives the median time per call and the ratio to NCCL
 (through ProcessGroupNCCL), measured in the same run on the same GPUs:
 
-- pyccl with its size-based choice (and each algorithm forced, ``--all-algos``);
+- pyccl through a torch group (``pyccl``: its kernels by size, the group's
+  NCCL from ``PYCCL_NCCL_MIN_BYTES``), pyccl's kernels alone (``pyccl_kernels``),
+  and each kernel forced (``--all-algos``);
 - NCCL through ``torch.distributed`` (ProcessGroupNCCL);
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
   (multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``).
@@ -96,20 +98,24 @@ def _bench_rank(rank, world, store, sizes, dtype_name, iters, trials, all_algos)
         ref = x.clone()
         dist.all_reduce(ref)
         row = {"bytes": n * x.element_size()}
-        candidates = {"pyccl": None}
+        # "pyccl": the torch-group path (size-based choice, NCCL from PYCCL_NCCL_MIN_BYTES);
+        # "pyccl_kernels": pyccl's own kernels only (size-based choice between them).
+        candidates = {"pyccl": None, "pyccl_kernels": None}
         if all_algos:
             candidates["pyccl_1pa_ll"] = "1pa_ll"
             candidates["pyccl_2pa_hb"] = "2pa_hb"
         for label, algo in candidates.items():
             if algo == "1pa_ll" and row["bytes"] > comm_engine_ll_max(comm):
                 continue
-            pyccl.all_reduce(x, out=out, comm=comm, algorithm=algo)
+            use = None if label == "pyccl" else comm
+            pyccl.all_reduce(x, out=out, comm=use, algorithm=algo)
             torch.cuda.synchronize()
             tol = 2e-2 if dtype != torch.float32 else 1e-4
             if not torch.allclose(out.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item()):
                 raise AssertionError(f"{label}: wrong result at {row['bytes']} bytes")
-            row[label] = _time_graph(lambda: pyccl.all_reduce(x, out=out, comm=comm, algorithm=algo), iters, trials)
-        row["pyccl_algo"] = comm._allreduce_engine.select(row["bytes"])
+            row[label] = _time_graph(lambda: pyccl.all_reduce(x, out=out, comm=use, algorithm=algo), iters, trials)
+        row["pyccl_algo"] = ("nccl" if row["bytes"] >= pyccl.collectives._nccl_min_bytes()
+                             else comm._allreduce_engine.select(row["bytes"]))
         buf = x.clone()
         row["nccl"] = _time_graph(lambda: dist.all_reduce(buf), iters, trials)
         if symm is not None:
@@ -165,7 +171,7 @@ def main(argv=None) -> int:
           f"median of {args.trials} replays), {datetime.date.today()}")
     if res["symm_error"]:
         print(f"# torch symmetric memory unavailable: {res['symm_error']}")
-    cols = ["pyccl", "pyccl_1pa_ll", "pyccl_2pa_hb", "nccl", "symm_one_shot", "symm_two_shot"]
+    cols = ["pyccl", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_hb", "nccl", "symm_one_shot", "symm_two_shot"]
     cols = [c for c in cols if any(r.get(c) is not None for r in res["rows"])]
     print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>17}" for c in cols) + f" {'algo':>7} {'NCCL/pyccl':>10} {'best other/pyccl':>16}")
     for r in res["rows"]:

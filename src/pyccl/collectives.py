@@ -91,23 +91,67 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         group: a torch process group (default: the world).
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.
         comm: a pyccl Communicator to use instead of ``group``.
-        algorithm: "1pa_ll" or "2pa_hb" to force one (default: ``PYCCL_ALGO``, else by size).
+        algorithm: "1pa_ll", "2pa_hb" or "nccl" to force one (default: ``PYCCL_ALGO``, else
+            by size: 1PA LL up to 512 KiB, 2PA HB above, and from ``PYCCL_NCCL_MIN_BYTES``
+            (16 MiB) the group's NCCL backend when it has one).
 
     Returns the result tensor. 16-bit inputs are reduced in fp32; results are
     bitwise identical on every rank.
     """
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
-    if comm is None:
+    from_group = comm is None
+    if from_group:
         comm = communicator_for(group, tensor.device)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     algo = algorithm if algorithm is not None else os.environ.get("PYCCL_ALGO") or None
-    if algo is not None and algo not in _ALGORITHMS:
-        raise InvalidArgumentError(f"invalid argument 'algorithm': {algo!r} is not one of {', '.join(_ALGORITHMS)}"
+    if algo is not None and algo not in _ALGORITHMS + ("nccl",):
+        raise InvalidArgumentError(f"invalid argument 'algorithm': {algo!r} is not one of "
+                                   f"{', '.join(_ALGORITHMS + ('nccl',))}"
                                    + (" (from PYCCL_ALGO)" if algorithm is None else ""))
-    _engine(comm).all_reduce(comm._comm, tensor, out, _op_name(op), algo)
+    op_name = _op_name(op)
+    nbytes = tensor.numel() * tensor.element_size()
+    if from_group and tensor.is_cuda and (algo == "nccl" or (algo is None and nbytes >= _nccl_min_bytes())) \
+            and _has_nccl(group):
+        # Large messages: NCCL's ring is faster than the 2PA kernel here (see
+        # benchmarks/RESULTS.md), so hand them to the group's NCCL backend.
+        if out.data_ptr() != tensor.data_ptr():
+            out.copy_(tensor)
+        dist.all_reduce(out, op=_DIST_OPS[op_name](), group=group)
+        return out
+    if algo == "nccl":
+        raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a group "
+                                   "with an NCCL backend")
+    _engine(comm).all_reduce(comm._comm, tensor, out, op_name, algo)
     return out
+
+
+_DIST_OPS = {"sum": lambda: dist.ReduceOp.SUM, "avg": lambda: dist.ReduceOp.AVG, "min": lambda: dist.ReduceOp.MIN,
+             "max": lambda: dist.ReduceOp.MAX, "prod": lambda: dist.ReduceOp.PRODUCT}
+
+
+def _nccl_min_bytes() -> int:
+    """Messages from here on go to NCCL when the group has it: PYCCL_NCCL_MIN_BYTES,
+    by default 16 MiB (where NCCL overtakes the 2PA kernel on 4 x H200)."""
+    text = os.environ.get("PYCCL_NCCL_MIN_BYTES")
+    if not text:
+        return 16 << 20
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgumentError(f"invalid PYCCL_NCCL_MIN_BYTES {text!r}: expected a byte count >= 0")
+    return value
+
+
+def _has_nccl(group) -> bool:
+    try:
+        backend = dist.get_backend(group)
+    except Exception:
+        return False
+    return "nccl" in str(backend).lower()
 
 
 def _close_engine(comm: Communicator) -> None:
