@@ -95,25 +95,33 @@ struct alignas(16) LL16Packet {
 };
 static_assert(sizeof(LL16Packet) == 16, "LL16Packet is 16 bytes");
 
+/// The data of packet `index` of a `bytes`-long message at `src`, zero-padded
+/// past the end (any alignment).
+template <typename Packet>
+PYCCL_HOST_DEVICE void packPayload(const void* src, uint64_t index, uint64_t bytes,
+                                   uint32_t (&payload)[Packet::kDataBytes / 4]) {
+  constexpr uint32_t kData = Packet::kDataBytes;
+  const auto* s = static_cast<const unsigned char*>(src);
+  const uint64_t begin = index * kData;
+  for (uint32_t w = 0; w < kData / 4; ++w) payload[w] = 0;
+  if ((reinterpret_cast<uintptr_t>(src) & 3) == 0 && begin + kData <= bytes) {
+    for (uint32_t w = 0; w < kData / 4; ++w) payload[w] = reinterpret_cast<const uint32_t*>(s + begin)[w];
+  } else {
+    auto* p = reinterpret_cast<unsigned char*>(payload);
+    for (uint32_t b = 0; b < kData && begin + b < bytes; ++b) p[b] = s[begin + b];
+  }
+}
+
 /// Packs `bytes` of `src` into packets at `dst` (a peer's packet buffer):
 /// packet i carries bytes [i * kDataBytes, (i + 1) * kDataBytes), the last one
 /// zero-padded. Threads [0, numThreads) share the packets.
 template <typename Packet>
 PYCCL_HOST_DEVICE void putPacketsTo(Packet* dst, const void* src, uint64_t bytes, uint32_t flag,
                                     uint32_t tid, uint32_t numThreads) {
-  constexpr uint32_t kData = Packet::kDataBytes;
-  const uint64_t numPackets = (bytes + kData - 1) / kData;
-  const auto* s = static_cast<const unsigned char*>(src);
-  const bool aligned = (reinterpret_cast<uintptr_t>(src) & 3) == 0;
+  const uint64_t numPackets = (bytes + Packet::kDataBytes - 1) / Packet::kDataBytes;
   for (uint64_t i = tid; i < numPackets; i += numThreads) {
-    uint32_t payload[kData / 4] = {};
-    const uint64_t begin = i * kData;
-    if (aligned && begin + kData <= bytes) {
-      for (uint32_t w = 0; w < kData / 4; ++w) payload[w] = reinterpret_cast<const uint32_t*>(s + begin)[w];
-    } else {
-      auto* p = reinterpret_cast<unsigned char*>(payload);
-      for (uint32_t b = 0; b < kData && begin + b < bytes; ++b) p[b] = s[begin + b];
-    }
+    uint32_t payload[Packet::kDataBytes / 4];
+    packPayload<Packet>(src, i, bytes, payload);
     dst[i].write(payload, flag);
   }
 }

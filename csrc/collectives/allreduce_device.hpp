@@ -57,19 +57,6 @@ PYCCL_HOST_DEVICE LL16Packet* llPackets(const AllReduceContext& c, int owner, ui
   return reinterpret_cast<LL16Packet*>(c.scratch[owner] + c.llOffset) + index;
 }
 
-/// 8 bytes of `src` at byte `offset`, zero-padded past `bytes`.
-PYCCL_HOST_DEVICE void load8(const char* src, uint64_t offset, uint64_t bytes, uint32_t* out) {
-  out[0] = out[1] = 0;
-  if (offset + 8 <= bytes && (reinterpret_cast<uintptr_t>(src + offset) & 7) == 0) {
-    const uint64_t word = *reinterpret_cast<const uint64_t*>(src + offset);
-    out[0] = static_cast<uint32_t>(word);
-    out[1] = static_cast<uint32_t>(word >> 32);
-    return;
-  }
-  auto* o = reinterpret_cast<unsigned char*>(out);
-  for (uint64_t k = 0; k < 8 && offset + k < bytes; ++k) o[k] = static_cast<unsigned char>(src[offset + k]);
-}
-
 template <typename T>
 PYCCL_HOST_DEVICE T laneOf(const uint32_t* words, uint32_t lane) {
   T v;
@@ -104,11 +91,6 @@ PYCCL_HOST_DEVICE bool blockBarrier(const AllReduceContext& c, uint32_t block, u
 
 }  // namespace detail
 
-/// Largest message (bytes) the LL body takes in one call.
-PYCCL_HOST_DEVICE uint64_t allReduceLLMaxBytes(const AllReduceContext& c) {
-  return static_cast<uint64_t>(c.llBlocks) * c.llBlockPackets * LL16Packet::kDataBytes;
-}
-
 /// 1PA LL all-reduce of `count` elements, block `block`'s share.
 template <typename T, ReduceOp Op>
 PYCCL_HOST_DEVICE void allReduceLL(const AllReduceContext& c, const void* input, void* output, uint64_t count,
@@ -127,7 +109,7 @@ PYCCL_HOST_DEVICE void allReduceLL(const AllReduceContext& c, const void* input,
   // 1. This rank's packets into every peer (its slot of their scratch).
   for (uint64_t i = lo + tid; i < hi; i += numThreads) {
     uint32_t payload[2];
-    detail::load8(in, i * LL16Packet::kDataBytes, bytes, payload);
+    packPayload<LL16Packet>(in, i, bytes, payload);
     for (int k = 1; k < c.worldSize; ++k) {
       const int q = (c.rank + k) % c.worldSize;  // stagger the peers
       detail::llPackets(c, q, phase, c.rank, block)[i - lo].write(payload, flag);
@@ -140,7 +122,7 @@ PYCCL_HOST_DEVICE void allReduceLL(const AllReduceContext& c, const void* input,
     for (int q = 0; q < c.worldSize; ++q) {
       uint32_t payload[2];
       if (q == c.rank) {
-        detail::load8(in, i * LL16Packet::kDataBytes, bytes, payload);
+        packPayload<LL16Packet>(in, i, bytes, payload);
       } else {
         const LL16Packet* p = &detail::llPackets(c, c.rank, phase, q, block)[i - lo];
         if (ok) {
@@ -163,10 +145,9 @@ PYCCL_HOST_DEVICE void allReduceLL(const AllReduceContext& c, const void* input,
   if (tid == 0) c.llCalls[block] = flag;
 }
 
-/// Elements per HB call (the host splits larger messages into such pieces).
-template <typename T>
-PYCCL_HOST_DEVICE uint64_t allReduceHBMaxCount(const AllReduceContext& c) {
-  return static_cast<uint64_t>(c.worldSize) * c.hbBlocks * (c.hbSubBytes / sizeof(T));
+/// Elements of `elementSize` bytes per HB call (the host splits larger messages into such pieces).
+PYCCL_HOST_DEVICE uint64_t allReduceHBMaxCount(const AllReduceContext& c, uint64_t elementSize) {
+  return static_cast<uint64_t>(c.worldSize) * c.hbBlocks * (c.hbSubBytes / elementSize);
 }
 
 /// 2PA HB all-reduce of `count` (<= allReduceHBMaxCount) elements, block `block`'s share.

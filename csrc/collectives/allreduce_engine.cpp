@@ -4,10 +4,6 @@
 #include <cstring>
 #include <utility>
 
-#ifdef PYCCL_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/host_memory.hpp"
@@ -68,21 +64,6 @@ AllReduceEngine::AllReduceEngine(Communicator& comm, AllReduceOptions options)
   const uint64_t barrierBytes = (static_cast<uint64_t>(options_.hbBlocks) * world * 8 + 15) / 16 * 16;
   const uint64_t total = llBytes + stagingBytes + resultBytes + barrierBytes;
 
-#ifdef PYCCL_WITH_CUDA
-  // Set-up may run while the caller's stream is being captured into a CUDA
-  // graph (a graph captured before the first eager call): allocation and IPC
-  // are not stream work, so let them through in relaxed capture mode.
-  struct RelaxCapture {
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    bool active;
-    explicit RelaxCapture(bool on) : active(on) {
-      if (active) cudaThreadExchangeStreamCaptureMode(&mode);
-    }
-    ~RelaxCapture() {
-      if (active) cudaThreadExchangeStreamCaptureMode(&mode);
-    }
-  } relax(!host);
-#endif
   void* scratch = nullptr;
   if (host) {
     auto mapping = allocateHostShared(total);
@@ -159,10 +140,8 @@ void AllReduceEngine::allReduce(const void* input, void* output, uint64_t count,
     PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
                     " bytes per call in this communicator, the message has ", bytes);
   }
-  const uint64_t piece = algo == AllReduceAlgorithm::kOnePhaseLL
-                             ? count
-                             : static_cast<uint64_t>(comm_.worldSize()) * options_.hbBlocks *
-                                   (context_.hbSubBytes / elemSize);
+  const uint64_t piece =
+      algo == AllReduceAlgorithm::kOnePhaseLL ? count : allReduceHBMaxCount(context_, elemSize);
   for (uint64_t done = 0; done < count; done += piece) {
     AllReduceCall call{static_cast<const char*>(input) + done * elemSize, static_cast<char*>(output) + done * elemSize,
                        count - done < piece ? count - done : piece, dtype, op, algo};

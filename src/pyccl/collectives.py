@@ -69,10 +69,9 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     with _lock:
         comm = _communicators.get(key)
         if comm is None or comm.closed:
-            store = dist.distributed_c10d._get_default_store() if group is None else None
-            if store is None:
-                store = dist.PrefixStore(f"pyccl/{dist.get_process_group_ranks(pg)}",
-                                         dist.distributed_c10d._get_default_store())
+            store = dist.distributed_c10d._get_default_store()
+            if group is not None:
+                store = dist.PrefixStore(f"pyccl/{dist.get_process_group_ranks(pg)}", store)
             # The name must be the same on every rank (device indices differ).
             comm = Communicator(store, dist.get_rank(pg), dist.get_world_size(pg), device=device,
                                 name=f"pyccl_{pg.group_name}_{device.type}")
@@ -118,7 +117,7 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         # benchmarks/RESULTS.md), so hand them to the group's NCCL backend.
         if out.data_ptr() != tensor.data_ptr():
             out.copy_(tensor)
-        dist.all_reduce(out, op=_DIST_OPS[op_name](), group=group)
+        dist.all_reduce(out, op=_DIST_OPS[op_name], group=group)
         return out
     if algo == "nccl":
         raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a group "
@@ -127,8 +126,8 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     return out
 
 
-_DIST_OPS = {"sum": lambda: dist.ReduceOp.SUM, "avg": lambda: dist.ReduceOp.AVG, "min": lambda: dist.ReduceOp.MIN,
-             "max": lambda: dist.ReduceOp.MAX, "prod": lambda: dist.ReduceOp.PRODUCT}
+_DIST_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN,
+             "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
 
 
 def _nccl_min_bytes() -> int:
@@ -153,9 +152,3 @@ def _has_nccl(group) -> bool:
         return False
     return "nccl" in str(backend).lower()
 
-
-def _close_engine(comm: Communicator) -> None:
-    engine = getattr(comm, "_allreduce_engine", None)
-    if engine is not None:
-        engine.close()
-        comm._allreduce_engine = None
