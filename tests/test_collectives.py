@@ -45,3 +45,31 @@ def test_all_reduce_in_pieces():
     # Host mode's HB pieces are 1 MiB: 700 000 float32 take three calls.
     for bad in run_ranks(rcol.large_cases, 2, args=(False, random.randrange(1 << 20)), timeout=300):
         assert bad == []
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_exchanges_random_cases(world):
+    # all_gather / all_to_all / broadcast over every dtype (bit-exact), reduce_scatter
+    # against float64; LL, HB and the automatic choice; in place and out of place.
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rcol.exchange_cases, world, args=(False, seed, 48, 30_000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_exchanges_and_all_reduce_back_to_back():
+    for bad in run_ranks(rcol.mixed_back_to_back, 3, args=(False, 40), timeout=300):
+        assert bad == []
+
+
+def test_exchanges_reject_bad_arguments():
+    for messages in run_ranks(rcol.exchange_bad_arguments, 2, timeout=120):
+        kind, text = messages["rs_dtype"]
+        assert kind == "PycclTypeError" and "int32" in text and "'tensor'" in text
+        assert "'tensor'" in messages["rs_split"][1] and "equal parts" in messages["rs_split"][1]
+        assert "'out'" in messages["rs_out"][1]
+        assert "'out'" in messages["ag_out"][1]
+        assert "'out'" in messages["ag_dtype_out"][1] and "dtype" in messages["ag_dtype_out"][1]
+        assert "'tensor'" in messages["a2a_split"][1]
+        assert "'src'" in messages["bcast_src"][1]
+        assert "'algorithm'" in messages["algorithm"][1] and "all_gather" in messages["algorithm"][1]
+        assert messages["device"][0] != "accepted"

@@ -44,3 +44,25 @@ def test_all_reduce_in_pieces():
 def test_all_reduce_on_a_torch_nccl_group():
     for bad in run_ranks(rcol.group_path, min(gpu_count(), 4), timeout=300):
         assert bad == []
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", [w for w in (2, 3, 4) if w <= max(gpu_count(), 2)])
+def test_exchanges_random_cases(world):
+    if world > gpu_count():
+        pytest.skip(f"needs {world} GPUs")
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rcol.exchange_cases, world, args=(True, seed, 80, 2_000_000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_exchanges_and_all_reduce_back_to_back():
+    for bad in run_ranks(rcol.mixed_back_to_back, min(gpu_count(), 4), args=(True, 400), timeout=300):
+        assert bad == []
+
+
+@requires_gpus(2)
+def test_every_collective_in_a_graph_captured_before_any_eager_call():
+    for bad in run_ranks(rcol.graph_all_collectives, min(gpu_count(), 4), args=(1000,), timeout=400):
+        assert bad == []

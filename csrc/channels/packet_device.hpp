@@ -112,6 +112,22 @@ PYCCL_HOST_DEVICE void packPayload(const void* src, uint64_t index, uint64_t byt
   }
 }
 
+/// The inverse of packPayload: stores packet `index`'s share of `bytes` (the
+/// data bytes [index * kDataBytes, ...), clipped to `bytes`) at `dst`.
+template <typename Packet>
+PYCCL_HOST_DEVICE void unpackPayload(void* dst, uint64_t index, uint64_t bytes,
+                                     const uint32_t (&payload)[Packet::kDataBytes / 4]) {
+  constexpr uint32_t kData = Packet::kDataBytes;
+  auto* d = static_cast<unsigned char*>(dst);
+  const uint64_t begin = index * kData;
+  if ((reinterpret_cast<uintptr_t>(dst) & 3) == 0 && begin + kData <= bytes) {
+    for (uint32_t w = 0; w < kData / 4; ++w) reinterpret_cast<uint32_t*>(d + begin)[w] = payload[w];
+  } else {
+    const auto* p = reinterpret_cast<const unsigned char*>(payload);
+    for (uint32_t b = 0; b < kData && begin + b < bytes; ++b) d[begin + b] = p[b];
+  }
+}
+
 /// Packs `bytes` of `src` into packets at `dst` (a peer's packet buffer):
 /// packet i carries bytes [i * kDataBytes, (i + 1) * kDataBytes), the last one
 /// zero-padded. Threads [0, numThreads) share the packets.
@@ -134,21 +150,13 @@ PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint6
                                              const AbortState& abort, int peer) {
   constexpr uint32_t kData = Packet::kDataBytes;
   const uint64_t numPackets = (bytes + kData - 1) / kData;
-  auto* d = static_cast<unsigned char*>(dst);
-  const bool aligned = (reinterpret_cast<uintptr_t>(dst) & 3) == 0;
   for (uint64_t i = tid; i < numPackets; i += numThreads) {
     uint32_t payload[kData / 4];
     // On giving up, the record holds the flag waited for and the packet index.
     const WaitStatus status = boundedPoll([&] { return src[i].tryRead(flag, payload); },
                                           [&] { return i; }, abort, peer, flag);
     if (status != WaitStatus::kOk) return status;
-    const uint64_t begin = i * kData;
-    if (aligned && begin + kData <= bytes) {
-      for (uint32_t w = 0; w < kData / 4; ++w) reinterpret_cast<uint32_t*>(d + begin)[w] = payload[w];
-    } else {
-      const auto* p = reinterpret_cast<const unsigned char*>(payload);
-      for (uint32_t b = 0; b < kData && begin + b < bytes; ++b) d[begin + b] = p[b];
-    }
+    unpackPayload<Packet>(dst, i, bytes, payload);
   }
   return WaitStatus::kOk;
 }

@@ -1,6 +1,7 @@
+// The all-reduce kernels: dtype x op x {1PA LL, 2PA HB}.
 #include <cuda_runtime.h>
 
-#include "collectives/allreduce_launch.hpp"
+#include "collectives/collective_launch.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 
@@ -8,20 +9,20 @@ namespace pyccl {
 namespace {
 
 template <typename T, ReduceOp Op>
-__global__ void __launch_bounds__(1024) allReduceLLKernel(AllReduceContext context, const void* input, void* output,
+__global__ void __launch_bounds__(1024) allReduceLLKernel(CollectiveContext context, const void* input, void* output,
                                                           uint64_t count) {
   allReduceLL<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
-__global__ void __launch_bounds__(1024) allReduceHBKernel(AllReduceContext context, const void* input, void* output,
+__global__ void __launch_bounds__(1024) allReduceHBKernel(CollectiveContext context, const void* input, void* output,
                                                           uint64_t count) {
   allReduceHB<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 }  // namespace
 
-void allReduceDevice(const AllReduceContext& context, const AllReduceCall& call, void* stream,
+void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
                      uint32_t threadsPerBlock) {
   auto s = static_cast<cudaStream_t>(stream);
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {

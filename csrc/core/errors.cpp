@@ -15,6 +15,7 @@ const char* errorCodeName(ErrorCode code) {
     case ErrorCode::kSystem: return "system error";
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kRemote: return "remote error";
+    case ErrorCode::kType: return "type error";
   }
   return "unknown error";
 }

@@ -18,6 +18,7 @@ enum class ErrorCode : int {
   kSystem = 6,           ///< a system call failed
   kUnsupported = 7,      ///< not available in this build or on this machine
   kRemote = 8,           ///< a peer reported an error or a mismatch
+  kType = 9,             ///< an unsupported dtype (or dtype/op pair); the message names it
 };
 
 const char* errorCodeName(ErrorCode code);
@@ -48,6 +49,7 @@ PYCCL_DEFINE_ERROR(CudaError, ErrorCode::kCuda)
 PYCCL_DEFINE_ERROR(SystemError, ErrorCode::kSystem)
 PYCCL_DEFINE_ERROR(UnsupportedError, ErrorCode::kUnsupported)
 PYCCL_DEFINE_ERROR(RemoteError, ErrorCode::kRemote)
+PYCCL_DEFINE_ERROR(TypeError, ErrorCode::kType)
 #undef PYCCL_DEFINE_ERROR
 
 namespace detail {

@@ -51,6 +51,8 @@ PYBIND11_MODULE(_C, m) {
                                               "Not available in this build or on this machine.");
   static PyObject* remote = newException(m, "RemoteError", {base},
                                          "A peer reported an error or a mismatch.");
+  static PyObject* type_error = newException(m, "PycclTypeError", {base, PyExc_TypeError},
+                                             "An unsupported dtype or dtype/op pair; the message names it.");
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -66,6 +68,7 @@ PYBIND11_MODULE(_C, m) {
         case ErrorCode::kSystem: type = system; break;
         case ErrorCode::kUnsupported: type = unsupported; break;
         case ErrorCode::kRemote: type = remote; break;
+        case ErrorCode::kType: type = type_error; break;
         case ErrorCode::kInternal: type = base; break;
       }
       PyErr_SetString(type, e.what());

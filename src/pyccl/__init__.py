@@ -17,7 +17,7 @@ import torch  # noqa: F401  (loads libtorch and the CUDA runtime that _C links a
 
 from . import _C
 from ._logging import logger
-from .collectives import all_reduce
+from .collectives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 from .communicator import Communicator
 from .errors import (
     AbortedError,
@@ -26,6 +26,7 @@ from .errors import (
     InvalidArgumentError,
     PycclError,
     PycclTimeoutError,
+    PycclTypeError,
     RemoteError,
     UnsupportedError,
 )
@@ -41,11 +42,16 @@ __all__ = [
     "InvalidArgumentError",
     "PycclError",
     "PycclTimeoutError",
+    "PycclTypeError",
     "RegisteredMemory",
     "RemoteError",
     "Semaphore",
     "UnsupportedError",
+    "all_gather",
     "all_reduce",
+    "all_to_all",
+    "broadcast",
+    "reduce_scatter",
     "cuda_available",
     "empty",
     "get_include",

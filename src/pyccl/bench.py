@@ -67,7 +67,51 @@ def _time_graph(fn, iters: int, trials: int) -> float:
     return statistics.median(times)
 
 
-def _bench_rank(rank, world, store, sizes, dtype_name, iters, trials, all_algos):
+# Per collective: busbw factor (nccl-tests), pyccl's forced algorithms, and how
+# "size" (the whole buffer, as nccl-tests counts it) maps to tensors.
+_BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
+               "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
+               "broadcast": lambda w: 1.0}
+_FORCED = {"all_reduce": ("1pa_ll", "2pa_hb")}
+
+
+def _tensors(collective, nbytes, world, dtype, device, rank):
+    """(input, output) of a call whose whole buffer is about `nbytes`."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    per = max(1, nbytes // size // world)
+    n = per * world if collective != "broadcast" and collective != "all_reduce" else max(1, nbytes // size)
+    gen = torch.Generator(device=device).manual_seed(1234 + rank)
+    if collective == "all_gather":
+        x = torch.randn(per, generator=gen, device=device).to(dtype)
+        return x, torch.empty(per * world, device=device, dtype=dtype)
+    x = torch.randn(n, generator=gen, device=device).to(dtype)
+    if collective == "reduce_scatter":
+        return x, torch.empty(per, device=device, dtype=dtype)
+    return x, torch.empty_like(x)
+
+
+def _pyccl_fn(pyccl, collective, x, out, comm, algo):
+    if collective == "all_reduce":
+        return lambda: pyccl.all_reduce(x, out=out, comm=comm, algorithm=algo)
+    if collective == "broadcast":
+        return lambda: pyccl.broadcast(x, 0, out=out, comm=comm, algorithm=algo)
+    fn = getattr(pyccl, collective)
+    return lambda: fn(x, out=out, comm=comm, algorithm=algo)
+
+
+def _nccl_fn(dist, collective, x, out):
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(out)
+    if collective == "all_gather":
+        return lambda: dist.all_gather_into_tensor(out, x)
+    if collective == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(out, x)
+    if collective == "all_to_all":
+        return lambda: dist.all_to_all_single(out, x)
+    return lambda: dist.broadcast(out, 0)
+
+
+def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos):
     import torch.distributed as dist
 
     import pyccl
@@ -77,6 +121,8 @@ def _bench_rank(rank, world, store, sizes, dtype_name, iters, trials, all_algos)
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
     dtype = getattr(torch, dtype_name)
     comm = pyccl.Communicator(store, rank, world, device=device, name="bench")
+    # The torch-group path's communicator, made before any graph is captured.
+    pyccl.communicator_for(None, device)
     group_name = dist.group.WORLD.group_name
     symm = None
     try:
@@ -89,57 +135,60 @@ def _bench_rank(rank, world, store, sizes, dtype_name, iters, trials, all_algos)
         symm_error = f"{type(e).__name__}: {e}"
     else:
         symm_error = None
-    rows = []
-    for nbytes in sizes:
-        n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
-        gen = torch.Generator(device=device).manual_seed(1234 + rank)
-        x = torch.randn(n, generator=gen, device=device, dtype=torch.float32).to(dtype)
-        out = torch.empty_like(x)
-        ref = x.clone()
-        dist.all_reduce(ref)
-        row = {"bytes": n * x.element_size()}
-        # "pyccl": the torch-group path (size-based choice, NCCL from PYCCL_NCCL_MIN_BYTES);
-        # "pyccl_kernels": pyccl's own kernels only (size-based choice between them).
-        candidates = {"pyccl": None, "pyccl_kernels": None}
-        if all_algos:
-            candidates["pyccl_1pa_ll"] = "1pa_ll"
-            candidates["pyccl_2pa_hb"] = "2pa_hb"
-        for label, algo in candidates.items():
-            if algo == "1pa_ll" and row["bytes"] > comm_engine_ll_max(comm):
-                continue
-            use = None if label == "pyccl" else comm
-            pyccl.all_reduce(x, out=out, comm=use, algorithm=algo)
-            torch.cuda.synchronize()
-            tol = 2e-2 if dtype != torch.float32 else 1e-4
-            if not torch.allclose(out.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item()):
-                raise AssertionError(f"{label}: wrong result at {row['bytes']} bytes")
-            row[label] = _time_graph(lambda: pyccl.all_reduce(x, out=out, comm=use, algorithm=algo), iters, trials)
-        row["pyccl_algo"] = ("nccl" if row["bytes"] >= pyccl.collectives._nccl_min_bytes()
-                             else comm._allreduce_engine.select(row["bytes"]))
-        buf = x.clone()
-        row["nccl"] = _time_graph(lambda: dist.all_reduce(buf), iters, trials)
-        if symm is not None:
-            view = symm[:n]
-            view.copy_(x)
-            for label, op in (("symm_one_shot", "one_shot_all_reduce"), ("symm_two_shot", "two_shot_all_reduce_")):
-                try:
-                    fn = getattr(torch.ops.symm_mem, op)
-                    row[label] = _time_graph(lambda: fn(view, "sum", group_name), iters, trials)
-                except Exception as e:
-                    row[label] = None
-                    row[label + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        rows.append(row)
+    tables = {}
+    for collective in collectives:
+        rows = []
+        for nbytes in sizes:
+            x, out = _tensors(collective, nbytes, world, dtype, device, rank)
+            whole = max(x.numel(), out.numel()) * x.element_size()
+            row = {"bytes": whole, "count": max(x.numel(), out.numel())}
+            # The reference: NCCL through the torch group.
+            ref = out.clone() if collective != "all_reduce" else x.clone()
+            if collective == "broadcast":
+                ref.copy_(x)
+            _nccl_fn(dist, collective, x, ref)()
+            candidates = {"pyccl": None, "pyccl_kernels": None}
+            if all_algos:
+                for algo in _FORCED.get(collective, ("ll", "hb")):
+                    candidates[f"pyccl_{algo}"] = algo
+            for label, algo in candidates.items():
+                if algo == "1pa_ll" and whole > comm._engine.ll_max_bytes:
+                    continue
+                use = None if label == "pyccl" else comm
+                fn = _pyccl_fn(pyccl, collective, x, out, use, algo)
+                fn()
+                torch.cuda.synchronize()
+                if collective in ("all_reduce", "reduce_scatter"):
+                    tol = 2e-2 if dtype != torch.float32 else 1e-4
+                    ok = torch.allclose(out.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item())
+                else:
+                    ok = torch.equal(out, ref)
+                if not ok:
+                    raise AssertionError(f"{collective} {label}: wrong result at {whole} bytes")
+                row[label] = _time_graph(fn, iters, trials)
+            if collective == "all_reduce":
+                row["pyccl_algo"] = ("nccl" if whole >= pyccl.collectives._nccl_min_bytes()
+                                     else comm._engine.select(whole))
+            else:
+                row["pyccl_algo"] = ("nccl" if whole >= pyccl.collectives._nccl_min_bytes()
+                                     else comm._engine.select_exchange(whole))
+            buf = x.clone() if collective == "all_reduce" else out
+            row["nccl"] = _time_graph(_nccl_fn(dist, collective, x, buf), iters, trials)
+            if symm is not None and collective == "all_reduce":
+                view = symm[:x.numel()]
+                view.copy_(x)
+                for label, op in (("symm_one_shot", "one_shot_all_reduce"), ("symm_two_shot", "two_shot_all_reduce_")):
+                    try:
+                        fn = getattr(torch.ops.symm_mem, op)
+                        row[label] = _time_graph(lambda: fn(view, "sum", group_name), iters, trials)
+                    except Exception as e:
+                        row[label] = None
+                        row[label + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+        tables[collective] = rows
     comm.close()
     dist.destroy_process_group()
-    return {"rows": rows, "symm_error": symm_error} if rank == 0 else None
-
-
-def comm_engine_ll_max(comm) -> int:
-    import pyccl
-
-    if getattr(comm, "_allreduce_engine", None) is None:
-        pyccl.all_reduce(torch.ones(8, device=comm.device), comm=comm)
-    return comm._allreduce_engine.ll_max_bytes
+    return {"tables": tables, "symm_error": symm_error} if rank == 0 else None
 
 
 def main(argv=None) -> int:
@@ -151,6 +200,9 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--trials", type=int, default=15, help="graph replays (median)")
     parser.add_argument("--all-algos", action="store_true", help="also time each pyccl algorithm forced")
+    parser.add_argument("--collectives", default="all_reduce",
+                        help="comma-separated: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, or all")
+    parser.add_argument("--timeout", type=float, default=560, help="seconds before the ranks are stopped")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
@@ -164,24 +216,35 @@ def main(argv=None) -> int:
         n *= 2
     from ._spawn import run_ranks
 
-    res = run_ranks(_bench_rank, world, args=(sizes, args.dtype, args.iters, args.trials, args.all_algos),
-                    timeout=560)[0]
+    collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    if collectives == ["all"]:
+        collectives = list(_BUS_FACTOR)
+    for c in collectives:
+        if c not in _BUS_FACTOR:
+            parser.error(f"--collectives: {c!r} is not one of {', '.join(_BUS_FACTOR)} (or all)")
+    res = run_ranks(_bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials,
+                                              args.all_algos), timeout=args.timeout)[0]
     gpu = torch.cuda.get_device_name(0)
-    print(f"# pyccl all-reduce, {world} x {gpu}, {args.dtype}, CUDA graph ({args.iters} calls/graph, "
-          f"median of {args.trials} replays), {datetime.date.today()}")
     if res["symm_error"]:
         print(f"# torch symmetric memory unavailable: {res['symm_error']}")
-    cols = ["pyccl", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_hb", "nccl", "symm_one_shot", "symm_two_shot"]
-    cols = [c for c in cols if any(r.get(c) is not None for r in res["rows"])]
-    print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>17}" for c in cols) + f" {'algo':>7} {'NCCL/pyccl':>10} {'best other/pyccl':>16}")
-    for r in res["rows"]:
-        vals = " ".join(f"{r[c]:>17.2f}" if r.get(c) is not None else f"{'-':>17}" for c in cols)
-        others = [r[c] for c in ("nccl", "symm_one_shot", "symm_two_shot") if r.get(c) is not None]
-        print(f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {r['nccl'] / r['pyccl']:>10.2f} "
-              f"{min(others) / r['pyccl']:>16.2f}")
-    errors = {k: v for r in res["rows"] for k, v in r.items() if k.endswith("_error")}
-    for k, v in errors.items():
-        print(f"# {k}: {v}")
+    for collective, rows in res["tables"].items():
+        print(f"# pyccl {collective}, {world} x {gpu}, {args.dtype}, CUDA graph ({args.iters} calls/graph, "
+              f"median of {args.trials} replays), {datetime.date.today()}")
+        cols = ["pyccl", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_hb", "pyccl_ll", "pyccl_hb", "nccl",
+                "symm_one_shot", "symm_two_shot"]
+        cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+        factor = _BUS_FACTOR[collective](world)
+        print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
+              + f" {'algo':>7} {'busbw GB/s':>10} {'NCCL/pyccl':>10} {'best other/pyccl':>16}")
+        for r in rows:
+            vals = " ".join(f"{r[c]:>15.2f}" if r.get(c) is not None else f"{'-':>15}" for c in cols)
+            others = [r[c] for c in ("nccl", "symm_one_shot", "symm_two_shot") if r.get(c) is not None]
+            busbw = r["bytes"] * factor / (r["pyccl"] * 1e-6) / 1e9
+            print(f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {busbw:>10.1f} {r['nccl'] / r['pyccl']:>10.2f} "
+                  f"{min(others) / r['pyccl']:>16.2f}")
+        errors = {k: v for r in rows for k, v in r.items() if k.endswith("_error")}
+        for k, v in errors.items():
+            print(f"# {k}: {v}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()), **res},

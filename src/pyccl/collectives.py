@@ -1,14 +1,21 @@
-"""Collectives on torch tensors: ``pyccl.all_reduce``.
+"""Collectives on torch tensors: ``pyccl.all_reduce``, ``all_gather``,
+``reduce_scatter``, ``all_to_all`` and ``broadcast``.
 
 Each call runs on the current CUDA stream (host mode: on CPU threads, and
-returns when done). Every rank of the group must make the same calls in the
-same order, as with NCCL. The first collective on a communicator is itself
-collective: it allocates and maps the scratch buffers.
+returns when done) and can be captured in a CUDA graph. Every rank of the
+group must make the same calls in the same order, as with NCCL. The first
+collective on a communicator is itself collective: it allocates and maps the
+scratch buffers.
 
     import torch.distributed as dist, pyccl
     dist.init_process_group("gloo")       # or nccl: pyccl only needs its store
     torch.cuda.set_device(rank)
     y = pyccl.all_reduce(x)               # x: float32/float16/bfloat16 on cuda
+    g = pyccl.all_gather(x)               # any dtype; shape (world * x.shape[0], ...)
+
+Tensors must be contiguous (a non-contiguous tensor raises; pass
+``x.contiguous()``). Reductions take float32, float16 and bfloat16 (16-bit
+values are reduced in fp32); data movement takes every dtype.
 """
 
 from __future__ import annotations
@@ -23,22 +30,36 @@ import torch.distributed as dist
 from . import _C
 from ._logging import logger
 from .communicator import Communicator
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedError
 
-__all__ = ["all_reduce", "communicator_for"]
+__all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "communicator_for", "reduce_scatter"]
 
 _REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
-_ALGORITHMS = ("1pa_ll", "2pa_hb")
+# The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO).
+ALGORITHMS: Dict[str, Tuple[str, ...]] = {
+    "all_reduce": ("1pa_ll", "2pa_hb", "nccl"),
+    "all_gather": ("ll", "hb", "nccl"),
+    "reduce_scatter": ("ll", "hb", "nccl"),
+    "all_to_all": ("ll", "hb", "nccl"),
+    "broadcast": ("ll", "hb", "nccl"),
+}
 _lock = threading.Lock()
 _communicators: Dict[Tuple[int, str], Communicator] = {}
 
 
-def _engine(comm: Communicator) -> "_C.AllReduceEngine":
-    engine = getattr(comm, "_allreduce_engine", None)
+def _engine(comm: Communicator) -> "_C.CollectiveEngine":
+    engine = getattr(comm, "_engine", None)
     if engine is None:
-        engine = _C.AllReduceEngine(comm._comm)
-        comm._allreduce_engine = engine
-        logger.info("communicator %s: all-reduce engine ready", comm.name)
+        reason = comm.collectives_unsupported_reason()
+        if reason is not None:
+            raise UnsupportedError(f"communicator {comm.name}: {reason}")
+        if comm.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise InvalidArgumentError(
+                f"communicator {comm.name} was made with collectives=False and cannot set them up while a CUDA "
+                "graph is being captured; make it with collectives=True (the default) before capturing")
+        engine = _C.CollectiveEngine(comm._comm)
+        comm._engine = engine
+        logger.info("communicator %s: collective engine ready", comm.name)
     return engine
 
 
@@ -55,13 +76,49 @@ def _op_name(op) -> str:
     return name
 
 
+def _forced_algorithm(collective: str, algorithm: Optional[str]) -> Optional[str]:
+    """The algorithm forced by the argument or by PYCCL_ALGO, checked.
+
+    PYCCL_ALGO is a comma-separated list of ``name`` (every collective that has
+    an algorithm of that name takes it; ``nccl`` applies to all) or
+    ``collective=name`` entries, e.g. ``all_reduce=2pa_hb,all_gather=ll``.
+    """
+    allowed = ALGORITHMS[collective]
+    if algorithm is not None:
+        if algorithm not in allowed:
+            raise InvalidArgumentError(f"invalid argument 'algorithm': {algorithm!r} is not an algorithm of "
+                                       f"{collective} (expected one of {', '.join(allowed)})")
+        return algorithm
+    text = os.environ.get("PYCCL_ALGO", "").strip()
+    if not text:
+        return None
+    chosen = None
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        name, _, value = entry.rpartition("=")
+        if name:
+            if name not in ALGORITHMS:
+                raise InvalidArgumentError(f"invalid PYCCL_ALGO entry {entry!r}: {name!r} is not a collective "
+                                           f"(expected one of {', '.join(ALGORITHMS)})")
+            if value not in ALGORITHMS[name]:
+                raise InvalidArgumentError(f"invalid PYCCL_ALGO entry {entry!r}: {name} has "
+                                           f"{', '.join(ALGORITHMS[name])}")
+            if name == collective:
+                chosen = value
+        else:
+            if not any(value in algos for algos in ALGORITHMS.values()):
+                raise InvalidArgumentError(f"invalid PYCCL_ALGO entry {entry!r}: not an algorithm of any collective")
+            if value in allowed and chosen is None:
+                chosen = value
+    return chosen
+
+
 def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None) -> Communicator:
     """The pyccl communicator of a torch process group on ``device`` (made on
     first use, collectively, over the group's store)."""
     if not dist.is_initialized():
         raise InvalidArgumentError(
             "invalid argument 'group': torch.distributed is not initialized; call init_process_group "
-            "first, or use Communicator.all_reduce on a pyccl.Communicator")
+            "first, or pass comm= (a pyccl.Communicator)")
     pg = group if group is not None else dist.group.WORLD
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -69,6 +126,11 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     with _lock:
         comm = _communicators.get(key)
         if comm is None or comm.closed:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise InvalidArgumentError(
+                    "invalid argument 'group': pyccl has no communicator for this group yet, and cannot make one "
+                    "while a CUDA graph is being captured; call pyccl.communicator_for(group) (or any pyccl "
+                    "collective) on the group once before capturing")
             store = dist.distributed_c10d._get_default_store()
             if group is not None:
                 store = dist.PrefixStore(f"pyccl/{dist.get_process_group_ranks(pg)}", store)
@@ -77,6 +139,31 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
                                 name=f"pyccl_{pg.group_name}_{device.type}")
             _communicators[key] = comm
     return comm
+
+
+class _Call:
+    """What every collective resolves first: the communicator, the algorithm, NCCL or not."""
+
+    def __init__(self, collective: str, tensor: torch.Tensor, group, comm: Optional[Communicator],
+                 algorithm: Optional[str], nbytes_of) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgumentError(
+                f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
+        self.from_group = comm is None
+        self.comm = communicator_for(group, tensor.device) if comm is None else comm
+        self.group = group
+        self.algorithm = _forced_algorithm(collective, algorithm)
+        nbytes = nbytes_of(self.comm.world_size)
+        self.use_nccl = False
+        if self.from_group and tensor.is_cuda and _has_nccl(group):
+            self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and nbytes >= _nccl_min_bytes())
+        if self.algorithm == "nccl" and not self.use_nccl:
+            raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a torch "
+                                       "group with an NCCL backend")
+
+    @property
+    def kernel_algorithm(self) -> Optional[str]:
+        return None if self.algorithm == "nccl" else self.algorithm
 
 
 def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup] = None,
@@ -97,32 +184,125 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     Returns the result tensor. 16-bit inputs are reduced in fp32; results are
     bitwise identical on every rank.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
-    from_group = comm is None
-    if from_group:
-        comm = communicator_for(group, tensor.device)
+    call = _Call("all_reduce", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    op_name = _op_name(op)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    algo = algorithm if algorithm is not None else os.environ.get("PYCCL_ALGO") or None
-    if algo is not None and algo not in _ALGORITHMS + ("nccl",):
-        raise InvalidArgumentError(f"invalid argument 'algorithm': {algo!r} is not one of "
-                                   f"{', '.join(_ALGORITHMS + ('nccl',))}"
-                                   + (" (from PYCCL_ALGO)" if algorithm is None else ""))
-    op_name = _op_name(op)
-    nbytes = tensor.numel() * tensor.element_size()
-    if from_group and tensor.is_cuda and (algo == "nccl" or (algo is None and nbytes >= _nccl_min_bytes())) \
-            and _has_nccl(group):
+    if call.use_nccl:
         # Large messages: NCCL's ring is faster than the 2PA kernel here (see
         # benchmarks/RESULTS.md), so hand them to the group's NCCL backend.
         if out.data_ptr() != tensor.data_ptr():
             out.copy_(tensor)
         dist.all_reduce(out, op=_DIST_OPS[op_name], group=group)
         return out
-    if algo == "nccl":
-        raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a group "
-                                   "with an NCCL backend")
-    _engine(comm).all_reduce(comm._comm, tensor, out, op_name, algo)
+    _engine(call.comm).all_reduce(call.comm._comm, tensor, out, op_name, call.kernel_algorithm)
+    return out
+
+
+def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, out: Optional[torch.Tensor] = None,
+               *, comm: Optional[Communicator] = None, algorithm: Optional[str] = None) -> torch.Tensor:
+    """Gathers ``tensor`` from every rank, concatenated in rank order along dim 0
+    (as ``torch.distributed.all_gather_into_tensor``).
+
+    Args:
+        tensor: contiguous, any dtype, on the communicator's device.
+        out: world_size * tensor.numel() elements of the same dtype (any shape), or None
+            for a new tensor of shape (world_size * tensor.shape[0], *tensor.shape[1:]).
+            In place: ``tensor`` may be the rank's slice of ``out``.
+        algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
+    """
+    call = _Call("all_gather", tensor, group, comm, algorithm,
+                 lambda w: w * tensor.numel() * tensor.element_size())
+    world = call.comm.world_size
+    if out is None:
+        shape = (world * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() > 0 else (world,)
+        out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    if call.use_nccl:
+        dist.all_gather_into_tensor(out, tensor, group=group)
+        return out
+    _engine(call.comm).all_gather(call.comm._comm, tensor, out, call.kernel_algorithm)
+    return out
+
+
+def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup] = None,
+                   out: Optional[torch.Tensor] = None, *, comm: Optional[Communicator] = None,
+                   algorithm: Optional[str] = None) -> torch.Tensor:
+    """Reduces ``tensor`` over the ranks and leaves rank r with the r-th of
+    world_size equal parts (as ``torch.distributed.reduce_scatter_tensor``).
+
+    Args:
+        tensor: contiguous float32, float16 or bfloat16; numel a multiple of world_size.
+        op: "sum", "avg", "min", "max", "prod", or a ``torch.distributed.ReduceOp``.
+        out: tensor.numel() / world_size elements of the same dtype, or None for a new tensor
+            (shape (tensor.shape[0] / world_size, ...) when dim 0 divides, else flat).
+        algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
+    """
+    call = _Call("reduce_scatter", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    op_name = _op_name(op)
+    world = call.comm.world_size
+    if tensor.numel() % world != 0:
+        raise InvalidArgumentError(f"invalid argument 'tensor': {tensor.numel()} elements do not split into "
+                                   f"{world} equal parts")
+    if out is None:
+        if tensor.dim() > 0 and tensor.shape[0] % world == 0:
+            shape = (tensor.shape[0] // world, *tensor.shape[1:])
+        else:
+            shape = (tensor.numel() // world,)
+        out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    if call.use_nccl:
+        dist.reduce_scatter_tensor(out, tensor, op=_DIST_OPS[op_name], group=group)
+        return out
+    _engine(call.comm).reduce_scatter(call.comm._comm, tensor, out, op_name, call.kernel_algorithm)
+    return out
+
+
+def all_to_all(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, out: Optional[torch.Tensor] = None,
+               *, comm: Optional[Communicator] = None, algorithm: Optional[str] = None) -> torch.Tensor:
+    """Splits ``tensor`` into world_size equal parts, sends part q to rank q, and
+    concatenates what each rank sent in rank order (as
+    ``torch.distributed.all_to_all_single`` with equal splits).
+
+    Args:
+        tensor: contiguous, any dtype; numel a multiple of world_size.
+        out: same numel and dtype (may be ``tensor`` itself), or None for a new tensor.
+        algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
+    """
+    call = _Call("all_to_all", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    if out is None:
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if call.use_nccl:
+        if out.data_ptr() == tensor.data_ptr():
+            tensor = tensor.clone()
+        dist.all_to_all_single(out, tensor, group=group)
+        return out
+    _engine(call.comm).all_to_all(call.comm._comm, tensor, out, call.kernel_algorithm)
+    return out
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional[dist.ProcessGroup] = None,
+              out: Optional[torch.Tensor] = None, *, comm: Optional[Communicator] = None,
+              algorithm: Optional[str] = None) -> torch.Tensor:
+    """Copies ``tensor`` of rank ``src`` (a rank of the group) to every rank.
+
+    Args:
+        tensor: contiguous, any dtype; the source on ``src``, same shape elsewhere.
+        out: where the result goes (``tensor`` itself for the in-place form of
+            ``torch.distributed.broadcast``), or None for a new tensor.
+        algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
+    """
+    call = _Call("broadcast", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    if not isinstance(src, int) or not 0 <= src < call.comm.world_size:
+        raise InvalidArgumentError(f"invalid argument 'src': must be a rank of the group (0 to "
+                                   f"{call.comm.world_size - 1}), got {src!r}")
+    if out is None:
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if call.use_nccl:
+        if call.comm.rank == src and out.data_ptr() != tensor.data_ptr():
+            out.copy_(tensor)
+        pg = group if group is not None else dist.group.WORLD
+        dist.broadcast(out, src=dist.get_global_rank(pg, src), group=group)
+        return out
+    _engine(call.comm).broadcast(call.comm._comm, tensor, out, src, call.kernel_algorithm)
     return out
 
 
@@ -151,4 +331,3 @@ def _has_nccl(group) -> bool:
     except Exception:
         return False
     return "nccl" in str(backend).lower()
-

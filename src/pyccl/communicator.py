@@ -51,6 +51,9 @@ def _parse_device(device: DeviceLike) -> int:
     return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
+_MAX_COLLECTIVE_RANKS = 8
+
+
 class Communicator:
     """A communicator over ``world_size`` ranks, one per process and device.
 
@@ -77,6 +80,7 @@ class Communicator:
         device: DeviceLike = None,
         name: Optional[str] = None,
         timeout: Union[datetime.timedelta, float] = DEFAULT_TIMEOUT,
+        collectives: bool = True,
     ) -> None:
         if not isinstance(store, dist.Store):
             raise InvalidArgumentError(
@@ -95,6 +99,11 @@ class Communicator:
         self.name = name if name is not None else _next_name(store)
         self._comm = _C.Communicator(store, rank, world_size, self._device, self.name, timeout_ms)
         logger.info("communicator %s: rank %d of %d on %s", self.name, rank, world_size, self.device)
+        # The collectives' scratch is set up now, while no CUDA graph is being
+        # captured, so that a graph may capture the very first collective.
+        self._engine = None
+        if collectives and self.collectives_unsupported_reason() is None:
+            self._engine = _C.CollectiveEngine(self._comm)
 
     # -- identity -----------------------------------------------------------
     @property
@@ -125,6 +134,16 @@ class Communicator:
         """Per rank: host, node, device, and whether this rank reaches it by P2P
         (established by a real write-and-check probe at creation)."""
         return self._comm.topology()
+
+    def collectives_unsupported_reason(self) -> Optional[str]:
+        """Why pyccl's collectives cannot run on this communicator, or None if they can."""
+        if self.world_size > _MAX_COLLECTIVE_RANKS:
+            return f"collectives support up to {_MAX_COLLECTIVE_RANKS} ranks, this communicator has {self.world_size}"
+        for peer in range(self.world_size):
+            if peer != self.rank and not self._comm.can_access_peer(peer):
+                return (f"collectives need P2P between all ranks; rank {self.rank} cannot reach rank {peer} "
+                        "(another node, or no P2P path)")
+        return None
 
     def can_access_peer(self, peer: int) -> bool:
         return self._comm.can_access_peer(peer)
@@ -215,12 +234,40 @@ class Communicator:
 
         return all_reduce(tensor, op, out=out, comm=self, algorithm=algorithm)
 
+    def all_gather(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None,
+                   algorithm: Optional[str] = None) -> torch.Tensor:
+        """See :func:`pyccl.all_gather`."""
+        from .collectives import all_gather
+
+        return all_gather(tensor, out=out, comm=self, algorithm=algorithm)
+
+    def reduce_scatter(self, tensor: torch.Tensor, op="sum", out: Optional[torch.Tensor] = None,
+                       algorithm: Optional[str] = None) -> torch.Tensor:
+        """See :func:`pyccl.reduce_scatter`."""
+        from .collectives import reduce_scatter
+
+        return reduce_scatter(tensor, op, out=out, comm=self, algorithm=algorithm)
+
+    def all_to_all(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None,
+                   algorithm: Optional[str] = None) -> torch.Tensor:
+        """See :func:`pyccl.all_to_all`."""
+        from .collectives import all_to_all
+
+        return all_to_all(tensor, out=out, comm=self, algorithm=algorithm)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, out: Optional[torch.Tensor] = None,
+                  algorithm: Optional[str] = None) -> torch.Tensor:
+        """See :func:`pyccl.broadcast`."""
+        from .collectives import broadcast
+
+        return broadcast(tensor, src, out=out, comm=self, algorithm=algorithm)
+
     def close(self) -> None:
         """Releases every registration, mapping, semaphore, fd and thread. Idempotent."""
-        engine = getattr(self, "_allreduce_engine", None)
+        engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close()
-            self._allreduce_engine = None
+            self._engine = None
         self._comm.close()
 
     def __enter__(self) -> "Communicator":

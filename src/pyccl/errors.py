@@ -5,6 +5,7 @@
 - ``PycclTimeoutError`` (also a ``TimeoutError``): a bounded wait ran out; names op and peer.
 - ``AbortedError``: the communicator was aborted.
 - ``ClosedError``: the communicator or memory was destroyed.
+- ``PycclTypeError`` (also a ``TypeError``): an unsupported dtype or dtype/op pair.
 - ``CudaError``, ``UnsupportedError`` (also ``NotImplementedError``), ``RemoteError``.
 """
 
@@ -15,6 +16,7 @@ from ._C import (  # noqa: F401
     InvalidArgumentError,
     PycclError,
     PycclTimeoutError,
+    PycclTypeError,
     RemoteError,
     UnsupportedError,
 )

@@ -1,4 +1,4 @@
-#include "collectives/allreduce_engine.hpp"
+#include "collectives/collective_engine.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -27,7 +27,15 @@ const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
   return a == AllReduceAlgorithm::kOnePhaseLL ? "1pa_ll" : "2pa_hb";
 }
 
-AllReduceEngine::AllReduceEngine(Communicator& comm, AllReduceOptions options)
+Protocol parseProtocol(const std::string& name, const char* what) {
+  if (name == "ll") return Protocol::kLL;
+  if (name == "hb") return Protocol::kHB;
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name, "' is not a protocol (expected ll or hb)"));
+}
+
+const char* protocolName(Protocol p) { return p == Protocol::kLL ? "ll" : "hb"; }
+
+CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options)
     : comm_(comm), options_(options) {
   const bool host = comm.hostMode();
   const int world = comm.worldSize();
@@ -44,6 +52,7 @@ AllReduceEngine::AllReduceEngine(Communicator& comm, AllReduceOptions options)
   if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (1u << 20);
   if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
   if (options_.llThresholdBytes == 0) options_.llThresholdBytes = options_.llMaxBytes / 2;
+  if (options_.exchangeLLThresholdBytes == 0) options_.exchangeLLThresholdBytes = options_.llMaxBytes / 2;
   for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"}}) {
     PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
                     "must be a multiple of 32 in [32, 1024], got ", threads);
@@ -103,15 +112,15 @@ AllReduceEngine::AllReduceEngine(Communicator& comm, AllReduceOptions options)
   context_.hbCalls = static_cast<uint64_t*>(counters);
   context_.llCalls = reinterpret_cast<uint32_t*>(static_cast<char*>(counters) + options_.hbBlocks * sizeof(uint64_t));
   context_.abort = comm.abortState();
-  PYCCL_LOG(Info, "all-reduce engine: " << world << " ranks, scratch " << (total >> 10) << " KiB, LL up to "
+  PYCCL_LOG(Info, "collective engine: " << world << " ranks, scratch " << (total >> 10) << " KiB, LL up to "
                                         << options_.llMaxBytes << " B on " << options_.llBlocks
                                         << " blocks, HB pieces of " << options_.hbPieceBytes << " B on "
                                         << options_.hbBlocks << " blocks");
 }
 
-AllReduceEngine::~AllReduceEngine() { close(); }
+CollectiveEngine::~CollectiveEngine() { close(); }
 
-void AllReduceEngine::close() {
+void CollectiveEngine::close() {
   if (closed_) return;
   closed_ = true;
   for (auto& p : peers_) {
@@ -121,16 +130,22 @@ void AllReduceEngine::close() {
   scratch_.release();
 }
 
-AllReduceAlgorithm AllReduceEngine::select(uint64_t bytes) const {
+AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes) const {
   return bytes <= options_.llThresholdBytes ? AllReduceAlgorithm::kOnePhaseLL : AllReduceAlgorithm::kTwoPhaseHB;
 }
 
-void AllReduceEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
-                                std::optional<AllReduceAlgorithm> algorithm, void* stream) {
-  if (closed_ || comm_.closed()) {
-    throw ClosedError(strCat("all_reduce: communicator '", comm_.name(), "' is closed"));
-  }
-  if (comm_.aborted()) throw AbortedError(strCat("all_reduce: communicator '", comm_.name(), "' was aborted"));
+Protocol CollectiveEngine::selectExchange(uint64_t bytes) const {
+  return bytes <= options_.exchangeLLThresholdBytes ? Protocol::kLL : Protocol::kHB;
+}
+
+void CollectiveEngine::checkUsable(const char* op) const {
+  if (closed_ || comm_.closed()) throw ClosedError(strCat(op, ": communicator '", comm_.name(), "' is closed"));
+  if (comm_.aborted()) throw AbortedError(strCat(op, ": communicator '", comm_.name(), "' was aborted"));
+}
+
+void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
+                                 std::optional<AllReduceAlgorithm> algorithm, void* stream) {
+  checkUsable("all_reduce");
   if (count == 0) return;
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   const uint64_t elemSize = dataTypeSize(dtype);
@@ -155,6 +170,44 @@ void AllReduceEngine::allReduce(const void* input, void* output, uint64_t count,
     (void)stream;
     Communicator::HostKernelScope active(comm_);
     allReduceHost(context_, call);
+  }
+}
+
+}  // namespace pyccl
+
+namespace pyccl {
+
+void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t inStride, void* output,
+                                uint64_t outStride, uint64_t chunkBytes, int root, DataType dtype, ReduceOp op,
+                                std::optional<Protocol> protocol, void* stream) {
+  static const char* const kNames[] = {"all_gather", "all_to_all", "broadcast", "reduce_scatter"};
+  const char* name = kNames[static_cast<uint32_t>(kind)];
+  checkUsable(name);
+  if (chunkBytes == 0) return;
+  PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
+  if (kind == ExchangeKind::kBroadcast) {
+    PYCCL_CHECK_ARG(root >= 0 && root < comm_.worldSize(), "src", "must be a rank of the group (0 to ",
+                    comm_.worldSize() - 1, "), got ", root);
+  }
+  const uint64_t wholeBytes = kind == ExchangeKind::kBroadcast ? chunkBytes : chunkBytes * comm_.worldSize();
+  const Protocol proto = protocol ? *protocol : selectExchange(wholeBytes);
+  // Pieces of whole 16-byte units, so that every piece but the last keeps the LL/HB layout full.
+  const uint64_t limit = proto == Protocol::kLL ? options_.llMaxBytes : exchangeHBMaxChunk(context_);
+  const uint64_t piece = limit / 16 * 16;
+  for (uint64_t done = 0; done < chunkBytes; done += piece) {
+    ExchangeCall call{kind, proto,
+                      ExchangeArgs{static_cast<const char*>(input) + done, inStride, static_cast<char*>(output) + done,
+                                   outStride, chunkBytes - done < piece ? chunkBytes - done : piece, root},
+                      dtype, op};
+#ifdef PYCCL_WITH_CUDA
+    if (!comm_.hostMode()) {
+      exchangeDevice(context_, call, stream, proto == Protocol::kLL ? options_.llThreads : options_.hbThreads);
+      continue;
+    }
+#endif
+    (void)stream;
+    Communicator::HostKernelScope active(comm_);
+    exchangeHost(context_, call);
   }
 }
 

@@ -1,38 +1,41 @@
-// The host-side owner of the all-reduce algorithms of one communicator: the
+// The host-side owner of the collective algorithms of one communicator: the
 // scratch buffer every peer maps, the per-block call counters, and the choice
 // of algorithm per message size. Create it collectively (every rank, same
-// options); call allReduce() from one stream at a time, in the same order on
-// every rank (as with NCCL).
+// options); call it from one stream at a time, with the same calls in the
+// same order on every rank (as with NCCL).
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <string>
 
-#include "collectives/allreduce_launch.hpp"
+#include "collectives/collective_launch.hpp"
 #include "core/communicator.hpp"
 
 namespace pyccl {
 
 /// Defaults measured on 4 x H200 NVLink (bf16, CUDA graphs; benchmarks/RESULTS.md).
-struct AllReduceOptions {
+struct CollectiveOptions {
   uint32_t llBlocks = 0;          ///< 0: default (32 on GPUs, 2 in host mode)
   uint32_t hbBlocks = 0;          ///< 0: default (128 on GPUs, 2 in host mode)
   uint32_t llThreads = 1024;      ///< threads per block of the LL kernel
   uint32_t hbThreads = 256;       ///< threads per block of the HB kernel
   uint64_t llMaxBytes = 0;        ///< largest LL message; 0: default (1 MiB GPUs, 64 KiB host)
   uint64_t hbPieceBytes = 0;      ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
-  uint64_t llThresholdBytes = 0;  ///< automatic choice: LL up to here; 0: default (= llMaxBytes / 2)
+  uint64_t llThresholdBytes = 0;  ///< all-reduce, automatic choice: LL up to here; 0: default (= llMaxBytes / 2)
+  /// All-gather, reduce-scatter, all-to-all and broadcast, automatic choice: LL up
+  /// to this many bytes of the whole buffer (nccl-tests' size); 0: default.
+  uint64_t exchangeLLThresholdBytes = 0;
 };
 
-class AllReduceEngine {
+class CollectiveEngine {
  public:
   /// Collective: allocates and registers the scratch, maps every peer's.
   /// Throws UnsupportedError if a peer is not reachable by P2P.
-  AllReduceEngine(Communicator& comm, AllReduceOptions options);
-  ~AllReduceEngine();
-  AllReduceEngine(const AllReduceEngine&) = delete;
-  AllReduceEngine& operator=(const AllReduceEngine&) = delete;
+  CollectiveEngine(Communicator& comm, CollectiveOptions options);
+  ~CollectiveEngine();
+  CollectiveEngine(const CollectiveEngine&) = delete;
+  CollectiveEngine& operator=(const CollectiveEngine&) = delete;
 
   /// All-reduces `count` elements of `input` into `output` (may be the same
   /// buffer) with `algorithm` (or the size-based choice), enqueued on `stream`
@@ -40,16 +43,29 @@ class AllReduceEngine {
   void allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
                  std::optional<AllReduceAlgorithm> algorithm, void* stream);
 
-  /// The algorithm the automatic choice takes for a message of `bytes`.
+  /// Moves chunks between all ranks (see exchange_device.hpp for `kind`):
+  /// `chunkBytes` per (source, destination) pair, the chunk for/from rank q at
+  /// input + q * inStride / output + q * outStride. For a reduce-scatter,
+  /// `dtype` and `op` reduce; `root` is the broadcast's source. Enqueued on
+  /// `stream` like allReduce.
+  void exchange(ExchangeKind kind, const void* input, uint64_t inStride, void* output, uint64_t outStride,
+                uint64_t chunkBytes, int root, DataType dtype, ReduceOp op, std::optional<Protocol> protocol,
+                void* stream);
+
+  /// The algorithm the automatic choice takes for an all-reduce of `bytes`.
   AllReduceAlgorithm select(uint64_t bytes) const;
-  const AllReduceOptions& options() const { return options_; }
+  /// The protocol the automatic choice takes for an exchange whose whole buffer has `bytes`.
+  Protocol selectExchange(uint64_t bytes) const;
+  const CollectiveOptions& options() const { return options_; }
   /// Releases the scratch mappings (idempotent); later calls raise ClosedError.
   void close();
 
  private:
   Communicator& comm_;
-  AllReduceOptions options_;
-  AllReduceContext context_{};
+  void checkUsable(const char* op) const;
+
+  CollectiveOptions options_;
+  CollectiveContext context_{};
   std::shared_ptr<void> scratchOwner_;
   std::shared_ptr<void> countersOwner_;
   RegisteredMemory scratch_;
@@ -60,5 +76,8 @@ class AllReduceEngine {
 /// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.
 AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what);
 const char* allReduceAlgorithmName(AllReduceAlgorithm a);
+/// Parses "ll" / "hb" (exchange protocols); throws InvalidArgument naming `what`.
+Protocol parseProtocol(const std::string& name, const char* what);
+const char* protocolName(Protocol p);
 
 }  // namespace pyccl

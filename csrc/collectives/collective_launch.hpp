@@ -1,14 +1,18 @@
-// Launching the all-reduce bodies: as CUDA kernels on a stream, or in host
+// Launching the collective bodies: as CUDA kernels on a stream, or in host
 // mode on CPU threads (one per block). Dispatch over dtype x op x algorithm.
 #pragma once
 
 #include <cstdint>
 
 #include "collectives/allreduce_device.hpp"
+#include "collectives/exchange_device.hpp"
 
 namespace pyccl {
 
 enum class AllReduceAlgorithm : uint32_t { kOnePhaseLL = 0, kTwoPhaseHB = 1 };
+
+/// The protocol of an exchange (all-gather, all-to-all, broadcast, reduce-scatter).
+enum class Protocol : uint32_t { kLL = 0, kHB = 1 };
 
 struct AllReduceCall {
   const void* input;
@@ -19,12 +23,26 @@ struct AllReduceCall {
   AllReduceAlgorithm algorithm;
 };
 
+struct ExchangeCall {
+  ExchangeKind kind;
+  Protocol protocol;
+  ExchangeArgs args;  ///< chunkBytes within the protocol's per-call limit
+  DataType dtype;     ///< reduce-scatter only
+  ReduceOp op;        ///< reduce-scatter only
+};
+
 /// Runs one call on CPU threads and returns when it is done.
-void allReduceHost(const AllReduceContext& context, const AllReduceCall& call);
+void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);
+void exchangeHost(const CollectiveContext& context, const ExchangeCall& call);
 #ifdef PYCCL_WITH_CUDA
 /// Enqueues one call on `stream` (a cudaStream_t); capturable in CUDA graphs.
-void allReduceDevice(const AllReduceContext& context, const AllReduceCall& call, void* stream,
+void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
                      uint32_t threadsPerBlock);
+void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
+                    uint32_t threadsPerBlock);
+/// The reduce-scatter kernels (reduce_scatter.cu), called by exchangeDevice.
+void reduceScatterDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
+                         uint32_t threadsPerBlock);
 #endif
 
 /// Calls fn.template operator()<T, Op>() for the runtime dtype and op.

@@ -1,0 +1,148 @@
+// The state every collective body shares: each rank's registered scratch
+// buffer, mapped by every peer (MemoryChannel-style loads and stores, no
+// proxy), its layout, and the per-block call counters.
+//
+// Collectives are launched with a fixed number of blocks per protocol; block b
+// of every rank talks only to block b of the others and owns a fixed region of
+// every scratch buffer. A per-block call counter in device memory gives the
+// packet flags and barrier values, so CUDA-graph replays and back-to-back
+// calls need no host synchronization, and its parity picks one of two scratch
+// phases. A phase is rewritten only two calls later, and by then every peer
+// has finished with it:
+//  - LL: in every LL call each rank receives at least one packet from every
+//    peer, sent from the peer's kernel for that call; the peer's kernel for
+//    the call before it (same stream) has therefore completed.
+//  - HB: every HB call barriers every block with every peer after staging.
+//
+// The same bodies run as CUDA kernels and, in host mode, on CPU threads.
+#pragma once
+
+#include "channels/memory_channel_device.hpp"  // copy, packets, syncBlock
+#include "collectives/reduce_types.hpp"
+
+namespace pyccl {
+
+constexpr int kMaxCollectiveRanks = 8;
+
+/// Everything a collective kernel needs; plain data, passed by value.
+struct CollectiveContext {
+  int rank;
+  int worldSize;
+  char* scratch[kMaxCollectiveRanks];  ///< every rank's scratch, mapped here (own included)
+  // LL: [phase 2][source rank W][block][llBlockPackets] LL16 packets at llOffset.
+  uint64_t llOffset;
+  uint64_t llBlockPackets;
+  uint32_t llBlocks;
+  uint32_t hbBlocks;
+  // HB: staging [phase 2][block][slot W][hbSubBytes], result [phase 2][block][hbSubBytes],
+  // barrier words [block][source rank] (uint64).
+  uint64_t hbStagingOffset;
+  uint64_t hbResultOffset;
+  uint64_t hbBarrierOffset;
+  uint64_t hbSubBytes;
+  uint32_t* llCalls;  ///< [llBlocks] calls completed per block (this rank's device memory)
+  uint64_t* hbCalls;  ///< [hbBlocks]
+  AbortState abort;
+};
+
+namespace detail {
+
+/// The LL packets that `source` sends to `owner` on `block` in `phase`.
+PYCCL_HOST_DEVICE LL16Packet* llPackets(const CollectiveContext& c, int owner, uint32_t phase, int source,
+                                        uint32_t block) {
+  const uint64_t index = ((static_cast<uint64_t>(phase) * c.worldSize + source) * c.llBlocks + block) * c.llBlockPackets;
+  return reinterpret_cast<LL16Packet*>(c.scratch[owner] + c.llOffset) + index;
+}
+
+/// HB staging slot `slot` of `owner`'s scratch for `block` in `phase` (hbSubBytes, 16-byte aligned).
+PYCCL_HOST_DEVICE char* hbStaging(const CollectiveContext& c, int owner, uint32_t phase, uint32_t block, int slot) {
+  return c.scratch[owner] + c.hbStagingOffset +
+         ((static_cast<uint64_t>(phase) * c.hbBlocks + block) * c.worldSize + slot) * c.hbSubBytes;
+}
+
+/// Packets [lo, hi) of `packets` that block `block` of `blocks` handles.
+PYCCL_HOST_DEVICE void blockShare(uint64_t packets, uint32_t blocks, uint32_t block, uint64_t* lo, uint64_t* hi) {
+  const uint64_t per = (packets + blocks - 1) / blocks;
+  *lo = block * per < packets ? block * per : packets;
+  *hi = *lo + per < packets ? *lo + per : packets;
+}
+
+template <typename T>
+PYCCL_HOST_DEVICE T laneOf(const uint32_t* words, uint32_t lane) {
+  T v;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(words) + lane * sizeof(T);
+  auto* dst = reinterpret_cast<unsigned char*>(&v);
+  for (uint32_t k = 0; k < sizeof(T); ++k) dst[k] = bytes[k];
+  return v;
+}
+
+/// Barrier of block `block` with block `block` of every peer, at `value`
+/// (monotonic per block). Release/acquire: this block's earlier writes are
+/// visible to the peers' blocks after it, and theirs to this one.
+PYCCL_HOST_DEVICE bool blockBarrier(const CollectiveContext& c, uint32_t block, uint64_t value, uint32_t tid,
+                                    uint32_t numThreads) {
+  syncBlock();  // the block's writes happen before the releasing stores below (cumulativity)
+  for (uint32_t q = tid; q < static_cast<uint32_t>(c.worldSize); q += numThreads) {
+    if (static_cast<int>(q) == c.rank) continue;
+    auto* words = reinterpret_cast<uint64_t*>(c.scratch[q] + c.hbBarrierOffset);
+    atomicStoreRelease(&words[static_cast<uint64_t>(block) * c.worldSize + c.rank], value);
+  }
+  bool ok = true;
+  for (uint32_t q = tid; q < static_cast<uint32_t>(c.worldSize); q += numThreads) {
+    if (static_cast<int>(q) == c.rank) continue;
+    auto* words = reinterpret_cast<uint64_t*>(c.scratch[c.rank] + c.hbBarrierOffset);
+    uint64_t seen = 0;
+    ok = spinUntilAtLeast(&words[static_cast<uint64_t>(block) * c.worldSize + q], value, c.abort,
+                          static_cast<int>(q), &seen) == WaitStatus::kOk && ok;
+  }
+  syncBlock();
+  return ok;
+}
+
+/// Reduces `n` elements of the `world` 16-byte aligned sources in rank order
+/// (fp32 accumulation) and stores the result at `dst` and, if not null, `dst2`
+/// (any alignment). 16-byte vectors, registers only.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint64_t n, char* dst, char* dst2,
+                                     uint32_t tid, uint32_t numThreads) {
+  constexpr uint64_t kVec = 16 / sizeof(T);
+  const uint64_t vectors = n / kVec;
+  const bool dstAligned = (reinterpret_cast<uintptr_t>(dst) & 15) == 0;
+  const bool dst2Aligned = (reinterpret_cast<uintptr_t>(dst2) & 15) == 0;
+  for (uint64_t v = tid; v < vectors; v += numThreads) {
+    float acc[kVec];
+    for (int q = 0; q < world; ++q) {
+      const Vec16 raw = reinterpret_cast<const Vec16*>(sources[q])[v];
+      const auto* words = reinterpret_cast<const uint32_t*>(&raw);
+      for (uint32_t l = 0; l < kVec; ++l) {
+        const float x = ElementTraits<T>::toFloat(laneOf<T>(words, l));
+        acc[l] = q == 0 ? x : Reducer<Op>::apply(acc[l], x);
+      }
+    }
+    Vec16 packed;
+    T* lanes = reinterpret_cast<T*>(&packed);
+    for (uint32_t l = 0; l < kVec; ++l) lanes[l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], world));
+    auto store = [&](char* d, bool aligned) {
+      if (aligned) {
+        reinterpret_cast<Vec16*>(d)[v] = packed;
+      } else {
+        for (uint32_t l = 0; l < kVec; ++l) reinterpret_cast<T*>(d)[v * kVec + l] = lanes[l];
+      }
+    };
+    store(dst, dstAligned);
+    if (dst2 != nullptr) store(dst2, dst2Aligned);
+  }
+  for (uint64_t k = vectors * kVec + tid; k < n; k += numThreads) {
+    float acc = 0;
+    for (int q = 0; q < world; ++q) {
+      const float x = ElementTraits<T>::toFloat(reinterpret_cast<const T*>(sources[q])[k]);
+      acc = q == 0 ? x : Reducer<Op>::apply(acc, x);
+    }
+    const T r = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc, world));
+    reinterpret_cast<T*>(dst)[k] = r;
+    if (dst2 != nullptr) reinterpret_cast<T*>(dst2)[k] = r;
+  }
+}
+
+}  // namespace detail
+}  // namespace pyccl

@@ -1,0 +1,58 @@
+// Host mode: each block of a collective body runs on its own CPU thread.
+#include <thread>
+#include <vector>
+
+#include "collectives/collective_launch.hpp"
+
+namespace pyccl {
+namespace {
+
+template <typename Body>
+void runBlocks(uint32_t blocks, Body&& body) {
+  std::vector<std::thread> threads;
+  threads.reserve(blocks);
+  for (uint32_t b = 0; b < blocks; ++b) threads.emplace_back([&body, b] { body(b); });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) {
+  const bool ll = call.algorithm == AllReduceAlgorithm::kOnePhaseLL;
+  dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
+    runBlocks(ll ? context.llBlocks : context.hbBlocks, [&](uint32_t b) {
+      if (ll) {
+        allReduceLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+      } else {
+        allReduceHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+      }
+    });
+  });
+}
+
+void exchangeHost(const CollectiveContext& context, const ExchangeCall& call) {
+  const bool ll = call.protocol == Protocol::kLL;
+  const uint32_t blocks = ll ? context.llBlocks : context.hbBlocks;
+  const ExchangeArgs& a = call.args;
+  if (call.kind != ExchangeKind::kReduceScatter) {
+    runBlocks(blocks, [&](uint32_t b) {
+      if (ll) {
+        exchangeLL(call.kind, context, a, b, 0, 1);
+      } else {
+        exchangeHB(call.kind, context, a, b, 0, 1);
+      }
+    });
+    return;
+  }
+  dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
+    runBlocks(blocks, [&](uint32_t b) {
+      if (ll) {
+        reduceLL<T, Op>(context, a.input, a.inStride, a.output, a.chunkBytes / sizeof(T), b, 0, 1);
+      } else {
+        reduceScatterHB<T, Op>(context, a, b, 0, 1);
+      }
+    });
+  });
+}
+
+}  // namespace pyccl

@@ -1,0 +1,39 @@
+// The data-movement kernels (all-gather, all-to-all, broadcast; LL and HB):
+// byte-based, so every dtype shares them.
+#include <cuda_runtime.h>
+
+#include "collectives/collective_launch.hpp"
+#include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
+
+namespace pyccl {
+namespace {
+
+__global__ void __launch_bounds__(1024) exchangeLLKernel(ExchangeKind kind, CollectiveContext context,
+                                                         ExchangeArgs args) {
+  exchangeLL(kind, context, args, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+__global__ void __launch_bounds__(1024) exchangeHBKernel(ExchangeKind kind, CollectiveContext context,
+                                                         ExchangeArgs args) {
+  exchangeHB(kind, context, args, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+}  // namespace
+
+void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
+                    uint32_t threadsPerBlock) {
+  if (call.kind == ExchangeKind::kReduceScatter) {
+    reduceScatterDevice(context, call, stream, threadsPerBlock);
+    return;
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  if (call.protocol == Protocol::kLL) {
+    exchangeLLKernel<<<context.llBlocks, threadsPerBlock, 0, s>>>(call.kind, context, call.args);
+  } else {
+    exchangeHBKernel<<<context.hbBlocks, threadsPerBlock, 0, s>>>(call.kind, context, call.args);
+  }
+  PYCCL_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace pyccl

@@ -1,0 +1,200 @@
+// All-pairs exchange bodies (see collective_context.hpp for the scratch
+// protocol): all-gather, all-to-all and broadcast move bytes; the HB
+// reduce-scatter reduces. The LL reduce-scatter is reduceLL with a
+// per-destination stride (allreduce_device.hpp).
+//
+// A call moves one "chunk" per (source, destination) pair:
+//  - all-gather: every rank sends `input` to every rank; the chunk from rank q
+//    lands at output + q * outStride;
+//  - all-to-all: rank r sends input + q * inStride to rank q, which stores it
+//    at output + r * outStride;
+//  - broadcast: `root` sends `input` to every rank's `output`;
+//  - reduce-scatter: rank q receives input + q * inStride from every rank and
+//    stores their reduction at `output`.
+// LL: packets into the destination's scratch, flags carry the order (no
+// barrier). HB: each rank stages what it sends in its own scratch, one
+// barrier, each rank reads what it receives from the senders' scratch.
+#pragma once
+
+#include "collectives/collective_context.hpp"
+
+namespace pyccl {
+
+enum class ExchangeKind : uint32_t { kAllGather = 0, kAllToAll = 1, kBroadcast = 2, kReduceScatter = 3 };
+
+/// One exchange call; byte offsets and sizes. chunkBytes is at most the
+/// protocol's per-call chunk (llMaxBytes for LL, hbBlocks * hbSubBytes for HB).
+struct ExchangeArgs {
+  const char* input;
+  uint64_t inStride;  ///< bytes from the chunk for rank q to the one for rank q + 1 (0: one chunk for all)
+  char* output;
+  uint64_t outStride;  ///< bytes from the chunk from rank q to the one from rank q + 1
+  uint64_t chunkBytes;
+  int root;  ///< broadcast only
+};
+
+namespace detail {
+
+PYCCL_HOST_DEVICE bool exchangeSends(ExchangeKind kind, const CollectiveContext& c, const ExchangeArgs& a) {
+  return kind != ExchangeKind::kBroadcast || c.rank == a.root;
+}
+
+PYCCL_HOST_DEVICE bool exchangeReceivesFrom(ExchangeKind kind, const CollectiveContext& c, const ExchangeArgs& a,
+                                            int q) {
+  return q != c.rank && (kind != ExchangeKind::kBroadcast || q == a.root);
+}
+
+/// This rank's own chunk, block `block`'s byte range [begin, end): a local copy
+/// (skipped when in place).
+PYCCL_HOST_DEVICE void copyOwnChunk(ExchangeKind kind, const CollectiveContext& c, const ExchangeArgs& a,
+                                    uint64_t begin, uint64_t end, uint32_t tid, uint32_t numThreads) {
+  if (kind == ExchangeKind::kBroadcast && c.rank != a.root) return;
+  const char* src = a.input + c.rank * a.inStride + begin;
+  char* dst = a.output + (kind == ExchangeKind::kBroadcast ? 0 : c.rank * a.outStride) + begin;
+  if (src != dst && end > begin) copyBytes(dst, src, end - begin, tid, numThreads);
+}
+
+}  // namespace detail
+
+/// LL all-gather / all-to-all / broadcast, block `block`'s share.
+PYCCL_HOST_DEVICE void exchangeLL(ExchangeKind kind, const CollectiveContext& c, const ExchangeArgs& a,
+                                  uint32_t block, uint32_t tid, uint32_t numThreads) {
+  constexpr uint64_t kData = LL16Packet::kDataBytes;
+  const uint32_t flag = c.llCalls[block] + 1;
+  const uint32_t phase = flag & 1;
+  const uint64_t bytes = a.chunkBytes;
+  uint64_t lo = 0, hi = 0;
+  detail::blockShare((bytes + kData - 1) / kData, c.llBlocks, block, &lo, &hi);
+
+  // 1. Send. Ranks that send no data in a broadcast send one packet to every
+  //    peer instead, so that every rank hears from every peer in every LL call
+  //    (the scratch-phase rule of collective_context.hpp).
+  if (detail::exchangeSends(kind, c, a)) {
+    for (uint64_t i = lo + tid; i < hi; i += numThreads) {
+      uint32_t payload[2];
+      if (a.inStride == 0) packPayload<LL16Packet>(a.input, i, bytes, payload);
+      for (int k = 1; k < c.worldSize; ++k) {
+        const int q = (c.rank + k) % c.worldSize;
+        if (a.inStride != 0) packPayload<LL16Packet>(a.input + q * a.inStride, i, bytes, payload);
+        detail::llPackets(c, q, phase, c.rank, block)[i - lo].write(payload, flag);
+      }
+    }
+  } else if (block == 0 && tid == 0) {
+    const uint32_t empty[2] = {0, 0};
+    for (int q = 0; q < c.worldSize; ++q) {
+      if (q != c.rank) detail::llPackets(c, q, phase, c.rank, 0)[0].write(empty, flag);
+    }
+  }
+  // In place, a thread may receive over input that another thread still sends.
+  syncBlock();
+  detail::copyOwnChunk(kind, c, a, lo * kData, hi * kData < bytes ? hi * kData : bytes, tid, numThreads);
+
+  // 2. Receive.
+  bool ok = true;
+  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
+    for (int k = 1; ok && k < c.worldSize; ++k) {
+      const int q = (c.rank + c.worldSize - k) % c.worldSize;
+      if (!detail::exchangeReceivesFrom(kind, c, a, q)) continue;
+      const LL16Packet* p = &detail::llPackets(c, c.rank, phase, q, block)[i - lo];
+      uint32_t payload[2];
+      ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); }, c.abort,
+                       q, flag) == WaitStatus::kOk;
+      if (ok) unpackPayload<LL16Packet>(a.output + (kind == ExchangeKind::kBroadcast ? 0 : q * a.outStride), i,
+                                        bytes, payload);
+    }
+  }
+  if (kind == ExchangeKind::kBroadcast && block == 0 && tid == 0) {
+    for (int q = 0; ok && q < c.worldSize; ++q) {
+      if (q == c.rank || q == a.root) continue;
+      const LL16Packet* p = &detail::llPackets(c, c.rank, phase, q, 0)[0];
+      uint32_t payload[2];
+      ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [] { return uint64_t{0}; }, c.abort, q, flag) ==
+           WaitStatus::kOk;
+    }
+  }
+  syncBlock();
+  if (tid == 0) c.llCalls[block] = flag;
+}
+
+/// Bytes of chunk per HB call (the host splits larger chunks into such pieces).
+PYCCL_HOST_DEVICE uint64_t exchangeHBMaxChunk(const CollectiveContext& c) {
+  return static_cast<uint64_t>(c.hbBlocks) * c.hbSubBytes;
+}
+
+namespace detail {
+
+/// Block `block`'s byte range of a chunk (16-byte aligned sub-slices of at most hbSubBytes).
+PYCCL_HOST_DEVICE void hbShare(const CollectiveContext& c, uint64_t chunkBytes, uint32_t block, uint64_t* begin,
+                               uint64_t* end) {
+  const uint64_t sub = ((chunkBytes + c.hbBlocks - 1) / c.hbBlocks + 15) / 16 * 16;
+  *begin = block * sub < chunkBytes ? block * sub : chunkBytes;
+  *end = *begin + sub < chunkBytes ? *begin + sub : chunkBytes;
+}
+
+/// Stages block `block`'s share of what this rank sends: the one chunk in slot
+/// 0, or the chunk for rank q in slot q.
+PYCCL_HOST_DEVICE void stageChunks(const CollectiveContext& c, const ExchangeArgs& a, uint32_t phase, uint32_t block,
+                                   uint64_t begin, uint64_t end, uint32_t tid, uint32_t numThreads) {
+  if (end <= begin) return;
+  const int slots = a.inStride == 0 ? 1 : c.worldSize;
+  for (int k = 0; k < slots; ++k) {
+    const int q = a.inStride == 0 ? 0 : (c.rank + k) % c.worldSize;
+    if (a.inStride != 0 && q == c.rank) continue;  // kept local
+    copyBytes(hbStaging(c, c.rank, phase, block, q), a.input + q * a.inStride + begin, end - begin, tid,
+              numThreads);
+  }
+}
+
+}  // namespace detail
+
+/// HB all-gather / all-to-all / broadcast, block `block`'s share.
+PYCCL_HOST_DEVICE void exchangeHB(ExchangeKind kind, const CollectiveContext& c, const ExchangeArgs& a,
+                                  uint32_t block, uint32_t tid, uint32_t numThreads) {
+  const uint64_t call = c.hbCalls[block] + 1;
+  const uint32_t phase = static_cast<uint32_t>(call & 1);
+  uint64_t begin = 0, end = 0;
+  detail::hbShare(c, a.chunkBytes, block, &begin, &end);
+  if (detail::exchangeSends(kind, c, a)) detail::stageChunks(c, a, phase, block, begin, end, tid, numThreads);
+  const bool ok = detail::blockBarrier(c, block, 2 * call, tid, numThreads);
+  detail::copyOwnChunk(kind, c, a, begin, end, tid, numThreads);
+  for (int k = 1; ok && end > begin && k < c.worldSize; ++k) {
+    const int q = (c.rank + k) % c.worldSize;
+    if (!detail::exchangeReceivesFrom(kind, c, a, q)) continue;
+    char* dst = a.output + (kind == ExchangeKind::kBroadcast ? 0 : q * a.outStride) + begin;
+    copyBytes(dst, detail::hbStaging(c, q, phase, block, a.inStride == 0 ? 0 : c.rank), end - begin, tid,
+              numThreads);
+  }
+  syncBlock();
+  if (tid == 0) c.hbCalls[block] = call;
+}
+
+/// HB reduce-scatter of `count` elements per rank (chunk), block `block`'s share:
+/// stage the chunks for the peers, barrier, reduce the chunks for this rank
+/// from every rank's staging in rank order.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void reduceScatterHB(const CollectiveContext& c, const ExchangeArgs& a, uint32_t block,
+                                       uint32_t tid, uint32_t numThreads) {
+  const uint64_t call = c.hbCalls[block] + 1;
+  const uint32_t phase = static_cast<uint32_t>(call & 1);
+  uint64_t begin = 0, end = 0;
+  detail::hbShare(c, a.chunkBytes, block, &begin, &end);
+  // The own chunk is staged too: every source of the reduction is then 16-byte aligned.
+  if (end > begin) {
+    for (int k = 0; k < c.worldSize; ++k) {
+      const int q = (c.rank + k) % c.worldSize;
+      copyBytes(detail::hbStaging(c, c.rank, phase, block, q), a.input + q * a.inStride + begin, end - begin, tid,
+                numThreads);
+    }
+  }
+  const bool ok = detail::blockBarrier(c, block, 2 * call, tid, numThreads);
+  if (ok && end > begin) {
+    const char* sources[kMaxCollectiveRanks];
+    for (int q = 0; q < c.worldSize; ++q) sources[q] = detail::hbStaging(c, q, phase, block, c.rank);
+    detail::reduceSources<T, Op>(sources, c.worldSize, (end - begin) / sizeof(T), a.output + begin, nullptr, tid,
+                                 numThreads);
+  }
+  syncBlock();
+  if (tid == 0) c.hbCalls[block] = call;
+}
+
+}  // namespace pyccl
