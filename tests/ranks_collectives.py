@@ -58,7 +58,7 @@ def random_cases(seed: int, count: int, max_elems: int):
         dtype = list(DTYPES.values())[i % 3]
         op = ops[(i // 3) % len(ops)]
         n = rng.choice([1, 2, 3, 7, 8, 9, 31, 255, 1000, 4097, rng.randrange(1, max_elems)])
-        algo = rng.choice([None, "1pa_ll", "2pa_hb"])
+        algo = rng.choice([None, "1pa_ll", "2pa_ll", "2pa_hb"])
         cases.append((dtype, op, n, algo, rng.random() < 0.3, rng.choice([0, 0, 1, 3])))
     return cases
 
@@ -111,7 +111,7 @@ def back_to_back(rank, world, store, on_gpu, rounds):
         x = per_rank[rank].to(device)
         inputs.append(x)
         refs.append(reference(per_rank, "sum"))
-        outputs.append(pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb"][r % 2]))
+        outputs.append(pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb", "2pa_ll"][r % 3]))
     bad = 0
     for y, ref in zip(outputs, refs):
         if not torch.allclose(y.cpu().to(torch.float64), ref, rtol=1e-5, atol=1e-5):
@@ -144,7 +144,7 @@ def graph_replays(rank, world, store, replays):
     """All-reduces captured in a CUDA graph (after one eager call), replayed
     with fresh inputs, with eager collectives of other sizes in between."""
     comm, device = _setup(store, rank, world, True)
-    sizes = {"1pa_ll": 3001, "2pa_hb": 300_001}
+    sizes = {"1pa_ll": 3001, "2pa_ll": 100_003, "2pa_hb": 300_001}
     xs = {a: torch.empty(n, device=device, dtype=torch.bfloat16) for a, n in sizes.items()}
     outs = {a: torch.empty_like(x) for a, x in xs.items()}
     for a in sizes:
@@ -180,13 +180,14 @@ def large_cases(rank, world, store, on_gpu, seed, n32=700_001, n16=1_300_003):
     comm, device = _setup(store, rank, world, on_gpu)
     bad = []
     for i, dtype in enumerate(DTYPES.values()):
-        n = n32 if dtype == torch.float32 else n16
-        inputs = [rank_input(seed, i, r, n, dtype, "sum") for r in range(world)]
-        y = pyccl.all_reduce(inputs[rank].to(device), comm=comm, algorithm="2pa_hb").cpu()
-        expect = reference(inputs, "sum")
-        rtol, atol = TOLERANCE[dtype]
-        if not torch.allclose(y.to(torch.float64), expect, rtol=rtol, atol=atol * expect.abs().max().item()):
-            bad.append((str(dtype), n))
+        for algo in ("2pa_hb", "2pa_ll"):
+            n = n32 if dtype == torch.float32 else n16
+            inputs = [rank_input(seed, i, r, n, dtype, "sum") for r in range(world)]
+            y = pyccl.all_reduce(inputs[rank].to(device), comm=comm, algorithm=algo).cpu()
+            expect = reference(inputs, "sum")
+            rtol, atol = TOLERANCE[dtype]
+            if not torch.allclose(y.to(torch.float64), expect, rtol=rtol, atol=atol * expect.abs().max().item()):
+                bad.append((str(dtype), n, algo))
     comm.close()
     return bad
 
@@ -329,7 +330,7 @@ def mixed_back_to_back(rank, world, store, on_gpu, rounds):
         else:
             y = pyccl.reduce_scatter(x, comm=comm, algorithm=algo)
             expect = reference(per_rank, "sum")[rank * n:(rank + 1) * n].float()
-        z = pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb"][r % 2])
+        z = pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb", "2pa_ll"][r % 3])
         results.append((kind, y, expect, z, reference(per_rank, "sum")))
     bad = []
     for r, (kind, y, expect, z, zref) in enumerate(results):

@@ -1,4 +1,4 @@
-// The all-reduce kernels: dtype x op x {1PA LL, 2PA HB}.
+// The all-reduce kernels: dtype x op x {1PA LL, 2PA LL, 2PA HB}.
 #include <cuda_runtime.h>
 
 #include "collectives/collective_launch.hpp"
@@ -12,6 +12,12 @@ template <typename T, ReduceOp Op>
 __global__ void __launch_bounds__(1024) allReduceLLKernel(CollectiveContext context, const void* input, void* output,
                                                           uint64_t count) {
   allReduceLL<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+template <typename T, ReduceOp Op>
+__global__ void __launch_bounds__(1024) allReduceLL2Kernel(CollectiveContext context, const void* input,
+                                                           void* output, uint64_t count) {
+  allReduceLL2<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
@@ -29,6 +35,9 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
     if (call.algorithm == AllReduceAlgorithm::kOnePhaseLL) {
       allReduceLLKernel<T, Op><<<context.llBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
                                                                             call.count);
+    } else if (call.algorithm == AllReduceAlgorithm::kTwoPhaseLL) {
+      allReduceLL2Kernel<T, Op><<<context.llBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
+                                                                             call.count);
     } else {
       allReduceHBKernel<T, Op><<<context.hbBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
                                                                             call.count);

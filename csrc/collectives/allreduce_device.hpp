@@ -5,6 +5,9 @@
 //    the packets it received; no barrier, the packet flags carry the order.
 //    With a per-destination input stride the same body is the LL
 //    reduce-scatter (chunk q of the input goes to rank q);
+//  - two-phase all-pairs with LL packets (2PA LL, mid-size messages): chunk q
+//    of the input goes to rank q as packets, rank q reduces it and sends the
+//    result to every rank as packets; half the traffic of 1PA, one more hop;
 //  - two-phase all-pairs with HB (2PA HB): stage the input in scratch, barrier,
 //    each rank reduces its 1/N chunk reading all peers at once (registers),
 //    barrier, each rank gathers the other chunks from their owners.
@@ -47,7 +50,7 @@ PYCCL_HOST_DEVICE void reduceLL(const CollectiveContext& c, const void* input, u
   // 2. Reduce in rank order as the peers' packets arrive.
   bool ok = true;
   for (uint64_t i = lo + tid; i < hi; i += numThreads) {
-    float acc[kLanes];
+    float acc[kLanes] = {};
     for (int q = 0; q < c.worldSize; ++q) {
       uint32_t payload[2];
       if (q == c.rank) {
@@ -79,6 +82,88 @@ template <typename T, ReduceOp Op>
 PYCCL_HOST_DEVICE void allReduceLL(const CollectiveContext& c, const void* input, void* output, uint64_t count,
                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
   reduceLL<T, Op>(c, input, 0, output, count, block, tid, numThreads);
+}
+
+/// Elements of `elementSize` bytes per 2PA LL call (the host splits larger messages).
+PYCCL_HOST_DEVICE uint64_t allReduceLL2MaxCount(const CollectiveContext& c, uint64_t llMaxBytes,
+                                                uint64_t elementSize) {
+  return static_cast<uint64_t>(c.worldSize) * (llMaxBytes / elementSize);
+}
+
+/// 2PA LL all-reduce of `count` (<= allReduceLL2MaxCount) elements, block `block`'s share.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
+  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
+  const uint32_t flag = c.llCalls[block] + 1;
+  const uint32_t phase = flag & 1;
+  const int world = c.worldSize;
+  // Chunks of whole packets; the last ones may be short or empty.
+  const uint64_t chunkElems = ((count + world - 1) / world + kLanes - 1) / kLanes * kLanes;
+  auto chunkBytes = [&](int q) -> uint64_t {
+    const uint64_t begin = q * chunkElems;
+    const uint64_t end = begin + chunkElems < count ? begin + chunkElems : count;
+    return end > begin ? (end - begin) * sizeof(T) : 0;
+  };
+  const uint64_t chunkStride = chunkElems * sizeof(T);
+  uint64_t lo = 0, hi = 0;
+  detail::blockShare(chunkElems / kLanes, c.llBlocks, block, &lo, &hi);
+  const auto* in = static_cast<const char*>(input);
+  auto* out = static_cast<char*>(output);
+  // In place is safe: thread t alone reads and writes packet i of every chunk, in that order.
+
+  // 1. Chunk q to rank q.
+  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
+    for (int k = 1; k < world; ++k) {
+      const int q = (c.rank + k) % world;
+      uint32_t payload[2];
+      packPayload<LL16Packet>(in + q * chunkStride, i, chunkBytes(q), payload);
+      detail::llPackets(c, q, phase, c.rank, block)[i - lo].write(payload, flag);
+    }
+  }
+  // 2. Reduce this rank's chunk in rank order; the result to every rank.
+  bool ok = true;
+  const uint64_t myBytes = chunkBytes(c.rank);
+  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
+    float acc[kLanes] = {};
+    for (int q = 0; q < world; ++q) {
+      uint32_t payload[2];
+      if (q == c.rank) {
+        packPayload<LL16Packet>(in + c.rank * chunkStride, i, myBytes, payload);
+      } else {
+        const LL16Packet* p = &detail::llPackets(c, c.rank, phase, q, block)[i - lo];
+        if (ok) {
+          ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
+                           c.abort, q, flag) == WaitStatus::kOk;
+        }
+        if (!ok) payload[0] = payload[1] = 0;
+      }
+      for (uint32_t l = 0; l < kLanes; ++l) {
+        const float v = ElementTraits<T>::toFloat(detail::laneOf<T>(payload, l));
+        acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
+      }
+    }
+    uint32_t result[2];
+    T* lanes = reinterpret_cast<T*>(result);
+    for (uint32_t l = 0; l < kLanes; ++l) lanes[l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], world));
+    for (int k = 1; k < world; ++k) {
+      detail::ll2Packets(c, (c.rank + k) % world, phase, c.rank, block)[i - lo].write(result, flag);
+    }
+    unpackPayload<LL16Packet>(out + c.rank * chunkStride, i, myBytes, result);
+  }
+  // 3. The other ranks' results.
+  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
+    for (int k = 1; ok && k < world; ++k) {
+      const int q = (c.rank + world - k) % world;
+      const LL16Packet* p = &detail::ll2Packets(c, c.rank, phase, q, block)[i - lo];
+      uint32_t payload[2];
+      ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
+                       c.abort, q, flag) == WaitStatus::kOk;
+      if (ok) unpackPayload<LL16Packet>(out + q * chunkStride, i, chunkBytes(q), payload);
+    }
+  }
+  syncBlock();
+  if (tid == 0) c.llCalls[block] = flag;
 }
 
 /// Elements of `elementSize` bytes per HB call (the host splits larger messages into such pieces).

@@ -29,8 +29,10 @@ struct CollectiveContext {
   int rank;
   int worldSize;
   char* scratch[kMaxCollectiveRanks];  ///< every rank's scratch, mapped here (own included)
-  // LL: [phase 2][source rank W][block][llBlockPackets] LL16 packets at llOffset.
+  // LL: [phase 2][source rank W][block][llBlockPackets] LL16 packets at llOffset,
+  // and a second such region at ll2Offset (the gather phase of the 2PA LL all-reduce).
   uint64_t llOffset;
+  uint64_t ll2Offset;
   uint64_t llBlockPackets;
   uint32_t llBlocks;
   uint32_t hbBlocks;
@@ -52,6 +54,13 @@ PYCCL_HOST_DEVICE LL16Packet* llPackets(const CollectiveContext& c, int owner, u
                                         uint32_t block) {
   const uint64_t index = ((static_cast<uint64_t>(phase) * c.worldSize + source) * c.llBlocks + block) * c.llBlockPackets;
   return reinterpret_cast<LL16Packet*>(c.scratch[owner] + c.llOffset) + index;
+}
+
+/// The same in the second LL region.
+PYCCL_HOST_DEVICE LL16Packet* ll2Packets(const CollectiveContext& c, int owner, uint32_t phase, int source,
+                                         uint32_t block) {
+  return reinterpret_cast<LL16Packet*>(reinterpret_cast<char*>(llPackets(c, owner, phase, source, block)) +
+                                       (c.ll2Offset - c.llOffset));
 }
 
 /// HB staging slot `slot` of `owner`'s scratch for `block` in `phase` (hbSubBytes, 16-byte aligned).
@@ -110,7 +119,7 @@ PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint
   const bool dstAligned = (reinterpret_cast<uintptr_t>(dst) & 15) == 0;
   const bool dst2Aligned = (reinterpret_cast<uintptr_t>(dst2) & 15) == 0;
   for (uint64_t v = tid; v < vectors; v += numThreads) {
-    float acc[kVec];
+    float acc[kVec] = {};
     for (int q = 0; q < world; ++q) {
       const Vec16 raw = reinterpret_cast<const Vec16*>(sources[q])[v];
       const auto* words = reinterpret_cast<const uint32_t*>(&raw);

@@ -18,13 +18,19 @@ uint64_t roundDown(uint64_t x, uint64_t m) { return x / m * m; }
 
 AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what) {
   if (name == "1pa_ll") return AllReduceAlgorithm::kOnePhaseLL;
+  if (name == "2pa_ll") return AllReduceAlgorithm::kTwoPhaseLL;
   if (name == "2pa_hb") return AllReduceAlgorithm::kTwoPhaseHB;
   throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' is not an all-reduce algorithm (expected 1pa_ll or 2pa_hb)"));
+                               "' is not an all-reduce algorithm (expected 1pa_ll, 2pa_ll or 2pa_hb)"));
 }
 
 const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
-  return a == AllReduceAlgorithm::kOnePhaseLL ? "1pa_ll" : "2pa_hb";
+  switch (a) {
+    case AllReduceAlgorithm::kOnePhaseLL: return "1pa_ll";
+    case AllReduceAlgorithm::kTwoPhaseLL: return "2pa_ll";
+    case AllReduceAlgorithm::kTwoPhaseHB: return "2pa_hb";
+  }
+  return "?";
 }
 
 Protocol parseProtocol(const std::string& name, const char* what) {
@@ -52,7 +58,13 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (1u << 20);
   if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
   if (options_.llThresholdBytes == 0) options_.llThresholdBytes = options_.llMaxBytes / 2;
-  if (options_.exchangeLLThresholdBytes == 0) options_.exchangeLLThresholdBytes = options_.llMaxBytes / 2;
+  if (options_.ll2ThresholdBytes == 0) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (2u << 20);
+  for (int k = 0; k < 4; ++k) {
+    uint64_t& threshold = options_.exchangeLLThresholdBytes[k];
+    const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
+    // Where LL stops beating HB on 4 x H200 (benchmarks/RESULTS.md).
+    if (threshold == 0) threshold = host ? options_.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
+  }
   for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"}}) {
     PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
                     "must be a multiple of 32 in [32, 1024], got ", threads);
@@ -71,7 +83,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   const uint64_t stagingBytes = 2ull * options_.hbBlocks * world * subBytes;
   const uint64_t resultBytes = 2ull * options_.hbBlocks * subBytes;
   const uint64_t barrierBytes = (static_cast<uint64_t>(options_.hbBlocks) * world * 8 + 15) / 16 * 16;
-  const uint64_t total = llBytes + stagingBytes + resultBytes + barrierBytes;
+  const uint64_t total = 2 * llBytes + stagingBytes + resultBytes + barrierBytes;
 
   void* scratch = nullptr;
   if (host) {
@@ -104,9 +116,10 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   context_.llBlockPackets = llBlockPackets;
   context_.llBlocks = options_.llBlocks;
   context_.hbBlocks = options_.hbBlocks;
-  context_.hbStagingOffset = llBytes;
-  context_.hbResultOffset = llBytes + stagingBytes;
-  context_.hbBarrierOffset = llBytes + stagingBytes + resultBytes;
+  context_.ll2Offset = llBytes;
+  context_.hbStagingOffset = 2 * llBytes;
+  context_.hbResultOffset = 2 * llBytes + stagingBytes;
+  context_.hbBarrierOffset = 2 * llBytes + stagingBytes + resultBytes;
   context_.hbSubBytes = subBytes;
   // The hb counters come first: 8-byte aligned.
   context_.hbCalls = static_cast<uint64_t*>(counters);
@@ -131,11 +144,13 @@ void CollectiveEngine::close() {
 }
 
 AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes) const {
-  return bytes <= options_.llThresholdBytes ? AllReduceAlgorithm::kOnePhaseLL : AllReduceAlgorithm::kTwoPhaseHB;
+  if (bytes <= options_.llThresholdBytes) return AllReduceAlgorithm::kOnePhaseLL;
+  if (bytes <= options_.ll2ThresholdBytes) return AllReduceAlgorithm::kTwoPhaseLL;
+  return AllReduceAlgorithm::kTwoPhaseHB;
 }
 
-Protocol CollectiveEngine::selectExchange(uint64_t bytes) const {
-  return bytes <= options_.exchangeLLThresholdBytes ? Protocol::kLL : Protocol::kHB;
+Protocol CollectiveEngine::selectExchange(ExchangeKind kind, uint64_t bytes) const {
+  return bytes <= options_.exchangeLLThresholdBytes[static_cast<int>(kind)] ? Protocol::kLL : Protocol::kHB;
 }
 
 void CollectiveEngine::checkUsable(const char* op) const {
@@ -155,15 +170,16 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
                     " bytes per call in this communicator, the message has ", bytes);
   }
-  const uint64_t piece =
-      algo == AllReduceAlgorithm::kOnePhaseLL ? count : allReduceHBMaxCount(context_, elemSize);
+  uint64_t piece = count;
+  if (algo == AllReduceAlgorithm::kTwoPhaseLL) piece = allReduceLL2MaxCount(context_, options_.llMaxBytes, elemSize);
+  if (algo == AllReduceAlgorithm::kTwoPhaseHB) piece = allReduceHBMaxCount(context_, elemSize);
   for (uint64_t done = 0; done < count; done += piece) {
     AllReduceCall call{static_cast<const char*>(input) + done * elemSize, static_cast<char*>(output) + done * elemSize,
                        count - done < piece ? count - done : piece, dtype, op, algo};
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
       allReduceDevice(context_, call, stream,
-                      algo == AllReduceAlgorithm::kOnePhaseLL ? options_.llThreads : options_.hbThreads);
+                      algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads);
       continue;
     }
 #endif
@@ -190,7 +206,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
                     comm_.worldSize() - 1, "), got ", root);
   }
   const uint64_t wholeBytes = kind == ExchangeKind::kBroadcast ? chunkBytes : chunkBytes * comm_.worldSize();
-  const Protocol proto = protocol ? *protocol : selectExchange(wholeBytes);
+  const Protocol proto = protocol ? *protocol : selectExchange(kind, wholeBytes);
   // Pieces of whole 16-byte units, so that every piece but the last keeps the LL/HB layout full.
   const uint64_t limit = proto == Protocol::kLL ? options_.llMaxBytes : exchangeHBMaxChunk(context_);
   const uint64_t piece = limit / 16 * 16;

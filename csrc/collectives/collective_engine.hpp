@@ -22,10 +22,14 @@ struct CollectiveOptions {
   uint32_t hbThreads = 256;       ///< threads per block of the HB kernel
   uint64_t llMaxBytes = 0;        ///< largest LL message; 0: default (1 MiB GPUs, 64 KiB host)
   uint64_t hbPieceBytes = 0;      ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
-  uint64_t llThresholdBytes = 0;  ///< all-reduce, automatic choice: LL up to here; 0: default (= llMaxBytes / 2)
-  /// All-gather, reduce-scatter, all-to-all and broadcast, automatic choice: LL up
-  /// to this many bytes of the whole buffer (nccl-tests' size); 0: default.
-  uint64_t exchangeLLThresholdBytes = 0;
+  uint64_t llThresholdBytes = 0;  ///< all-reduce, automatic choice: 1PA LL up to here; 0: default (llMaxBytes / 2)
+  /// All-reduce, automatic choice: 2PA LL up to here, 2PA HB above; 0: default
+  /// (2 MiB on GPUs, llMaxBytes in host mode).
+  uint64_t ll2ThresholdBytes = 0;
+  /// All-gather, all-to-all, broadcast and reduce-scatter (ExchangeKind order),
+  /// automatic choice: LL up to this many bytes of the whole buffer (nccl-tests'
+  /// size); 0: default (GPUs: 512 KiB, broadcast 128 KiB; host: llMaxBytes / 2).
+  uint64_t exchangeLLThresholdBytes[4] = {0, 0, 0, 0};
 };
 
 class CollectiveEngine {
@@ -55,7 +59,7 @@ class CollectiveEngine {
   /// The algorithm the automatic choice takes for an all-reduce of `bytes`.
   AllReduceAlgorithm select(uint64_t bytes) const;
   /// The protocol the automatic choice takes for an exchange whose whole buffer has `bytes`.
-  Protocol selectExchange(uint64_t bytes) const;
+  Protocol selectExchange(ExchangeKind kind, uint64_t bytes) const;
   const CollectiveOptions& options() const { return options_; }
   /// Releases the scratch mappings (idempotent); later calls raise ClosedError.
   void close();

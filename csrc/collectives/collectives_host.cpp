@@ -18,13 +18,19 @@ void runBlocks(uint32_t blocks, Body&& body) {
 }  // namespace
 
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) {
-  const bool ll = call.algorithm == AllReduceAlgorithm::kOnePhaseLL;
+  const bool hb = call.algorithm == AllReduceAlgorithm::kTwoPhaseHB;
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
-    runBlocks(ll ? context.llBlocks : context.hbBlocks, [&](uint32_t b) {
-      if (ll) {
-        allReduceLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
-      } else {
-        allReduceHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+    runBlocks(hb ? context.hbBlocks : context.llBlocks, [&](uint32_t b) {
+      switch (call.algorithm) {
+        case AllReduceAlgorithm::kOnePhaseLL:
+          allReduceLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          break;
+        case AllReduceAlgorithm::kTwoPhaseLL:
+          allReduceLL2<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          break;
+        case AllReduceAlgorithm::kTwoPhaseHB:
+          allReduceHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          break;
       }
     });
   });

@@ -63,6 +63,15 @@ void checkTensorFor(const Communicator& comm, const at::Tensor& t, const char* a
   }
 }
 
+ExchangeKind exchangeKindOf(const std::string& name) {
+  if (name == "all_gather") return ExchangeKind::kAllGather;
+  if (name == "all_to_all") return ExchangeKind::kAllToAll;
+  if (name == "broadcast") return ExchangeKind::kBroadcast;
+  if (name == "reduce_scatter") return ExchangeKind::kReduceScatter;
+  throw InvalidArgument(strCat("invalid argument 'collective': '", name,
+                               "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
+}
+
 void checkPair(const Communicator& comm, const at::Tensor& input, const at::Tensor& output) {
   checkTensorFor(comm, input, "tensor");
   checkTensorFor(comm, output, "out");
@@ -109,8 +118,8 @@ void bindCollectives(py::module_& m) {
 
   py::class_<CollectiveEngine, std::shared_ptr<CollectiveEngine>>(m, "CollectiveEngine")
       .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
-                       uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes,
-                       uint64_t exchangeLLThresholdBytes) {
+                       uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes,
+                       std::vector<uint64_t> exchangeLLThresholdBytes) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -119,13 +128,20 @@ void bindCollectives(py::module_& m) {
              o.llMaxBytes = llMaxBytes;
              o.hbPieceBytes = hbPieceBytes;
              o.llThresholdBytes = llThresholdBytes;
-             o.exchangeLLThresholdBytes = exchangeLLThresholdBytes;
+             o.ll2ThresholdBytes = ll2ThresholdBytes;
+             PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
+                             "exchange_ll_threshold_bytes",
+                             "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
+                             exchangeLLThresholdBytes.size());
+             for (size_t k = 0; k < exchangeLLThresholdBytes.size(); ++k) {
+               o.exchangeLLThresholdBytes[k] = exchangeLLThresholdBytes[k];
+             }
              py::gil_scoped_release release;
              return std::make_shared<CollectiveEngine>(comm, o);
            }),
            py::arg("comm"), py::arg("ll_blocks") = 0, py::arg("hb_blocks") = 0, py::arg("ll_threads") = 1024,
            py::arg("hb_threads") = 256, py::arg("ll_max_bytes") = 0, py::arg("hb_piece_bytes") = 0,
-           py::arg("ll_threshold_bytes") = 0, py::arg("exchange_ll_threshold_bytes") = 0, py::keep_alive<1, 2>())
+           py::arg("ll_threshold_bytes") = 0, py::arg("ll2_threshold_bytes") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{}, py::keep_alive<1, 2>())
       .def("all_reduce",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::string& op, const std::optional<std::string>& algorithm) {
@@ -199,8 +215,12 @@ void bindCollectives(py::module_& m) {
       .def("select", [](const CollectiveEngine& e, uint64_t bytes) { return allReduceAlgorithmName(e.select(bytes)); },
            py::arg("nbytes"), "The all-reduce algorithm chosen for a message of nbytes.")
       .def("select_exchange",
-           [](const CollectiveEngine& e, uint64_t bytes) { return protocolName(e.selectExchange(bytes)); },
-           py::arg("nbytes"), "The protocol chosen for an exchange whose whole buffer has nbytes.")
+           [](const CollectiveEngine& e, const std::string& collective, uint64_t bytes) {
+             return protocolName(e.selectExchange(exchangeKindOf(collective), bytes));
+           },
+           py::arg("collective"), py::arg("nbytes"),
+           "The protocol chosen for an exchange (all_gather, all_to_all, broadcast, reduce_scatter) whose whole "
+           "buffer has nbytes.")
       .def_property_readonly("ll_max_bytes", [](const CollectiveEngine& e) { return e.options().llMaxBytes; })
       .def("close", &CollectiveEngine::close);
 }

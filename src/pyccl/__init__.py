@@ -17,7 +17,7 @@ import torch  # noqa: F401  (loads libtorch and the CUDA runtime that _C links a
 
 from . import _C
 from ._logging import logger
-from .collectives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
+from .collectives import all_gather, all_reduce, all_to_all, broadcast, communicator_for, reduce_scatter
 from .communicator import Communicator
 from .errors import (
     AbortedError,
@@ -51,6 +51,7 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "broadcast",
+    "communicator_for",
     "reduce_scatter",
     "cuda_available",
     "empty",

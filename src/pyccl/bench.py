@@ -72,7 +72,7 @@ def _time_graph(fn, iters: int, trials: int) -> float:
 _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
                "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
                "broadcast": lambda w: 1.0}
-_FORCED = {"all_reduce": ("1pa_ll", "2pa_hb")}
+_FORCED = {"all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb")}
 
 
 def _tensors(collective, nbytes, world, dtype, device, rank):
@@ -154,6 +154,8 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             for label, algo in candidates.items():
                 if algo == "1pa_ll" and whole > comm._engine.ll_max_bytes:
                     continue
+                if algo in ("2pa_ll", "ll") and whole > 4 * world * comm._engine.ll_max_bytes:
+                    continue  # LL far past its range: slow, and says nothing new
                 use = None if label == "pyccl" else comm
                 fn = _pyccl_fn(pyccl, collective, x, out, use, algo)
                 fn()
@@ -166,12 +168,12 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 if not ok:
                     raise AssertionError(f"{collective} {label}: wrong result at {whole} bytes")
                 row[label] = _time_graph(fn, iters, trials)
-            if collective == "all_reduce":
-                row["pyccl_algo"] = ("nccl" if whole >= pyccl.collectives._nccl_min_bytes()
-                                     else comm._engine.select(whole))
+            if whole >= pyccl.collectives._nccl_min_bytes(collective):
+                row["pyccl_algo"] = "nccl"
+            elif collective == "all_reduce":
+                row["pyccl_algo"] = comm._engine.select(whole)
             else:
-                row["pyccl_algo"] = ("nccl" if whole >= pyccl.collectives._nccl_min_bytes()
-                                     else comm._engine.select_exchange(whole))
+                row["pyccl_algo"] = comm._engine.select_exchange(collective, whole)
             buf = x.clone() if collective == "all_reduce" else out
             row["nccl"] = _time_graph(_nccl_fn(dist, collective, x, buf), iters, trials)
             if symm is not None and collective == "all_reduce":
@@ -230,7 +232,7 @@ def main(argv=None) -> int:
     for collective, rows in res["tables"].items():
         print(f"# pyccl {collective}, {world} x {gpu}, {args.dtype}, CUDA graph ({args.iters} calls/graph, "
               f"median of {args.trials} replays), {datetime.date.today()}")
-        cols = ["pyccl", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_hb", "pyccl_ll", "pyccl_hb", "nccl",
+        cols = ["pyccl", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll", "pyccl_hb", "nccl",
                 "symm_one_shot", "symm_two_shot"]
         cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
         factor = _BUS_FACTOR[collective](world)

@@ -37,7 +37,7 @@ __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "communicator_
 _REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
 # The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO).
 ALGORITHMS: Dict[str, Tuple[str, ...]] = {
-    "all_reduce": ("1pa_ll", "2pa_hb", "nccl"),
+    "all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
     "all_gather": ("ll", "hb", "nccl"),
     "reduce_scatter": ("ll", "hb", "nccl"),
     "all_to_all": ("ll", "hb", "nccl"),
@@ -156,7 +156,8 @@ class _Call:
         nbytes = nbytes_of(self.comm.world_size)
         self.use_nccl = False
         if self.from_group and tensor.is_cuda and _has_nccl(group):
-            self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and nbytes >= _nccl_min_bytes())
+            self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and
+                                                         nbytes >= _nccl_min_bytes(collective))
         if self.algorithm == "nccl" and not self.use_nccl:
             raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a torch "
                                        "group with an NCCL backend")
@@ -177,9 +178,10 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         group: a torch process group (default: the world).
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.
         comm: a pyccl Communicator to use instead of ``group``.
-        algorithm: "1pa_ll", "2pa_hb" or "nccl" to force one (default: ``PYCCL_ALGO``, else
-            by size: 1PA LL up to 512 KiB, 2PA HB above, and from ``PYCCL_NCCL_MIN_BYTES``
-            (16 MiB) the group's NCCL backend when it has one).
+        algorithm: "1pa_ll", "2pa_ll", "2pa_hb" or "nccl" to force one (default: ``PYCCL_ALGO``,
+            else by size: 1PA LL up to 512 KiB, 2PA LL up to 2 MiB, 2PA HB above, and from
+            ``NCCL_MIN_BYTES`` (16 MiB;
+            ``PYCCL_NCCL_MIN_BYTES``) the group's NCCL backend when it has one).
 
     Returns the result tensor. 16-bit inputs are reduced in fp32; results are
     bitwise identical on every rank.
@@ -310,12 +312,23 @@ _DIST_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.Red
              "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
 
 
-def _nccl_min_bytes() -> int:
-    """Messages from here on go to NCCL when the group has it: PYCCL_NCCL_MIN_BYTES,
-    by default 16 MiB (where NCCL overtakes the 2PA kernel on 4 x H200)."""
+# From these sizes (bytes of the whole buffer) NCCL through the torch group is
+# at least as fast as pyccl's kernels on 4 x H200 NVLink (benchmarks/RESULTS.md).
+NCCL_MIN_BYTES = {
+    "all_reduce": 16 << 20,
+    "all_gather": 64 << 20,
+    "reduce_scatter": 32 << 20,
+    "all_to_all": 64 << 20,
+    "broadcast": 4 << 20,
+}
+
+
+def _nccl_min_bytes(collective: str = "all_reduce") -> int:
+    """Messages from here on go to NCCL when the group has it: PYCCL_NCCL_MIN_BYTES
+    (one size for every collective) if set, else NCCL_MIN_BYTES[collective]."""
     text = os.environ.get("PYCCL_NCCL_MIN_BYTES")
     if not text:
-        return 16 << 20
+        return NCCL_MIN_BYTES[collective]
     try:
         value = int(text)
     except ValueError:
