@@ -80,10 +80,11 @@ fi
 stamp="$VENV/.pyccl-build-stamp"
 digest="$(cd "$PYCCL_ROOT" && find csrc CMakeLists.txt pyproject.toml scripts/torch_build_info.py -type f \
             -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${CXX:-}"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! "$PY" -c "import pyccl._C" 2>/dev/null; then
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c "import pyccl._C" 2>/dev/null; then
   log "building pyccl (log: $VENV/pyccl-build.log)"
   start=$(date +%s)
-  if ! (cd "$PYCCL_ROOT" && "$PY" -m pip install --no-build-isolation --no-deps -v -e . \
+  # The build imports torch, which would import the half-built pyccl through its backend entry point.
+  if ! (cd "$PYCCL_ROOT" && TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -m pip install --no-build-isolation --no-deps -v -e . \
           > "$VENV/pyccl-build.log" 2>&1); then
     tail -n 60 "$VENV/pyccl-build.log" >&2
     log "build failed; full log in $VENV/pyccl-build.log"

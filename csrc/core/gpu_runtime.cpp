@@ -137,6 +137,46 @@ bool isDevicePointer(const void* ptr, int* device) {
   return true;
 }
 
+StreamEvent::StreamEvent(int device, void* stream) : device_(device) {
+  DeviceGuard guard(device);
+  cudaEvent_t e = nullptr;
+  PYCCL_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  event_ = e;
+  PYCCL_CHECK_CUDA(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+}
+
+StreamEvent::~StreamEvent() {
+  if (event_ != nullptr && cudaEventDestroy(static_cast<cudaEvent_t>(event_)) != cudaSuccess) cudaGetLastError();
+}
+
+bool StreamEvent::query() const {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  PYCCL_CHECK_CUDA(e);
+  return true;
+}
+
+void StreamEvent::block(void* stream) const {
+  DeviceGuard guard(device_);
+  PYCCL_CHECK_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0));
+}
+
+void StreamEvent::synchronize() const { PYCCL_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event_))); }
+
+bool isCapturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  PYCCL_CHECK_CUDA(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void synchronizeStream(int device, void* stream) {
+  DeviceGuard guard(device);
+  PYCCL_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
 #else  // CPU-only build
 
 namespace {
@@ -164,6 +204,13 @@ void deviceFree(int, void*) {}
 void copyToHost(int, void*, const void*, size_t) { noCuda("copyToHost"); }
 void copyToDevice(int, void*, const void*, size_t) { noCuda("copyToDevice"); }
 bool isDevicePointer(const void*, int*) { return false; }
+StreamEvent::StreamEvent(int, void*) : device_(-1) { noCuda("StreamEvent"); }
+StreamEvent::~StreamEvent() = default;
+bool StreamEvent::query() const { return true; }
+void StreamEvent::block(void*) const {}
+void StreamEvent::synchronize() const {}
+bool isCapturing(void*) { return false; }
+void synchronizeStream(int, void*) {}
 
 #endif
 

@@ -65,4 +65,31 @@ void copyToDevice(int device, void* dst, const void* src, size_t size);
 /// Whether `ptr` is device memory (false for host or unknown pointers).
 bool isDevicePointer(const void* ptr, int* device);
 
+/// A CUDA event without timing, recorded on a stream (a cudaStream_t):
+/// query() and block() let a host thread or another stream follow the work
+/// enqueued before it.
+class StreamEvent {
+ public:
+  /// Records on `stream` of `device`.
+  StreamEvent(int device, void* stream);
+  ~StreamEvent();
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  /// Whether the work before the record has completed (no waiting).
+  bool query() const;
+  /// Makes `stream` wait for it (the host does not wait).
+  void block(void* stream) const;
+  /// Waits on the host until it has completed.
+  void synchronize() const;
+
+ private:
+  int device_;
+  void* event_ = nullptr;
+};
+
+/// Whether a CUDA graph is being captured on `stream`.
+bool isCapturing(void* stream);
+/// Waits on the host for the work enqueued so far on `stream`.
+void synchronizeStream(int device, void* stream);
+
 }  // namespace pyccl::gpu

@@ -2,65 +2,19 @@
 // the argument), then the engine on the current CUDA stream.
 #include <torch/extension.h>
 
-#ifdef PYCCL_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 #include "collectives/collective_engine.hpp"
 #include "core/errors.hpp"
 #include "python/bindings.hpp"
+#include "torch/tensor_collectives.hpp"
 
 namespace py = pybind11;
 
 namespace pyccl {
 namespace {
 
-/// torch's name of a dtype ("int32", not c10's "Int").
-std::string dtypeName(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kDouble: return "torch.float64";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kShort: return "torch.int16";
-    case at::kChar: return "torch.int8";
-    case at::kByte: return "torch.uint8";
-    case at::kBool: return "torch.bool";
-    default: return strCat("torch ", c10::toString(t));
-  }
-}
-
-DataType dataTypeOf(const at::Tensor& t, const char* arg) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DataType::kFloat32;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    default:
-      throw TypeError(strCat("invalid argument '", arg, "': reductions support float32, float16 and bfloat16, got ",
-                             dtypeName(t.scalar_type())));
-  }
-}
-
-ReduceOp reduceOpOf(const std::string& op) {
-  if (op == "sum") return ReduceOp::kSum;
-  if (op == "avg") return ReduceOp::kAvg;
-  if (op == "min") return ReduceOp::kMin;
-  if (op == "max") return ReduceOp::kMax;
-  if (op == "prod" || op == "product") return ReduceOp::kProd;
-  throw InvalidArgument(strCat("invalid argument 'op': '", op, "' is not a reduction (expected sum, avg, min, max or prod)"));
-}
-
-void checkTensorFor(const Communicator& comm, const at::Tensor& t, const char* arg) {
-  PYCCL_CHECK_ARG(t.is_contiguous(), arg, "must be contiguous");
-  if (comm.hostMode()) {
-    PYCCL_CHECK_ARG(t.device().is_cpu(), arg, "must be a CPU tensor for a host-mode communicator, got ",
-                    t.device().str());
-  } else {
-    PYCCL_CHECK_ARG(t.device().is_cuda() && t.device().index() == comm.device(), arg, "must be on cuda:",
-                    comm.device(), " (the communicator's device), got ", t.device().str());
-  }
+std::optional<Protocol> protocolArg(const std::optional<std::string>& name) {
+  if (!name || name->empty()) return std::nullopt;
+  return parseProtocol(*name, "protocol");
 }
 
 ExchangeKind exchangeKindOf(const std::string& name) {
@@ -70,32 +24,6 @@ ExchangeKind exchangeKindOf(const std::string& name) {
   if (name == "reduce_scatter") return ExchangeKind::kReduceScatter;
   throw InvalidArgument(strCat("invalid argument 'collective': '", name,
                                "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
-}
-
-void checkPair(const Communicator& comm, const at::Tensor& input, const at::Tensor& output) {
-  checkTensorFor(comm, input, "tensor");
-  checkTensorFor(comm, output, "out");
-  PYCCL_CHECK_ARG(input.scalar_type() == output.scalar_type(), "out", "dtype ", dtypeName(output.scalar_type()),
-                  " differs from the input's ", dtypeName(input.scalar_type()));
-}
-
-void* currentStream(const Communicator& comm) {
-#ifdef PYCCL_WITH_CUDA
-  if (!comm.hostMode()) return c10::cuda::getCurrentCUDAStream(comm.device()).stream();
-#endif
-  return nullptr;
-}
-
-void runExchange(CollectiveEngine& e, const Communicator& comm, ExchangeKind kind, const at::Tensor& input,
-                 uint64_t inStride, const at::Tensor& output, uint64_t outStride, uint64_t chunkBytes, int root,
-                 DataType dtype, ReduceOp op, const std::optional<std::string>& protocol) {
-  std::optional<Protocol> proto;
-  if (protocol && !protocol->empty()) proto = parseProtocol(*protocol, "protocol");
-  void* stream = currentStream(comm);
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
-  py::gil_scoped_release release;
-  e.exchange(kind, in, inStride, out, outStride, chunkBytes, root, dtype, op, proto, stream);
 }
 
 }  // namespace
@@ -145,71 +73,46 @@ void bindCollectives(py::module_& m) {
       .def("all_reduce",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::string& op, const std::optional<std::string>& algorithm) {
-             checkPair(comm, input, output);
-             PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
-                             input.numel());
-             const DataType dtype = dataTypeOf(input, "tensor");
              const ReduceOp rop = reduceOpOf(op);
              std::optional<AllReduceAlgorithm> algo;
              if (algorithm && !algorithm->empty()) algo = parseAllReduceAlgorithm(*algorithm, "algorithm");
-             void* stream = currentStream(comm);
-             const void* in = input.data_ptr();
-             void* out = output.data_ptr();
-             const uint64_t count = static_cast<uint64_t>(input.numel());
              py::gil_scoped_release release;
-             e.allReduce(in, out, count, dtype, rop, algo, stream);
+             allReduceTensor(e, comm, input, output, rop, algo);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum",
            py::arg("algorithm") = std::nullopt)
       .def("all_gather",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::optional<std::string>& protocol) {
-             checkPair(comm, input, output);
-             PYCCL_CHECK_ARG(output.numel() == input.numel() * comm.worldSize(), "out", "has ", output.numel(),
-                             " elements; an all-gather of ", input.numel(), " over ", comm.worldSize(),
-                             " ranks needs ", input.numel() * comm.worldSize());
-             const uint64_t chunk = input.nbytes();
-             runExchange(e, comm, ExchangeKind::kAllGather, input, 0, output, chunk, chunk, 0, DataType::kFloat32,
-                         ReduceOp::kSum, protocol);
+             const auto proto = protocolArg(protocol);
+             py::gil_scoped_release release;
+             allGatherTensor(e, comm, input, output, proto);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("protocol") = std::nullopt)
       .def("reduce_scatter",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::string& op, const std::optional<std::string>& protocol) {
-             checkPair(comm, input, output);
-             PYCCL_CHECK_ARG(input.numel() == output.numel() * comm.worldSize(), "out", "has ", output.numel(),
-                             " elements; a reduce-scatter of ", input.numel(), " over ", comm.worldSize(),
-                             " ranks gives each ", input.numel() / comm.worldSize(),
-                             input.numel() % comm.worldSize() ? " (and the input must divide evenly)" : "");
-             const DataType dtype = dataTypeOf(input, "tensor");
              const ReduceOp rop = reduceOpOf(op);
-             const uint64_t chunk = output.nbytes();
-             runExchange(e, comm, ExchangeKind::kReduceScatter, input, chunk, output, 0, chunk, 0, dtype, rop,
-                         protocol);
+             const auto proto = protocolArg(protocol);
+             py::gil_scoped_release release;
+             reduceScatterTensor(e, comm, input, output, rop, proto);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum",
            py::arg("protocol") = std::nullopt)
       .def("all_to_all",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::optional<std::string>& protocol) {
-             checkPair(comm, input, output);
-             PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
-                             input.numel());
-             PYCCL_CHECK_ARG(input.numel() % comm.worldSize() == 0, "tensor", "has ", input.numel(),
-                             " elements, not a multiple of the world size ", comm.worldSize());
-             const uint64_t chunk = input.nbytes() / comm.worldSize();
-             runExchange(e, comm, ExchangeKind::kAllToAll, input, chunk, output, chunk, chunk, 0,
-                         DataType::kFloat32, ReduceOp::kSum, protocol);
+             const auto proto = protocolArg(protocol);
+             py::gil_scoped_release release;
+             allToAllTensor(e, comm, input, output, proto);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("protocol") = std::nullopt)
       .def("broadcast",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output, int root,
               const std::optional<std::string>& protocol) {
-             checkPair(comm, input, output);
-             PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
-                             input.numel());
-             runExchange(e, comm, ExchangeKind::kBroadcast, input, 0, output, 0, input.nbytes(), root,
-                         DataType::kFloat32, ReduceOp::kSum, protocol);
+             const auto proto = protocolArg(protocol);
+             py::gil_scoped_release release;
+             broadcastTensor(e, comm, input, output, root, proto);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("src"), py::arg("protocol") = std::nullopt)
       .def("select", [](const CollectiveEngine& e, uint64_t bytes) { return allReduceAlgorithmName(e.select(bytes)); },

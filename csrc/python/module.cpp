@@ -90,4 +90,5 @@ PYBIND11_MODULE(_C, m) {
   bindTensors(m);
   bindSelftest(m);
   bindCollectives(m);
+  bindBackend(m);
 }

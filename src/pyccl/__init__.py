@@ -31,6 +31,9 @@ from .errors import (
     UnsupportedError,
 )
 from ._C import RegisteredMemory, Semaphore
+from .backend import register as _register_backend
+
+_register_backend()
 
 __version__ = "0.1.0"
 

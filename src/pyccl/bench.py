@@ -1,20 +1,24 @@
 """Collective benchmark, nccl-tests style: ``python -m pyccl.bench``.
 
-For each message size, every implementation runs the same all-reduce
-captured in a CUDA graph (``--iters`` calls per graph), replayed ``--trials``
-times; the table gives the median time per call and the ratio to NCCL
-(through ProcessGroupNCCL), measured in the same run on the same GPUs:
+For each collective and message size ("bytes" is the whole buffer, as
+nccl-tests counts it), every implementation runs the same call captured in a
+CUDA graph (``--iters`` calls per graph), replayed ``--trials`` times; the
+table gives the median time per call, measured in the same run on the same GPUs:
 
-- pyccl through a torch group (``pyccl``: its kernels by size, the group's
-  NCCL from ``PYCCL_NCCL_MIN_BYTES``), pyccl's kernels alone (``pyccl_kernels``),
-  and each kernel forced (``--all-algos``);
-- NCCL through ``torch.distributed`` (ProcessGroupNCCL);
+- ``pyccl``: ``pyccl.<collective>`` on a torch group (its kernels by size, the
+  group's NCCL from ``pyccl.collectives.NCCL_MIN_BYTES``);
+- ``pyccl_pg``: ``torch.distributed`` on a process group whose backend is pyccl;
+- ``pyccl_kernels``: pyccl's kernels alone, and each one forced (``--all-algos``);
+- ``nccl_direct``: ``ncclAllReduce`` & co. on the stream through the NCCL torch
+  loaded (as vLLM's pynccl calls it), and ``nccl``: ProcessGroupNCCL;
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
   (multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``).
 
-Each result is checked against NCCL's before it is timed.
+Each result is checked against NCCL's before it is timed. busbw uses
+nccl-tests' factors; the ratio columns divide NCCL direct's time and the best
+other implementation's time by pyccl's.
 
-    python -m pyccl.bench --world 4 --dtype bfloat16 --min-bytes 1K --max-bytes 256M
+    python -m pyccl.bench --world 4 --collectives all --dtype bfloat16 --min-bytes 1K --max-bytes 256M
 """
 
 from __future__ import annotations
@@ -99,16 +103,17 @@ def _pyccl_fn(pyccl, collective, x, out, comm, algo):
     return lambda: fn(x, out=out, comm=comm, algorithm=algo)
 
 
-def _nccl_fn(dist, collective, x, out):
+def _dist_fn(dist, collective, x, out, group=None):
+    """The collective through torch.distributed on `group` (in place for all-reduce)."""
     if collective == "all_reduce":
-        return lambda: dist.all_reduce(out)
+        return lambda: dist.all_reduce(out, group=group)
     if collective == "all_gather":
-        return lambda: dist.all_gather_into_tensor(out, x)
+        return lambda: dist.all_gather_into_tensor(out, x, group=group)
     if collective == "reduce_scatter":
-        return lambda: dist.reduce_scatter_tensor(out, x)
+        return lambda: dist.reduce_scatter_tensor(out, x, group=group)
     if collective == "all_to_all":
-        return lambda: dist.all_to_all_single(out, x)
-    return lambda: dist.broadcast(out, 0)
+        return lambda: dist.all_to_all_single(out, x, group=group)
+    return lambda: dist.broadcast(out, 0, group=group)
 
 
 def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos):
@@ -123,6 +128,10 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
     comm = pyccl.Communicator(store, rank, world, device=device, name="bench")
     # The torch-group path's communicator, made before any graph is captured.
     pyccl.communicator_for(None, device)
+    pyccl_group = dist.new_group(backend="pyccl")
+    from ._nccl import NcclComm
+
+    nccl = NcclComm(store, rank, world, device.index)
     group_name = dist.group.WORLD.group_name
     symm = None
     try:
@@ -146,7 +155,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             ref = out.clone() if collective != "all_reduce" else x.clone()
             if collective == "broadcast":
                 ref.copy_(x)
-            _nccl_fn(dist, collective, x, ref)()
+            _dist_fn(dist, collective, x, ref)()
             candidates = {"pyccl": None, "pyccl_kernels": None}
             if all_algos:
                 for algo in _FORCED.get(collective, ("ll", "hb")):
@@ -175,7 +184,31 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             else:
                 row["pyccl_algo"] = comm._engine.select_exchange(collective, whole)
             buf = x.clone() if collective == "all_reduce" else out
-            row["nccl"] = _time_graph(_nccl_fn(dist, collective, x, buf), iters, trials)
+            row["nccl"] = _time_graph(_dist_fn(dist, collective, x, buf), iters, trials)
+            direct = {"all_reduce": lambda: nccl.all_reduce(buf), "all_gather": lambda: nccl.all_gather(x, buf),
+                      "reduce_scatter": lambda: nccl.reduce_scatter(x, buf), "all_to_all": lambda: nccl.all_to_all(x, buf),
+                      "broadcast": lambda: nccl.broadcast(buf, buf)}[collective]
+            direct()
+            torch.cuda.synchronize()
+            if collective not in ("all_reduce", "reduce_scatter") and not torch.equal(buf, ref):
+                raise AssertionError(f"{collective} NCCL direct: differs from ProcessGroupNCCL at {whole} bytes")
+            row["nccl_direct"] = _time_graph(direct, iters, trials)
+            # The same call through a process group whose backend is pyccl.
+            got = ref.clone()
+            if collective == "broadcast":
+                got.copy_(x)
+            elif collective == "all_reduce":
+                got.copy_(x)
+            _dist_fn(dist, collective, x, got, pyccl_group)()
+            torch.cuda.synchronize()
+            if collective in ("all_reduce", "reduce_scatter"):
+                tol = 2e-2 if dtype != torch.float32 else 1e-4
+                ok = torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item())
+            else:
+                ok = torch.equal(got, ref)
+            if not ok:
+                raise AssertionError(f"{collective} through the pyccl backend: wrong result at {whole} bytes")
+            row["pyccl_pg"] = _time_graph(_dist_fn(dist, collective, x, got, pyccl_group), iters, trials)
             if symm is not None and collective == "all_reduce":
                 view = symm[:x.numel()]
                 view.copy_(x)
@@ -189,6 +222,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             rows.append(row)
         tables[collective] = rows
     comm.close()
+    nccl.close()
     dist.destroy_process_group()
     return {"tables": tables, "symm_error": symm_error} if rank == 0 else None
 
@@ -232,18 +266,19 @@ def main(argv=None) -> int:
     for collective, rows in res["tables"].items():
         print(f"# pyccl {collective}, {world} x {gpu}, {args.dtype}, CUDA graph ({args.iters} calls/graph, "
               f"median of {args.trials} replays), {datetime.date.today()}")
-        cols = ["pyccl", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll", "pyccl_hb", "nccl",
+        cols = ["pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll",
+                "pyccl_hb", "nccl_direct", "nccl",
                 "symm_one_shot", "symm_two_shot"]
         cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
         factor = _BUS_FACTOR[collective](world)
         print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
-              + f" {'algo':>7} {'busbw GB/s':>10} {'NCCL/pyccl':>10} {'best other/pyccl':>16}")
+              + f" {'algo':>7} {'busbw GB/s':>10} {'NCCLd/pyccl':>10} {'best other/pyccl':>16}")
         for r in rows:
             vals = " ".join(f"{r[c]:>15.2f}" if r.get(c) is not None else f"{'-':>15}" for c in cols)
-            others = [r[c] for c in ("nccl", "symm_one_shot", "symm_two_shot") if r.get(c) is not None]
+            others = [r[c] for c in ("nccl_direct", "nccl", "symm_one_shot", "symm_two_shot") if r.get(c) is not None]
             busbw = r["bytes"] * factor / (r["pyccl"] * 1e-6) / 1e9
-            print(f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {busbw:>10.1f} {r['nccl'] / r['pyccl']:>10.2f} "
-                  f"{min(others) / r['pyccl']:>16.2f}")
+            print(f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {busbw:>10.1f} "
+                  f"{r['nccl_direct'] / r['pyccl']:>10.2f} {min(others) / r['pyccl']:>16.2f}")
         errors = {k: v for r in rows for k, v in r.items() if k.endswith("_error")}
         for k, v in errors.items():
             print(f"# {k}: {v}")

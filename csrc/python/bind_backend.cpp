@@ -1,0 +1,34 @@
+// The constructor of the "pyccl" c10d backend, for pyccl.backend's creator.
+#include <torch/extension.h>
+
+#include "python/bindings.hpp"
+#include "torch/process_group.hpp"
+
+namespace py = pybind11;
+
+namespace pyccl {
+
+void bindBackend(py::module_& m) {
+  m.def(
+      "_make_backend",
+      [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, int64_t timeoutMs, const std::string& name,
+         int cudaDevice, const std::vector<uint64_t>& delegateMinBytes,
+         std::optional<c10::intrusive_ptr<c10d::Backend>> delegate) -> c10::intrusive_ptr<c10d::Backend> {
+        BackendOptions o;
+        o.name = name;
+        o.timeout = std::chrono::milliseconds(timeoutMs);
+        o.cudaDevice = cudaDevice;
+        PYCCL_CHECK_ARG(delegateMinBytes.size() == o.delegateMinBytes.size(), "delegate_min_bytes", "needs ",
+                        o.delegateMinBytes.size(),
+                        " sizes (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast), got ",
+                        delegateMinBytes.size());
+        std::copy(delegateMinBytes.begin(), delegateMinBytes.end(), o.delegateMinBytes.begin());
+        py::gil_scoped_release release;
+        return c10::make_intrusive<PycclBackend>(std::move(store), rank, size, std::move(o),
+                                                 delegate ? *delegate : c10::intrusive_ptr<c10d::Backend>());
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
+      py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate") = std::nullopt);
+}
+
+}  // namespace pyccl

@@ -1,0 +1,525 @@
+#include "torch/process_group.hpp"
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#ifdef PYCCL_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
+#include "core/logging.hpp"
+#include "torch/store_adapter.hpp"
+#include "torch/tensor_collectives.hpp"
+
+namespace pyccl {
+namespace {
+
+// Bootstrap tags of the host-staged send/recv (clear of the core's own tags).
+constexpr int kP2PTagBase = 1 << 24;
+constexpr size_t kP2PChunk = 4u << 20;  // under the TCP store's message limit
+
+void* currentStreamOf(const at::Tensor& t) {
+#ifdef PYCCL_WITH_CUDA
+  if (t.is_cuda()) return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#endif
+  return nullptr;
+}
+
+/// The op's outputs, ready when the event recorded after the op has passed.
+class PycclWork : public c10d::Work {
+ public:
+  PycclWork(int rank, c10d::OpType type, uint64_t seq, std::vector<at::Tensor> outputs)
+      : c10d::Work(rank, type), seq_(seq), outputs_(std::move(outputs)) {
+    if (!outputs_.empty() && outputs_[0].is_cuda()) {
+      device_ = outputs_[0].device().index();
+      void* stream = currentStreamOf(outputs_[0]);
+      // A captured op completes when the graph is replayed; nothing to track here.
+      if (!gpu::isCapturing(stream)) event_ = std::make_unique<gpu::StreamEvent>(device_, stream);
+    }
+  }
+
+  bool isCompleted() override { return event_ == nullptr || event_->query(); }
+  bool isSuccess() const override { return true; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  /// Orders the caller's current stream after the op (as ProcessGroupNCCL does);
+  /// the host waits only for CPU ops, which are done already.
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    if (event_ != nullptr) event_->block(currentStreamOf(outputs_[0]));
+    return true;
+  }
+  void synchronize() override {
+    if (event_ != nullptr) event_->synchronize();
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    if (!future_) {
+      std::vector<c10::Device> devices;
+      if (device_ >= 0) devices.emplace_back(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+      // A CUDA future records its own event on the current stream, after the op.
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    return future_;
+  }
+
+ private:
+  uint64_t seq_;
+  std::vector<at::Tensor> outputs_;
+  int device_ = -1;
+  std::unique_ptr<gpu::StreamEvent> event_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+ReduceOp reduceOpOfC10d(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT: return ReduceOp::kProd;
+    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    default:
+      throw TypeError("invalid argument 'op': pyccl reduces with SUM, AVG, PRODUCT, MIN and MAX, not "
+                      "BAND/BOR/BXOR/PREMUL_SUM");
+  }
+}
+
+/// Runs `body`, turning pyccl's errors into the c10 errors torch maps to
+/// Python's TypeError / ValueError / DistBackendError.
+template <typename Body>
+auto translated(const char* op, Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const TypeError& e) {
+    TORCH_CHECK_TYPE(false, "pyccl ", op, ": ", e.what());
+  } catch (const InvalidArgument& e) {
+    TORCH_CHECK_VALUE(false, "pyccl ", op, ": ", e.what());
+  } catch (const UnsupportedError& e) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "pyccl ", op, ": ", e.what());
+  } catch (const Error& e) {
+    C10_THROW_ERROR(DistBackendError, strCat("pyccl ", op, ": ", e.what()));
+  }
+}
+
+bool pycclReduces(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::AVG:
+    case c10d::ReduceOp::PRODUCT:
+    case c10d::ReduceOp::MIN:
+    case c10d::ReduceOp::MAX:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void checkOne(const std::vector<at::Tensor>& tensors, const char* arg) {
+  PYCCL_CHECK_ARG(tensors.size() == 1, arg, "pyccl takes one tensor per process (one device per rank), got ",
+                  tensors.size());
+}
+
+}  // namespace
+
+PycclBackend::PycclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, BackendOptions options,
+                           c10::intrusive_ptr<c10d::Backend> delegate)
+    : c10d::Backend(rank, size), store_(std::move(store)), options_(std::move(options)),
+      delegate_(std::move(delegate)) {
+  translated("init", [&] {
+    PYCCL_CHECK_ARG(!options_.name.empty(), "name", "must not be empty");
+    if (options_.cudaDevice >= 0) gpu_ = std::make_unique<Lane>(makeLane(options_.cudaDevice));
+  });
+}
+
+PycclBackend::~PycclBackend() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    PYCCL_LOG(Error, "pyccl backend '" << options_.name << "' shutdown: " << e.what());
+  }
+}
+
+PycclBackend::Lane PycclBackend::makeLane(int device) {
+  CommunicatorOptions opts;
+  opts.name = strCat(options_.name, device >= 0 ? "_cuda" : "_cpu");
+  opts.timeout = options_.timeout;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(device >= 0 ? "cuda" : "cpu", store_);
+  Lane lane;
+  lane.comm = std::make_shared<Communicator>(std::make_shared<C10dStore>(prefixed), getRank(), getSize(), device,
+                                             opts);
+  lane.engine = std::make_unique<CollectiveEngine>(*lane.comm, CollectiveOptions{});
+  return lane;
+}
+
+void PycclBackend::checkUsable(const char* op) const {
+  if (shutDown_) throw ClosedError(strCat("process group '", options_.name, "' was shut down (", op, ")"));
+}
+
+PycclBackend::Lane& PycclBackend::laneFor(const at::Tensor& t, const char* op) {
+  checkUsable(op);
+  if (t.is_cuda()) {
+    if (gpu_ == nullptr) {
+      throw InvalidArgument(strCat("invalid argument 'tensor': process group '", options_.name,
+                                   "' has no GPU (it was made while no CUDA device was available); got ",
+                                   t.device().str()));
+    }
+    PYCCL_CHECK_ARG(t.device().index() == options_.cudaDevice, "tensor", "is on ", t.device().str(),
+                    ", but this rank's pyccl process group runs on cuda:", options_.cudaDevice,
+                    " (the current device when the group was made; call torch.cuda.set_device before "
+                    "init_process_group, or pass device_id)");
+    return *gpu_;
+  }
+  PYCCL_CHECK_ARG(t.device().is_cpu(), "tensor", "must be a CUDA or CPU tensor, got ", t.device().str());
+  std::lock_guard<std::mutex> lock(laneMutex_);
+  if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));  // every rank makes the same first CPU call
+  return *host_;
+}
+
+bool PycclBackend::delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) const {
+  if (!delegate_ || !t.is_cuda()) return false;
+  if (wholeBytes >= options_.delegateMinBytes[static_cast<int>(c)]) return true;
+  // Reductions pyccl does not do (integers, float64) go to NCCL too.
+  const bool reduction = c == BackendCollective::kAllReduce || c == BackendCollective::kReduceScatter;
+  const auto st = t.scalar_type();
+  return reduction && st != at::kFloat && st != at::kHalf && st != at::kBFloat16;
+}
+
+bool PycclBackend::reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const {
+  return !(delegate_ && t.is_cuda()) || pycclReduces(op);
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::done(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                  const Lane& /*lane*/) {
+  return c10::make_intrusive<PycclWork>(getRank(), type, ++seq_, std::move(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::AllreduceOptions& opts) {
+  return translated("allreduce", [&] {
+    checkOne(tensors, "tensors");
+    at::Tensor& t = tensors[0];
+    if (delegated(BackendCollective::kAllReduce, t, t.nbytes()) || !reducesHere(t, opts.reduceOp)) {
+      return delegate_->allreduce(tensors, opts);
+    }
+    const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
+    Lane& lane = laneFor(t, "allreduce");
+    allReduceTensor(*lane.engine, *lane.comm, t, t, op, std::nullopt);
+    return done(c10d::OpType::ALLREDUCE, {t}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceCoalescedOptions& opts) {
+  return translated("allreduce_coalesced", [&] {
+    PYCCL_CHECK_ARG(!tensors.empty(), "tensors", "must not be empty");
+    uint64_t total = 0;
+    for (const auto& t : tensors) total += t.nbytes();
+    if (delegated(BackendCollective::kAllReduce, tensors[0], total) || !reducesHere(tensors[0], opts.reduceOp)) {
+      return delegate_->allreduce_coalesced(tensors, opts);
+    }
+    const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
+    Lane& lane = laneFor(tensors[0], "allreduce_coalesced");
+    for (auto& t : tensors) allReduceTensor(*lane.engine, *lane.comm, t, t, op, std::nullopt);
+    return done(c10d::OpType::ALLREDUCE_COALESCED, tensors, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const c10d::BroadcastOptions& opts) {
+  return translated("broadcast", [&] {
+    checkOne(tensors, "tensors");
+    at::Tensor& t = tensors[0];
+    if (delegated(BackendCollective::kBroadcast, t, t.nbytes())) return delegate_->broadcast(tensors, opts);
+    Lane& lane = laneFor(t, "broadcast");
+    broadcastTensor(*lane.engine, *lane.comm, t, t, static_cast<int>(opts.rootRank), std::nullopt);
+    return done(c10d::OpType::BROADCAST, {t}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                    const c10d::ReduceOptions& opts) {
+  return translated("reduce", [&] {
+    checkOne(tensors, "tensors");
+    at::Tensor& t = tensors[0];
+    if (delegated(BackendCollective::kAllReduce, t, t.nbytes()) || !reducesHere(t, opts.reduceOp)) {
+      return delegate_->reduce(tensors, opts);
+    }
+    PYCCL_CHECK_ARG(opts.rootRank >= 0 && opts.rootRank < getSize(), "dst", "must be a rank of the group, got ",
+                    opts.rootRank);
+    const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
+    Lane& lane = laneFor(t, "reduce");
+    // An all-reduce into scratch; only the root's tensor changes (as with NCCL).
+    at::Tensor result = at::empty_like(t, at::MemoryFormat::Contiguous);
+    allReduceTensor(*lane.engine, *lane.comm, t, result, op, std::nullopt);
+    if (getRank() == opts.rootRank) t.copy_(result);
+    return done(c10d::OpType::REDUCE, {t}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::AllgatherOptions& opts) {
+  return translated("all_gather_into_tensor", [&] {
+    if (delegated(BackendCollective::kAllGather, input, output.nbytes())) {
+      return delegate_->_allgather_base(output, input, opts);
+    }
+    Lane& lane = laneFor(input, "all_gather_into_tensor");
+    allGatherTensor(*lane.engine, *lane.comm, input, output, std::nullopt);
+    return done(c10d::OpType::_ALLGATHER_BASE, {output}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::AllgatherOptions& opts) {
+  return translated("all_gather", [&] {
+    checkOne(inputs, "tensor");
+    PYCCL_CHECK_ARG(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "tensor_list",
+                    "must hold world_size (", getSize(), ") tensors");
+    const at::Tensor& input = inputs[0];
+    for (const auto& o : outputs[0]) {
+      PYCCL_CHECK_ARG(o.numel() == input.numel() && o.scalar_type() == input.scalar_type(), "tensor_list",
+                      "every tensor must match the input's size and dtype");
+    }
+    if (delegated(BackendCollective::kAllGather, input, input.nbytes() * getSize())) {
+      return delegate_->allgather(outputs, inputs, opts);
+    }
+    Lane& lane = laneFor(input, "all_gather");
+    at::Tensor flat = at::empty({input.numel() * getSize()}, input.options());
+    allGatherTensor(*lane.engine, *lane.comm, input, flat, std::nullopt);
+    for (int q = 0; q < getSize(); ++q) {
+      outputs[0][q].copy_(flat.narrow(0, q * input.numel(), input.numel()).view(outputs[0][q].sizes()));
+    }
+    return done(c10d::OpType::ALLGATHER, outputs[0], lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const c10d::AllgatherOptions& opts) {
+  return translated("all_gather_into_tensor_coalesced", [&] {
+    PYCCL_CHECK_ARG(!inputs.empty() && outputs.size() == inputs.size(), "output_tensors",
+                    "must pair with the inputs, one output per input");
+    uint64_t total = 0;
+    for (const auto& o : outputs) total += o.nbytes();
+    if (delegated(BackendCollective::kAllGather, inputs[0], total)) {
+      return delegate_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+    }
+    Lane& lane = laneFor(inputs[0], "all_gather_into_tensor_coalesced");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      allGatherTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], std::nullopt);
+    }
+    return done(c10d::OpType::COALESCED, outputs, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  return translated("reduce_scatter_tensor", [&] {
+    if (delegated(BackendCollective::kReduceScatter, input, input.nbytes()) || !reducesHere(input, opts.reduceOp)) {
+      return delegate_->_reduce_scatter_base(output, input, opts);
+    }
+    const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
+    Lane& lane = laneFor(input, "reduce_scatter_tensor");
+    reduceScatterTensor(*lane.engine, *lane.comm, input, output, op, std::nullopt);
+    return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                            std::vector<std::vector<at::Tensor>>& inputs,
+                                                            const c10d::ReduceScatterOptions& opts) {
+  return translated("reduce_scatter", [&] {
+    checkOne(outputs, "output");
+    PYCCL_CHECK_ARG(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "input_list",
+                    "must hold world_size (", getSize(), ") tensors");
+    at::Tensor& output = outputs[0];
+    for (const auto& i : inputs[0]) {
+      PYCCL_CHECK_ARG(i.numel() == output.numel() && i.scalar_type() == output.scalar_type(), "input_list",
+                      "every tensor must match the output's size and dtype");
+    }
+    if (delegated(BackendCollective::kReduceScatter, output, output.nbytes() * getSize()) ||
+        !reducesHere(output, opts.reduceOp)) {
+      return delegate_->reduce_scatter(outputs, inputs, opts);
+    }
+    const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
+    Lane& lane = laneFor(output, "reduce_scatter");
+    std::vector<at::Tensor> flats;
+    for (const auto& i : inputs[0]) flats.push_back(i.reshape({-1}));
+    at::Tensor flat = at::cat(flats);
+    reduceScatterTensor(*lane.engine, *lane.comm, flat, output, op, std::nullopt);
+    return done(c10d::OpType::REDUCE_SCATTER, {output}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  return translated("reduce_scatter_tensor_coalesced", [&] {
+    PYCCL_CHECK_ARG(!inputs.empty() && outputs.size() == inputs.size(), "output_tensors",
+                    "must pair with the inputs, one output per input");
+    uint64_t total = 0;
+    for (const auto& i : inputs) total += i.nbytes();
+    if (delegated(BackendCollective::kReduceScatter, inputs[0], total) || !reducesHere(inputs[0], opts.reduceOp)) {
+      return delegate_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    }
+    const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
+    Lane& lane = laneFor(inputs[0], "reduce_scatter_tensor_coalesced");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      reduceScatterTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], op, std::nullopt);
+    }
+    return done(c10d::OpType::COALESCED, outputs, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& outputSplitSizes,
+                                                           std::vector<int64_t>& inputSplitSizes,
+                                                           const c10d::AllToAllOptions& opts) {
+  return translated("all_to_all_single", [&] {
+    auto even = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+      if (splits.empty()) return true;
+      for (int64_t s : splits) {
+        if (t.dim() == 0 || s * getSize() != t.size(0)) return false;
+      }
+      return true;
+    };
+    const bool equal = even(outputSplitSizes, output) && even(inputSplitSizes, input);
+    if (!equal || delegated(BackendCollective::kAllToAll, input, input.nbytes())) {
+      if (delegate_ && input.is_cuda()) {
+        return delegate_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
+      }
+      PYCCL_CHECK_ARG(equal, "input_split_sizes",
+                      "pyccl's all_to_all_single takes equal splits only (none given, or all equal to "
+                      "size(0) / world_size); this group has no NCCL delegate for uneven ones");
+    }
+    Lane& lane = laneFor(input, "all_to_all_single");
+    allToAllTensor(*lane.engine, *lane.comm, input, output, std::nullopt);
+    return done(c10d::OpType::ALLTOALL_BASE, {output}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllToAllOptions& opts) {
+  return translated("all_to_all", [&] {
+    PYCCL_CHECK_ARG(static_cast<int>(inputs.size()) == getSize() && outputs.size() == inputs.size(),
+                    "input_tensor_list", "must hold world_size (", getSize(), ") tensors, as must the outputs");
+    bool equal = true;
+    for (size_t q = 0; q < inputs.size(); ++q) {
+      equal = equal && inputs[q].numel() == inputs[0].numel() && outputs[q].numel() == inputs[0].numel() &&
+              inputs[q].scalar_type() == inputs[0].scalar_type() &&
+              outputs[q].scalar_type() == inputs[0].scalar_type();
+    }
+    if (!equal || delegated(BackendCollective::kAllToAll, inputs[0], inputs[0].nbytes() * getSize())) {
+      if (delegate_ && inputs[0].is_cuda()) return delegate_->alltoall(outputs, inputs, opts);
+      PYCCL_CHECK_ARG(equal, "input_tensor_list",
+                      "pyccl's all_to_all takes tensors of one size and dtype; this group has no NCCL delegate "
+                      "for others");
+    }
+    Lane& lane = laneFor(inputs[0], "all_to_all");
+    std::vector<at::Tensor> flats;
+    for (const auto& i : inputs) flats.push_back(i.reshape({-1}));
+    at::Tensor flatIn = at::cat(flats);
+    at::Tensor flatOut = at::empty_like(flatIn);
+    allToAllTensor(*lane.engine, *lane.comm, flatIn, flatOut, std::nullopt);
+    const int64_t n = inputs[0].numel();
+    for (size_t q = 0; q < outputs.size(); ++q) {
+      outputs[q].copy_(flatOut.narrow(0, static_cast<int64_t>(q) * n, n).view(outputs[q].sizes()));
+    }
+    return done(c10d::OpType::ALLTOALL, outputs, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  return translated("send", [&] {
+    checkOne(tensors, "tensor");
+    const at::Tensor& t = tensors[0];
+    if (delegate_ && t.is_cuda()) return delegate_->send(tensors, dstRank, tag);
+    PYCCL_CHECK_ARG(dstRank >= 0 && dstRank < getSize() && dstRank != getRank(), "dst",
+                    "must be another rank of the group, got ", dstRank);
+    Lane& lane = laneFor(t, "send");
+    // Through the bootstrap store, in order per (peer, tag): for CPU tensors and
+    // for GPUs without a delegate (the host waits for the tensor).
+    const at::Tensor host = t.to(at::kCPU).contiguous();
+    const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
+    const size_t n = host.nbytes();
+    for (size_t off = 0; off == 0 || off < n; off += kP2PChunk) {
+      const size_t len = std::min(kP2PChunk, n - off);
+      lane.comm->send(dstRank, kP2PTagBase + tag, Bytes(bytes + off, bytes + off + len));
+      if (n == 0) break;
+    }
+    return done(c10d::OpType::SEND, {t}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  return translated("recv", [&] {
+    checkOne(tensors, "tensor");
+    at::Tensor& t = tensors[0];
+    if (delegate_ && t.is_cuda()) return delegate_->recv(tensors, srcRank, tag);
+    PYCCL_CHECK_ARG(srcRank >= 0 && srcRank < getSize() && srcRank != getRank(), "src",
+                    "must be another rank of the group, got ", srcRank);
+    PYCCL_CHECK_ARG(t.is_contiguous(), "tensor", "must be contiguous");
+    Lane& lane = laneFor(t, "recv");
+    at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
+    auto* bytes = static_cast<uint8_t*>(host.data_ptr());
+    const size_t n = host.nbytes();
+    for (size_t off = 0; off == 0 || off < n; off += kP2PChunk) {
+      const Bytes part = lane.comm->recv(srcRank, kP2PTagBase + tag);
+      const size_t expect = std::min(kP2PChunk, n - off);
+      if (part.size() != expect) {
+        throw RemoteError(strCat("recv from rank ", srcRank, " (tag ", tag, "): got ", part.size(),
+                                 " bytes where the tensor expects ", expect, " (a size mismatch with the send)"));
+      }
+      std::copy(part.begin(), part.end(), bytes + off);
+      if (n == 0) break;
+    }
+    t.copy_(host);
+    return done(c10d::OpType::RECV, {t}, lane);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
+  return translated("barrier", [&] {
+    checkUsable("barrier");
+    if (gpu_ != nullptr) {
+      // As ProcessGroupNCCL: a one-element all-reduce orders every rank's stream
+      // work, and the host waits for it.
+      at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, options_.cudaDevice));
+      allReduceTensor(*gpu_->engine, *gpu_->comm, one, one, ReduceOp::kSum, std::nullopt);
+      gpu::synchronizeStream(options_.cudaDevice, currentStream(*gpu_->comm));
+      return done(c10d::OpType::BARRIER, {}, *gpu_);
+    }
+    Lane& lane = laneFor(at::empty({0}), "barrier");
+    lane.comm->barrier();
+    return done(c10d::OpType::BARRIER, {}, lane);
+  });
+}
+
+void PycclBackend::abort() {
+  for (Lane* lane : {gpu_.get(), host_.get()}) {
+    if (lane != nullptr) lane->comm->abort();
+  }
+  if (delegate_) delegate_->abort();
+}
+
+void PycclBackend::shutdown() {
+  if (shutDown_) return;
+  shutDown_ = true;
+  for (auto* lane : {&gpu_, &host_}) {
+    if (*lane == nullptr) continue;
+    (*lane)->engine->close();
+    (*lane)->comm->close();
+  }
+  if (delegate_) delegate_->shutdown();
+}
+
+}  // namespace pyccl

@@ -1,0 +1,110 @@
+// The torch.distributed backend "pyccl": a c10d::Backend over pyccl's
+// collective engine, so that `init_process_group("cuda:pyccl,cpu:pyccl")`
+// (or "cpu:gloo,cuda:pyccl") runs torch's collectives, functional
+// collectives included, on pyccl's kernels.
+//
+//  - Every op runs on the current CUDA stream (CPU tensors: host mode, done on
+//    return) and can be captured in a CUDA graph: the GPU communicator and its
+//    scratch are made when the backend is, before any capture.
+//  - Messages from a per-collective size on, and what pyccl does not do
+//    (uneven all-to-all splits, send/recv on GPUs), go to the delegate backend
+//    when one is given (ProcessGroupNCCL), like the Python API.
+//  - Work objects: wait() orders the caller's current stream after the op,
+//    isCompleted() polls its event, getFuture() completes with the outputs.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "collectives/collective_engine.hpp"
+
+namespace pyccl {
+
+/// The collectives with a size-based hand-off to the delegate.
+enum class BackendCollective : int { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kCount };
+
+struct BackendOptions {
+  std::string name;  ///< unique per group, the same on every rank
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  int cudaDevice = -1;  ///< the GPU of this rank; -1: CPU tensors only
+  /// From this many bytes (the whole buffer) a CUDA op goes to the delegate, if any.
+  std::array<uint64_t, static_cast<int>(BackendCollective::kCount)> delegateMinBytes{};
+};
+
+class PycclBackend : public c10d::Backend {
+ public:
+  /// Collective over `store`: makes the GPU communicator and its collective
+  /// scratch now (the CPU one on the first CPU op).
+  PycclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, BackendOptions options,
+               c10::intrusive_ptr<c10d::Backend> delegate);
+  ~PycclBackend() override;
+
+  const std::string getBackendName() const override { return "pyccl"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  struct Lane {
+    std::shared_ptr<Communicator> comm;
+    std::unique_ptr<CollectiveEngine> engine;
+  };
+
+  Lane makeLane(int device);
+  Lane& laneFor(const at::Tensor& t, const char* op);
+  /// Whether a CUDA op goes to the delegate: by size, or a reduction dtype pyccl lacks.
+  bool delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) const;
+  /// False where the delegate must take a reduction op pyccl lacks (BAND, PREMUL_SUM, ...).
+  bool reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const;
+  c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs, const Lane& lane);
+  void checkUsable(const char* op) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  BackendOptions options_;
+  c10::intrusive_ptr<c10d::Backend> delegate_;
+  std::mutex laneMutex_;
+  std::unique_ptr<Lane> gpu_;
+  std::unique_ptr<Lane> host_;
+  uint64_t seq_ = 0;
+  bool shutDown_ = false;
+};
+
+}  // namespace pyccl

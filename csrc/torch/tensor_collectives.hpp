@@ -1,0 +1,41 @@
+// Collectives on torch tensors: the checks every entry point makes (naming
+// the argument) and the calls into a CollectiveEngine on the current CUDA
+// stream. Shared by the Python bindings and the c10d backend. None of these
+// touch the GIL; callers that hold it release it around them.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+
+#include "collectives/collective_engine.hpp"
+
+namespace pyccl {
+
+/// torch's name of a dtype ("torch.int32", not c10's "Int").
+std::string dtypeName(at::ScalarType t);
+/// The reduction dtype of `t`; TypeError naming `arg` and the dtype otherwise.
+DataType reductionTypeOf(const at::Tensor& t, const char* arg);
+/// "sum", "avg", "min", "max", "prod"; InvalidArgument otherwise.
+ReduceOp reduceOpOf(const std::string& op);
+/// Contiguous and on the communicator's device; InvalidArgument naming `arg` otherwise.
+void checkTensorFor(const Communicator& comm, const at::Tensor& t, const char* arg);
+/// The current CUDA stream of the communicator's device (nullptr in host mode).
+void* currentStream(const Communicator& comm);
+
+void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
+                     const at::Tensor& output, ReduceOp op, std::optional<AllReduceAlgorithm> algorithm);
+/// output: world_size * input.numel() elements, rank order.
+void allGatherTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
+                     const at::Tensor& output, std::optional<Protocol> protocol);
+/// input: world_size * output.numel() elements.
+void reduceScatterTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
+                         const at::Tensor& output, ReduceOp op, std::optional<Protocol> protocol);
+/// Equal splits: input.numel() a multiple of world_size.
+void allToAllTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
+                    const at::Tensor& output, std::optional<Protocol> protocol);
+void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
+                     const at::Tensor& output, int root, std::optional<Protocol> protocol);
+
+}  // namespace pyccl

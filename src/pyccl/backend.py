@@ -1,0 +1,83 @@
+"""The ``torch.distributed`` backend "pyccl".
+
+Importing pyccl registers it (and torch imports pyccl on start-up through the
+``torch.backends`` entry point, unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``)::
+
+    dist.init_process_group("cuda:pyccl,cpu:pyccl")   # or "pyccl", or "cpu:gloo,cuda:pyccl"
+    dist.all_reduce(x)                                 # pyccl's kernels, current stream
+
+Call ``torch.cuda.set_device(local_rank)`` (or pass ``device_id``) before
+``init_process_group``: the group runs on the device current then, and sets
+up its GPU buffers right away so that CUDA graphs can capture its first op.
+
+Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, into_tensor,
+coalesced), reduce_scatter (list, tensor, coalesced), all_to_all (list and
+single, equal splits), send/recv and barrier. On GPUs, messages from
+``pyccl.collectives.NCCL_MIN_BYTES`` (per collective; ``PYCCL_NCCL_MIN_BYTES``
+for all) and what pyccl does not do itself (uneven all-to-all splits,
+send/recv) go to a ProcessGroupNCCL the group keeps for that
+(``PYCCL_NCCL_DELEGATE=0`` turns it off). CPU tensors run in host mode, where
+send/recv go through the store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._logging import logger
+
+__all__ = ["register"]
+
+_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def _delegate(store, rank: int, size: int, timeout: datetime.timedelta, device: int):
+    if size < 2 or os.environ.get("PYCCL_NCCL_DELEGATE", "1") == "0" or not dist.is_nccl_available():
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl_delegate/", store), rank, size, options)
+    # Connect now: a CUDA graph may capture the first op handed to it.
+    nccl.eager_connect_single_device(torch.device("cuda", device))
+    return nccl
+
+
+def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
+    """The creator torch calls for each group (extended API)."""
+    from .collectives import _nccl_min_bytes
+
+    store, rank, size = options.store, options.group_rank, options.group_size
+    timeout = options.timeout
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    device = -1
+    if _C.cuda_built() and torch.cuda.is_available():
+        device = torch.cuda.current_device()
+    delegate = _delegate(store, rank, size, timeout, device) if device >= 0 else None
+    thresholds = [_nccl_min_bytes(c) for c in _ORDER]
+    name = f"pg{options.group_id}"
+    logger.info("pyccl backend for group %s: rank %d of %d on %s%s", options.group_id, rank, size,
+                f"cuda:{device}" if device >= 0 else "cpu", ", NCCL delegate" if delegate is not None else "")
+    return _C._make_backend(store, rank, size, int(timeout.total_seconds() * 1000), name, device, thresholds,
+                            delegate)
+
+
+def register() -> None:
+    """Registers the backend "pyccl" for cuda and cpu (idempotent)."""
+    if "PYCCL" in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend("pyccl", _create, extended_api=True, devices=["cuda", "cpu"])
+
+
+def is_pyccl_group(group: Optional[dist.ProcessGroup] = None) -> bool:
+    """Whether ``group`` (default: the world) runs pyccl on its CUDA device."""
+    try:
+        return dist.get_backend(group).lower().find("pyccl") >= 0
+    except Exception:  # noqa: BLE001
+        return False

@@ -1,0 +1,219 @@
+"""Per-rank bodies of the torch.distributed backend tests (host mode on CPU,
+or GPUs)."""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import pyccl  # noqa: F401  (registers the backend)
+from ranks_collectives import TOLERANCE, movement_input, rank_input, reference
+
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+       "prod": dist.ReduceOp.PRODUCT}
+
+
+def _init(rank, world, store, backend, on_gpu, timeout_s=120):
+    kwargs = {}
+    if on_gpu:
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+
+
+def _close(x, ref, dtype):
+    rtol, atol = TOLERANCE[dtype]
+    return torch.allclose(x.cpu().to(torch.float64), ref, rtol=rtol, atol=atol * max(ref.abs().max().item(), 1e-30))
+
+
+def every_op(rank, world, store, backend, on_gpu, seed):
+    """Each c10d op through the pyccl backend, checked against float64 or bit
+    for bit. Returns the failures."""
+    device = _init(rank, world, store, backend, on_gpu)
+    bad = []
+    case = 0
+
+    def fresh(n, dtype=torch.float32, op="sum"):
+        nonlocal case
+        case += 1
+        return [rank_input(seed, case, r, n, dtype, op) for r in range(world)]
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for op, rop in OPS.items():
+            for n in (1, 37, 5003):
+                ins = fresh(n, dtype, op)
+                x = ins[rank].to(device, copy=True)
+                dist.all_reduce(x, op=rop)
+                if not _close(x, reference(ins, op), dtype):
+                    bad.append(("all_reduce", str(dtype), op, n))
+    # reduce: only the root's tensor changes.
+    ins = fresh(1001)
+    x = ins[rank].to(device, copy=True)
+    dist.reduce(x, dst=world - 1, op=dist.ReduceOp.MAX)
+    want = reference(ins, "max") if rank == world - 1 else ins[rank].double()
+    if not _close(x, want, torch.float32):
+        bad.append(("reduce",))
+    # broadcast, any dtype.
+    for dtype in (torch.int64, torch.bfloat16, torch.uint8):
+        vals = [movement_input(seed, 900 + case, r, 777, dtype) for r in range(world)]
+        x = vals[rank].to(device, copy=True)
+        dist.broadcast(x, src=1 % world)
+        if not torch.equal(x.cpu(), vals[1 % world]):
+            bad.append(("broadcast", str(dtype)))
+    # all_gather: into a tensor, and into a list.
+    vals = [movement_input(seed, 901, r, 333, torch.int32) for r in range(world)]
+    out = torch.empty(world * 333, dtype=torch.int32, device=device)
+    dist.all_gather_into_tensor(out, vals[rank].to(device))
+    if not torch.equal(out.cpu(), torch.cat(vals)):
+        bad.append(("all_gather_into_tensor",))
+    outs = [torch.empty(333, dtype=torch.int32, device=device) for _ in range(world)]
+    dist.all_gather(outs, vals[rank].to(device))
+    if not all(torch.equal(o.cpu(), v) for o, v in zip(outs, vals)):
+        bad.append(("all_gather",))
+    # reduce_scatter: tensor and list.
+    ins = fresh(world * 129)
+    out = torch.empty(129, device=device)
+    dist.reduce_scatter_tensor(out, ins[rank].to(device))
+    if not _close(out, reference(ins, "sum")[rank * 129:(rank + 1) * 129], torch.float32):
+        bad.append(("reduce_scatter_tensor",))
+    out = torch.empty(129, device=device)
+    dist.reduce_scatter(out, list(ins[rank].to(device).chunk(world)), op=dist.ReduceOp.MIN)
+    if not _close(out, reference(ins, "min")[rank * 129:(rank + 1) * 129], torch.float32):
+        bad.append(("reduce_scatter",))
+    # all_to_all: single (equal splits) and list.
+    vals = [movement_input(seed, 902, r, world * 50, torch.float64) for r in range(world)]
+    out = torch.empty(world * 50, dtype=torch.float64, device=device)
+    dist.all_to_all_single(out, vals[rank].to(device))
+    expect = torch.cat([v[rank * 50:(rank + 1) * 50] for v in vals])
+    if not torch.equal(out.cpu(), expect):
+        bad.append(("all_to_all_single",))
+    outs = [torch.empty(50, dtype=torch.float64, device=device) for _ in range(world)]
+    dist.all_to_all(outs, list(vals[rank].to(device).chunk(world)))
+    if not torch.equal(torch.cat(outs).cpu(), expect):
+        bad.append(("all_to_all",))
+    # send/recv around a ring (even ranks send first).
+    mine = movement_input(seed, 903, rank, 70_001, torch.float32).to(device)
+    got = torch.empty_like(mine)
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    if rank % 2 == 0:
+        dist.send(mine, nxt)
+        dist.recv(got, prv)
+    else:
+        dist.recv(got, prv)
+        dist.send(mine, nxt)
+    if not torch.equal(got.cpu(), movement_input(seed, 903, prv, 70_001, torch.float32)):
+        bad.append(("send/recv",))
+    # async_op: Work.wait / is_completed / get_future.
+    ins = fresh(4097)
+    x = ins[rank].to(device, copy=True)
+    work = dist.all_reduce(x, async_op=True)
+    work.wait()
+    result = work.get_future().wait()
+    if not (work.is_completed() or on_gpu) or not _close(result[0], reference(ins, "sum"), torch.float32):
+        bad.append(("async_op",))
+    dist.barrier()
+    dist.destroy_process_group()
+    return bad
+
+
+def functional_and_compile(rank, world, store, backend, on_gpu):
+    """Functional collectives (what torch.compile traces) through the backend,
+    eager and under torch.compile(fullgraph=True)."""
+    device = _init(rank, world, store, backend, on_gpu)
+    group = dist.group.WORLD
+
+    def block(x, w):
+        h = funcol.all_reduce(x @ w, "sum", group)
+        g = funcol.all_gather_tensor(h, 0, group)
+        return funcol.reduce_scatter_tensor(g * 2, "sum", 0, group)
+
+    gen = torch.Generator().manual_seed(17)
+    xs = [torch.randn(8, 16, generator=gen) for _ in range(world)]
+    w = torch.randn(16, 16, generator=torch.Generator().manual_seed(5))
+    h = sum(x.double() @ w.double() for x in xs)
+    expect = (torch.cat([h] * world) * 2 * world)[rank * 8:(rank + 1) * 8]
+    x, wd = xs[rank].to(device), w.to(device)
+    bad = []
+    eager = block(x, wd)
+    if not torch.allclose(eager.cpu().double(), expect, rtol=1e-4, atol=1e-3):
+        bad.append("eager")
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager" if not on_gpu else "inductor")
+    got = compiled(x, wd)
+    if not torch.allclose(got.cpu().double(), expect, rtol=1e-4, atol=1e-3):
+        bad.append("compiled")
+    dist.destroy_process_group()
+    return bad
+
+
+def bad_input(rank, world, store):
+    _init(rank, world, store, "cpu:pyccl", False)
+    out = {}
+    for label, call in [
+        ("dtype", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32))),
+        ("op", lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND)),
+        ("contiguous", lambda: dist.all_reduce(torch.ones(4, 4).t())),
+        ("out_size", lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(4))),
+        ("uneven", lambda: dist.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world),
+                                                  [4 * world - 1] + [1] + [0] * (world - 2),
+                                                  [4 * world - 1] + [1] + [0] * (world - 2))),
+    ]:
+        try:
+            call()
+            out[label] = ("accepted", "")
+        except Exception as e:  # noqa: BLE001 - the type is what is checked
+            out[label] = (type(e).__name__, str(e))
+    # Still usable after the refusals.
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    out["after"] = x.tolist()
+    dist.destroy_process_group()
+    return out
+
+
+def mixed_string(rank, world, store):
+    """'cpu:gloo,cuda:pyccl': CPU tensors go to gloo."""
+    _init(rank, world, store, "cpu:gloo,cuda:pyccl", False)
+    x = torch.full((3,), float(rank))
+    dist.all_reduce(x)
+    backend = str(dist.get_backend())
+    dist.destroy_process_group()
+    return x.tolist(), backend
+
+
+def gpu_extras(rank, world, store, replays):
+    """On GPUs: a graph that captures dist collectives before any eager op on
+    the group, replayed with fresh inputs; integer reductions handed to NCCL."""
+    device = _init(rank, world, store, "cuda:pyccl,cpu:pyccl", True)
+    bad = []
+    xs = {n: torch.empty(n, device=device, dtype=torch.bfloat16) for n in (3000, 400_000)}
+    gathered = torch.empty(world * 3000, device=device, dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs.values():
+            dist.all_reduce(x)
+        dist.all_gather_into_tensor(gathered, xs[3000])
+    for r in range(replays):
+        ins = {n: [torch.randn(n, generator=torch.Generator().manual_seed(r * 131 + q * 7 + n)) for q in range(world)]
+               for n in xs}
+        for n, x in xs.items():
+            x.copy_(ins[n][rank])
+        graph.replay()
+        for n, x in xs.items():
+            ref = sum(t.bfloat16().double() for t in ins[n])
+            if not torch.allclose(x.cpu().double(), ref, rtol=3e-2, atol=0.1):
+                bad.append(("graph all_reduce", r, n))
+        if r % 50 == 0:
+            torch.cuda.synchronize()
+    counts = torch.arange(5, dtype=torch.int32, device=device) + rank
+    dist.all_reduce(counts)  # int32: the NCCL delegate
+    if counts.cpu().tolist() != [world * i + world * (world - 1) // 2 for i in range(5)]:
+        bad.append(("int32 all_reduce", counts.cpu().tolist()))
+    torch.cuda.synchronize()
+    del graph
+    dist.destroy_process_group()
+    return bad

@@ -1,0 +1,55 @@
+"""The torch.distributed backend "pyccl" in host mode (CPU processes)."""
+
+import random
+
+import pytest
+import torch.distributed as dist
+
+import pyccl  # noqa: F401
+import ranks_backend as rb
+from pyccl._spawn import run_ranks
+
+
+def test_backend_is_registered_for_cuda_and_cpu():
+    assert "PYCCL" in dist.Backend._plugins
+    assert set(dist.Backend.backend_capability["pyccl"]) == {"cuda", "cpu"}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_op_through_the_backend(world):
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rb.every_op, world, args=("cpu:pyccl", False, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+def test_functional_collectives_eager_and_compiled():
+    for bad in run_ranks(rb.functional_and_compile, 2, args=("cpu:pyccl", False), timeout=300):
+        assert bad == []
+
+
+def test_backend_rejects_bad_input_with_clear_errors():
+    for out in run_ranks(rb.bad_input, 2, timeout=120):
+        assert out["dtype"][0] == "TypeError" and "int32" in out["dtype"][1]
+        assert out["op"][0] == "TypeError" and "BAND" in out["op"][1]
+        assert out["contiguous"][0] == "ValueError" and "contiguous" in out["contiguous"][1]
+        assert out["out_size"][0] == "ValueError" and "'out'" in out["out_size"][1]
+        assert out["uneven"][0] == "ValueError" and "split" in out["uneven"][1]
+        assert out["after"] == [2.0, 2.0, 2.0]
+
+
+def test_mixed_backend_string():
+    for rank, (values, backend) in enumerate(run_ranks(rb.mixed_string, 2, timeout=120)):
+        assert values == [1.0, 1.0, 1.0]
+        assert "pyccl" in backend and "gloo" in backend
+
+
+def test_autoload_never_breaks_torch_import(monkeypatch, caplog):
+    # torch calls this entry point while importing itself: a pyccl that cannot
+    # load must only log.
+    import sys
+
+    import pyccl_autoload
+
+    monkeypatch.setitem(sys.modules, "pyccl.backend", None)  # makes the import fail
+    pyccl_autoload.autoload()
+    assert "not registered" in caplog.text

@@ -1,0 +1,31 @@
+"""The torch.distributed backend "pyccl" on GPUs."""
+
+import random
+
+import pytest
+
+import ranks_backend as rb
+from conftest import gpu_count, requires_gpus
+from pyccl._spawn import run_ranks
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", [w for w in (2, 4) if w <= max(gpu_count(), 2)])
+def test_every_op_through_the_backend_on_gpus(world):
+    if world > gpu_count():
+        pytest.skip(f"needs {world} GPUs")
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rb.every_op, world, args=("cuda:pyccl,cpu:pyccl", True, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+def test_torch_compile_fullgraph_with_functional_collectives_on_gpus():
+    for bad in run_ranks(rb.functional_and_compile, min(gpu_count(), 4), args=("cuda:pyccl", True), timeout=400):
+        assert bad == []
+
+
+@requires_gpus(2)
+def test_graph_captured_through_the_backend_and_nccl_hand_off():
+    for bad in run_ranks(rb.gpu_extras, min(gpu_count(), 4), args=(300,), timeout=300):
+        assert bad == []
