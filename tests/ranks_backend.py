@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import pyccl  # noqa: F401  (registers the backend)
-from ranks_collectives import TOLERANCE, movement_input, rank_input, reference
+from ranks_collectives import TOLERANCE, error_scale, movement_input, rank_input, reference
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
        "prod": dist.ReduceOp.PRODUCT}
@@ -26,9 +26,9 @@ def _init(rank, world, store, backend, on_gpu, timeout_s=120):
     return torch.device("cuda", rank) if on_gpu else torch.device("cpu")
 
 
-def _close(x, ref, dtype):
+def _close(x, ref, dtype, inputs, chunk=slice(None)):
     rtol, atol = TOLERANCE[dtype]
-    return torch.allclose(x.cpu().to(torch.float64), ref, rtol=rtol, atol=atol * max(ref.abs().max().item(), 1e-30))
+    return torch.allclose(x.cpu().to(torch.float64), ref, rtol=rtol, atol=atol * error_scale(inputs, chunk))
 
 
 def every_op(rank, world, store, backend, on_gpu, seed):
@@ -49,14 +49,14 @@ def every_op(rank, world, store, backend, on_gpu, seed):
                 ins = fresh(n, dtype, op)
                 x = ins[rank].to(device, copy=True)
                 dist.all_reduce(x, op=rop)
-                if not _close(x, reference(ins, op), dtype):
+                if not _close(x, reference(ins, op), dtype, ins):
                     bad.append(("all_reduce", str(dtype), op, n))
     # reduce: only the root's tensor changes.
     ins = fresh(1001)
     x = ins[rank].to(device, copy=True)
     dist.reduce(x, dst=world - 1, op=dist.ReduceOp.MAX)
     want = reference(ins, "max") if rank == world - 1 else ins[rank].double()
-    if not _close(x, want, torch.float32):
+    if not _close(x, want, torch.float32, ins):
         bad.append(("reduce",))
     # broadcast, any dtype.
     for dtype in (torch.int64, torch.bfloat16, torch.uint8):
@@ -79,11 +79,12 @@ def every_op(rank, world, store, backend, on_gpu, seed):
     ins = fresh(world * 129)
     out = torch.empty(129, device=device)
     dist.reduce_scatter_tensor(out, ins[rank].to(device))
-    if not _close(out, reference(ins, "sum")[rank * 129:(rank + 1) * 129], torch.float32):
+    chunk = slice(rank * 129, (rank + 1) * 129)
+    if not _close(out, reference(ins, "sum")[chunk], torch.float32, ins, chunk):
         bad.append(("reduce_scatter_tensor",))
     out = torch.empty(129, device=device)
     dist.reduce_scatter(out, list(ins[rank].to(device).chunk(world)), op=dist.ReduceOp.MIN)
-    if not _close(out, reference(ins, "min")[rank * 129:(rank + 1) * 129], torch.float32):
+    if not _close(out, reference(ins, "min")[chunk], torch.float32, ins, chunk):
         bad.append(("reduce_scatter",))
     # all_to_all: single (equal splits) and list.
     vals = [movement_input(seed, 902, r, world * 50, torch.float64) for r in range(world)]
@@ -114,7 +115,7 @@ def every_op(rank, world, store, backend, on_gpu, seed):
     work = dist.all_reduce(x, async_op=True)
     work.wait()
     result = work.get_future().wait()
-    if not (work.is_completed() or on_gpu) or not _close(result[0], reference(ins, "sum"), torch.float32):
+    if not (work.is_completed() or on_gpu) or not _close(result[0], reference(ins, "sum"), torch.float32, ins):
         bad.append(("async_op",))
     dist.barrier()
     dist.destroy_process_group()
