@@ -178,6 +178,8 @@ def bad_input(rank, world, store):
 
 def mixed_string(rank, world, store):
     """'cpu:gloo,cuda:pyccl': CPU tensors go to gloo."""
+    if torch.cuda.device_count() >= world:
+        torch.cuda.set_device(rank)  # the pyccl half sets up on the current GPU
     _init(rank, world, store, "cpu:gloo,cuda:pyccl", False)
     x = torch.full((3,), float(rank))
     dist.all_reduce(x)

@@ -53,3 +53,15 @@ def test_autoload_never_breaks_torch_import(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pyccl.backend", None)  # makes the import fail
     pyccl_autoload.autoload()
     assert "not registered" in caplog.text
+
+
+def test_creator_learns_its_device_from_the_store_prefix():
+    # torch makes the backend with a store prefixed "cuda/" or "cpu/" under the group's.
+    from pyccl.backend import _made_for_cuda
+
+    def group_store():
+        return dist.PrefixStore("group0/", dist.HashStore())
+
+    assert _made_for_cuda(dist.PrefixStore("cuda/", group_store()), 0)
+    assert not _made_for_cuda(dist.PrefixStore("cpu/", group_store()), 0)
+    assert not _made_for_cuda(dist.HashStore(), 0)

@@ -13,7 +13,7 @@ void bindBackend(py::module_& m) {
       "_make_backend",
       [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, int64_t timeoutMs, const std::string& name,
          int cudaDevice, const std::vector<uint64_t>& delegateMinBytes,
-         std::optional<c10::intrusive_ptr<c10d::Backend>> delegate) -> c10::intrusive_ptr<c10d::Backend> {
+         std::optional<py::function> delegateFactory) -> c10::intrusive_ptr<c10d::Backend> {
         BackendOptions o;
         o.name = name;
         o.timeout = std::chrono::milliseconds(timeoutMs);
@@ -23,12 +23,26 @@ void bindBackend(py::module_& m) {
                         " sizes (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast), got ",
                         delegateMinBytes.size());
         std::copy(delegateMinBytes.begin(), delegateMinBytes.end(), o.delegateMinBytes.begin());
+        DelegateFactory factory;
+        if (delegateFactory) {
+          // Called from the backend without the GIL; the Python callable is
+          // released with the GIL held.
+          std::shared_ptr<py::function> fn(new py::function(std::move(*delegateFactory)), [](py::function* f) {
+            py::gil_scoped_acquire gil;
+            delete f;
+          });
+          factory = [fn](int device) -> c10::intrusive_ptr<c10d::Backend> {
+            py::gil_scoped_acquire gil;
+            py::object made = (*fn)(device);
+            if (made.is_none()) return {};
+            return made.cast<c10::intrusive_ptr<c10d::Backend>>();
+          };
+        }
         py::gil_scoped_release release;
-        return c10::make_intrusive<PycclBackend>(std::move(store), rank, size, std::move(o),
-                                                 delegate ? *delegate : c10::intrusive_ptr<c10d::Backend>());
+        return c10::make_intrusive<PycclBackend>(std::move(store), rank, size, std::move(o), std::move(factory));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
-      py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate") = std::nullopt);
+      py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate_factory") = std::nullopt);
 }
 
 }  // namespace pyccl

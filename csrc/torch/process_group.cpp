@@ -131,13 +131,30 @@ void checkOne(const std::vector<at::Tensor>& tensors, const char* arg) {
 }  // namespace
 
 PycclBackend::PycclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, BackendOptions options,
-                           c10::intrusive_ptr<c10d::Backend> delegate)
+                           DelegateFactory delegateFactory)
     : c10d::Backend(rank, size), store_(std::move(store)), options_(std::move(options)),
-      delegate_(std::move(delegate)) {
+      delegateFactory_(std::move(delegateFactory)) {
   translated("init", [&] {
     PYCCL_CHECK_ARG(!options_.name.empty(), "name", "must not be empty");
-    if (options_.cudaDevice >= 0) gpu_ = std::make_unique<Lane>(makeLane(options_.cudaDevice));
+    if (options_.cudaDevice >= 0) ensureGpuLane(options_.cudaDevice);
   });
+}
+
+void PycclBackend::ensureGpuLane(int device) {
+  std::lock_guard<std::mutex> lock(laneMutex_);
+  if (gpu_ != nullptr) return;
+#ifdef PYCCL_WITH_CUDA
+  if (gpu::isCapturing(c10::cuda::getCurrentCUDAStream(device).stream())) {
+    throw InvalidArgument(strCat(
+        "invalid argument 'tensor': the first CUDA op of process group '", options_.name,
+        "' is being captured in a CUDA graph, and the group cannot set up its GPU buffers during a capture; run "
+        "one op eagerly first, or make the group with a backend string that names cuda first (\"pyccl\", "
+        "\"cuda:pyccl,cpu:pyccl\") after torch.cuda.set_device"));
+  }
+#endif
+  options_.cudaDevice = device;
+  gpu_ = std::make_unique<Lane>(makeLane(device));  // every rank makes the same first CUDA call
+  if (delegateFactory_) delegate_ = delegateFactory_(device);
 }
 
 PycclBackend::~PycclBackend() {
@@ -167,15 +184,10 @@ void PycclBackend::checkUsable(const char* op) const {
 PycclBackend::Lane& PycclBackend::laneFor(const at::Tensor& t, const char* op) {
   checkUsable(op);
   if (t.is_cuda()) {
-    if (gpu_ == nullptr) {
-      throw InvalidArgument(strCat("invalid argument 'tensor': process group '", options_.name,
-                                   "' has no GPU (it was made while no CUDA device was available); got ",
-                                   t.device().str()));
-    }
+    ensureGpuLane(t.device().index());
     PYCCL_CHECK_ARG(t.device().index() == options_.cudaDevice, "tensor", "is on ", t.device().str(),
                     ", but this rank's pyccl process group runs on cuda:", options_.cudaDevice,
-                    " (the current device when the group was made; call torch.cuda.set_device before "
-                    "init_process_group, or pass device_id)");
+                    " (the device of its first CUDA op, or the current one when the group was made)");
     return *gpu_;
   }
   PYCCL_CHECK_ARG(t.device().is_cpu(), "tensor", "must be a CUDA or CPU tensor, got ", t.device().str());
@@ -184,8 +196,10 @@ PycclBackend::Lane& PycclBackend::laneFor(const at::Tensor& t, const char* op) {
   return *host_;
 }
 
-bool PycclBackend::delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) const {
-  if (!delegate_ || !t.is_cuda()) return false;
+bool PycclBackend::delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) {
+  if (!t.is_cuda()) return false;
+  ensureGpuLane(t.device().index());
+  if (!delegate_) return false;
   if (wholeBytes >= options_.delegateMinBytes[static_cast<int>(c)]) return true;
   // Reductions pyccl does not do (integers, float64) go to NCCL too.
   const bool reduction = c == BackendCollective::kAllReduce || c == BackendCollective::kReduceScatter;

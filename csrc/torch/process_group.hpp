@@ -4,8 +4,9 @@
 // collectives included, on pyccl's kernels.
 //
 //  - Every op runs on the current CUDA stream (CPU tensors: host mode, done on
-//    return) and can be captured in a CUDA graph: the GPU communicator and its
-//    scratch are made when the backend is, before any capture.
+//    return) and can be captured in a CUDA graph. The GPU communicator and its
+//    scratch are made when the backend is, when it knows its device then;
+//    otherwise on the first CUDA op, which must then not be captured.
 //  - Messages from a per-collective size on, and what pyccl does not do
 //    (uneven all-to-all splits, send/recv on GPUs), go to the delegate backend
 //    when one is given (ProcessGroupNCCL), like the Python API.
@@ -18,6 +19,7 @@
 
 #include <array>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,10 +31,13 @@ namespace pyccl {
 /// The collectives with a size-based hand-off to the delegate.
 enum class BackendCollective : int { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kCount };
 
+/// Makes the delegate backend for a GPU (null: none).
+using DelegateFactory = std::function<c10::intrusive_ptr<c10d::Backend>(int device)>;
+
 struct BackendOptions {
   std::string name;  ///< unique per group, the same on every rank
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
-  int cudaDevice = -1;  ///< the GPU of this rank; -1: CPU tensors only
+  int cudaDevice = -1;  ///< the GPU of this rank, set up now; -1: on the first CUDA op
   /// From this many bytes (the whole buffer) a CUDA op goes to the delegate, if any.
   std::array<uint64_t, static_cast<int>(BackendCollective::kCount)> delegateMinBytes{};
 };
@@ -42,7 +47,7 @@ class PycclBackend : public c10d::Backend {
   /// Collective over `store`: makes the GPU communicator and its collective
   /// scratch now (the CPU one on the first CPU op).
   PycclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, BackendOptions options,
-               c10::intrusive_ptr<c10d::Backend> delegate);
+               DelegateFactory delegateFactory);
   ~PycclBackend() override;
 
   const std::string getBackendName() const override { return "pyccl"; }
@@ -90,8 +95,11 @@ class PycclBackend : public c10d::Backend {
 
   Lane makeLane(int device);
   Lane& laneFor(const at::Tensor& t, const char* op);
-  /// Whether a CUDA op goes to the delegate: by size, or a reduction dtype pyccl lacks.
-  bool delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) const;
+  /// Sets up the GPU lane (and the delegate) on `device` if not yet done.
+  void ensureGpuLane(int device);
+  /// Whether a CUDA op goes to the delegate: by size, or a reduction dtype pyccl
+  /// lacks. Sets up the GPU lane first.
+  bool delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes);
   /// False where the delegate must take a reduction op pyccl lacks (BAND, PREMUL_SUM, ...).
   bool reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const;
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs, const Lane& lane);
@@ -99,6 +107,7 @@ class PycclBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Store> store_;
   BackendOptions options_;
+  DelegateFactory delegateFactory_;
   c10::intrusive_ptr<c10d::Backend> delegate_;
   std::mutex laneMutex_;
   std::unique_ptr<Lane> gpu_;

@@ -6,9 +6,11 @@ Importing pyccl registers it (and torch imports pyccl on start-up through the
     dist.init_process_group("cuda:pyccl,cpu:pyccl")   # or "pyccl", or "cpu:gloo,cuda:pyccl"
     dist.all_reduce(x)                                 # pyccl's kernels, current stream
 
-Call ``torch.cuda.set_device(local_rank)`` (or pass ``device_id``) before
-``init_process_group``: the group runs on the device current then, and sets
-up its GPU buffers right away so that CUDA graphs can capture its first op.
+A group made for cuda (``"pyccl"``, ``"cuda:pyccl,..."``, ``"cpu:gloo,cuda:pyccl"``)
+sets up its GPU buffers at once on the current device, so call
+``torch.cuda.set_device(local_rank)`` first; CUDA graphs can then capture its
+first op. Otherwise (``"cpu:pyccl,cuda:pyccl"``) that happens on the first
+CUDA op, on that tensor's device, which must not be under capture.
 
 Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, into_tensor,
 coalesced), reduce_scatter (list, tensor, coalesced), all_to_all (list and
@@ -48,6 +50,21 @@ def _delegate(store, rank: int, size: int, timeout: datetime.timedelta, device: 
     return nccl
 
 
+def _made_for_cuda(store, rank: int) -> bool:
+    """torch hands the creator a store prefixed with the device the backend is
+    made for ("cuda/" or "cpu/"); find which, through the parent store."""
+    key = f"pyccl/device_probe/{rank}"
+    try:
+        store.set(key, "1")
+        # PrefixStore joins with "/": torch's prefix "cuda/" gives "cuda//<key>".
+        parent = store.underlying_store
+        found = any(parent.check([f"cuda{sep}{key}"]) for sep in ("//", "/"))
+        store.delete_key(key)
+        return found
+    except Exception:  # noqa: BLE001 - a store without a parent: decide on the first op
+        return False
+
+
 def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     """The creator torch calls for each group (extended API)."""
     from .collectives import _nccl_min_bytes
@@ -57,13 +74,16 @@ def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     if not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
     device = -1
-    if _C.cuda_built() and torch.cuda.is_available():
+    if _C.cuda_built() and torch.cuda.is_available() and _made_for_cuda(store, rank):
         device = torch.cuda.current_device()
-    delegate = _delegate(store, rank, size, timeout, device) if device >= 0 else None
     thresholds = [_nccl_min_bytes(c) for c in _ORDER]
     name = f"pg{options.group_id}"
-    logger.info("pyccl backend for group %s: rank %d of %d on %s%s", options.group_id, rank, size,
-                f"cuda:{device}" if device >= 0 else "cpu", ", NCCL delegate" if delegate is not None else "")
+    logger.info("pyccl backend for group %s: rank %d of %d, %s", options.group_id, rank, size,
+                f"on cuda:{device}" if device >= 0 else "GPU set up on the first CUDA op")
+
+    def delegate(dev: int):
+        return _delegate(store, rank, size, timeout, dev)
+
     return _C._make_backend(store, rank, size, int(timeout.total_seconds() * 1000), name, device, thresholds,
                             delegate)
 
