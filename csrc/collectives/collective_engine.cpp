@@ -57,8 +57,9 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 128;
   if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (1u << 20);
   if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
-  if (options_.llThresholdBytes == 0) options_.llThresholdBytes = options_.llMaxBytes / 2;
-  if (options_.ll2ThresholdBytes == 0) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (2u << 20);
+  // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (benchmarks/RESULTS.md).
+  if (options_.llThresholdBytes == 0) options_.llThresholdBytes = host ? options_.llMaxBytes / 2 : (128u << 10);
+  if (options_.ll2ThresholdBytes == 0) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (1u << 20);
   for (int k = 0; k < 4; ++k) {
     uint64_t& threshold = options_.exchangeLLThresholdBytes[k];
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);

@@ -22,9 +22,11 @@ struct CollectiveOptions {
   uint32_t hbThreads = 256;       ///< threads per block of the HB kernel
   uint64_t llMaxBytes = 0;        ///< largest LL message; 0: default (1 MiB GPUs, 64 KiB host)
   uint64_t hbPieceBytes = 0;      ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
-  uint64_t llThresholdBytes = 0;  ///< all-reduce, automatic choice: 1PA LL up to here; 0: default (llMaxBytes / 2)
+  /// All-reduce, automatic choice: 1PA LL up to here; 0: default (128 KiB on
+  /// GPUs, llMaxBytes / 2 in host mode).
+  uint64_t llThresholdBytes = 0;
   /// All-reduce, automatic choice: 2PA LL up to here, 2PA HB above; 0: default
-  /// (2 MiB on GPUs, llMaxBytes in host mode).
+  /// (1 MiB on GPUs, llMaxBytes in host mode).
   uint64_t ll2ThresholdBytes = 0;
   /// All-gather, all-to-all, broadcast and reduce-scatter (ExchangeKind order),
   /// automatic choice: LL up to this many bytes of the whole buffer (nccl-tests'

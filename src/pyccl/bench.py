@@ -227,6 +227,30 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
     return {"tables": tables, "symm_error": symm_error} if rank == 0 else None
 
 
+def _write_csv(path: str, tables, world: int, dtype: str) -> None:
+    """nccl-tests' columns, one row per implementation: size, count, type, redop,
+    time (µs), algbw and busbw (GB/s); #wrong is 0 (every result was checked)."""
+    import csv
+
+    impls = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll",
+             "pyccl_hb", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["collective", "implementation", "world", "size", "count", "type", "redop", "time_us",
+                    "algbw_GBps", "busbw_GBps", "wrong"])
+        for collective, rows in tables.items():
+            factor = _BUS_FACTOR[collective](world)
+            redop = "sum" if collective in ("all_reduce", "reduce_scatter") else "none"
+            for r in rows:
+                for impl in impls:
+                    t = r.get(impl)
+                    if t is None:
+                        continue
+                    algbw = r["bytes"] / (t * 1e-6) / 1e9
+                    w.writerow([collective, impl, world, r["bytes"], r["count"], dtype, redop, f"{t:.2f}",
+                                f"{algbw:.2f}", f"{algbw * factor:.2f}", 0])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
@@ -240,6 +264,7 @@ def main(argv=None) -> int:
                         help="comma-separated: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, or all")
     parser.add_argument("--timeout", type=float, default=560, help="seconds before the ranks are stopped")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--csv", default=None, help="write one row per (collective, size, implementation) here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         print("pyccl.bench needs at least 2 GPUs", file=sys.stderr)
@@ -282,6 +307,8 @@ def main(argv=None) -> int:
         errors = {k: v for r in rows for k, v in r.items() if k.endswith("_error")}
         for k, v in errors.items():
             print(f"# {k}: {v}")
+    if args.csv:
+        _write_csv(args.csv, res["tables"], world, args.dtype)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()), **res},

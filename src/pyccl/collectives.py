@@ -179,7 +179,7 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.
         comm: a pyccl Communicator to use instead of ``group``.
         algorithm: "1pa_ll", "2pa_ll", "2pa_hb" or "nccl" to force one (default: ``PYCCL_ALGO``,
-            else by size: 1PA LL up to 512 KiB, 2PA LL up to 2 MiB, 2PA HB above, and from
+            else by size on GPUs: 1PA LL up to 128 KiB, 2PA LL up to 1 MiB, 2PA HB above, and from
             ``NCCL_MIN_BYTES`` (16 MiB;
             ``PYCCL_NCCL_MIN_BYTES``) the group's NCCL backend when it has one).
 
