@@ -313,12 +313,17 @@ def exchange_cases(rank, world, store, on_gpu, seed, count, max_elems):
     return bad, record
 
 
-def mixed_back_to_back(rank, world, store, on_gpu, rounds):
+def mixed_back_to_back(rank, world, store, on_gpu, rounds, window=None):
     """Every collective and protocol in a row with no host synchronization:
-    scratch phases and flags shared between them stay consistent."""
+    scratch phases and flags shared between them stay consistent. Results are
+    checked every `window` rounds (default: all at the end)."""
     comm, device = _setup(store, rank, world, on_gpu)
     results = []
+    bad = []
     for r in range(rounds):
+        if window and r and r % window == 0:
+            bad += _check_mixed(results, rank, r - len(results))
+            results = []
         n = [3, 1000, 5000, 17][r % 4]
         algo = ["ll", "hb"][(r // 4) % 2]
         per_rank = [movement_input(5, r, q, world * n, torch.float32) for q in range(world)]
@@ -338,13 +343,18 @@ def mixed_back_to_back(rank, world, store, on_gpu, rounds):
             expect = reference(per_rank, "sum")[rank * n:(rank + 1) * n].float()
         z = pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb", "2pa_ll"][r % 3])
         results.append((kind, y, expect, z, reference(per_rank, "sum")))
+    bad += _check_mixed(results, rank, rounds - len(results))
+    comm.close()
+    return bad
+
+
+def _check_mixed(results, rank, first_round):
     bad = []
-    for r, (kind, y, expect, z, zref) in enumerate(results):
+    for r, (kind, y, expect, z, zref) in enumerate(results, start=first_round):
         ok = torch.allclose(y.cpu().float(), expect, rtol=1e-5, atol=1e-4) if kind == "reduce_scatter" \
             else torch.equal(y.cpu(), expect)
         if not ok or not torch.allclose(z.cpu().to(torch.float64), zref, rtol=1e-5, atol=1e-4):
             bad.append((r, kind))
-    comm.close()
     return bad
 
 
@@ -416,3 +426,22 @@ def graph_all_collectives(rank, world, store, replays):
     del graph
     comm.close()
     return bad
+
+
+def closed_communicator(rank, world, store):
+    """Every collective on a closed communicator raises ClosedError at the call."""
+    comm, _ = _setup(store, rank, world, False)
+    comm.close()
+    x = torch.randn(4 * world)
+    out = {}
+    for label, call in [("all_reduce", lambda: pyccl.all_reduce(x, comm=comm)),
+                        ("all_gather", lambda: pyccl.all_gather(x, comm=comm)),
+                        ("reduce_scatter", lambda: pyccl.reduce_scatter(x, comm=comm)),
+                        ("all_to_all", lambda: pyccl.all_to_all(x, comm=comm)),
+                        ("broadcast", lambda: pyccl.broadcast(x, 0, comm=comm))]:
+        try:
+            call()
+            out[label] = "accepted"
+        except pyccl.PycclError as e:
+            out[label] = f"{type(e).__name__}: {e}"
+    return out

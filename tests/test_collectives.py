@@ -73,3 +73,18 @@ def test_exchanges_reject_bad_arguments():
         assert "'src'" in messages["bcast_src"][1]
         assert "'algorithm'" in messages["algorithm"][1] and "all_gather" in messages["algorithm"][1]
         assert messages["device"][0] != "accepted"
+
+
+def test_eight_ranks_every_collective():
+    # The largest world size in one node: every collective and protocol at 8 ranks.
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rcol.exchange_cases, 8, args=(False, seed, 16, 3000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+    for bad, record in run_ranks(rcol.all_reduce_cases, 8, args=(False, seed, 12, 3000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_closed_communicator_refuses_every_collective():
+    for out in run_ranks(rcol.closed_communicator, 2, timeout=120):
+        for label, message in out.items():
+            assert message.startswith("ClosedError") and "closed" in message, (label, message)

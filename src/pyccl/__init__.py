@@ -35,6 +35,8 @@ from .backend import register as _register_backend
 
 _register_backend()
 
+from . import ops  # noqa: E402  (torch.ops.pyccl.*)
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from . import _C
 from ._logging import logger
 from .communicator import Communicator
-from .errors import InvalidArgumentError, UnsupportedError
+from .errors import ClosedError, InvalidArgumentError, UnsupportedError
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "communicator_for", "reduce_scatter"]
 
@@ -151,6 +151,8 @@ class _Call:
                 f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
         self.from_group = comm is None
         self.comm = communicator_for(group, tensor.device) if comm is None else comm
+        if self.comm.closed:
+            raise ClosedError(f"{collective}: communicator '{self.comm.name}' is closed")
         self.group = group
         self.algorithm = _forced_algorithm(collective, algorithm)
         nbytes = nbytes_of(self.comm.world_size)

@@ -1,0 +1,97 @@
+"""pyccl's collectives as torch custom ops: ``torch.ops.pyccl.*``.
+
+They take the process group by name (``group.group_name``), return new
+tensors (functional, as torch.compile prefers), and have fake
+implementations, so ``torch.compile(fullgraph=True)`` traces through them::
+
+    @torch.compile(fullgraph=True)
+    def mlp(x, w1, w2, group_name):
+        h = torch.relu(x @ w1)
+        return torch.ops.pyccl.all_reduce(h @ w2, "sum", group_name)
+
+Ops: ``all_reduce(x, op, group_name)``, ``all_gather(x, group_name)``
+(concatenated along dim 0), ``reduce_scatter(x, op, group_name)`` (split along
+dim 0), ``all_to_all(x, group_name)`` (equal splits) and
+``broadcast(x, src, group_name)`` (``src`` a rank of the group). Each runs
+``pyccl.<collective>`` on the group: same algorithms, same stream semantics.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from . import collectives
+
+__all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
+
+
+def _group(group_name: str) -> dist.ProcessGroup:
+    return _resolve_process_group(group_name)
+
+
+def _world(group_name: str) -> int:
+    return dist.get_world_size(_group(group_name))
+
+
+@torch.library.custom_op("pyccl::all_reduce", mutates_args=())
+def all_reduce(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+    """All-reduce of ``x`` over the group named ``group_name``; a new tensor."""
+    return collectives.all_reduce(x.contiguous(), op, group=_group(group_name))
+
+
+@all_reduce.register_fake
+def _(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("pyccl::all_gather", mutates_args=())
+def all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Every rank's ``x`` concatenated along dim 0, in rank order."""
+    return collectives.all_gather(x.contiguous(), group=_group(group_name))
+
+
+@all_gather.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    world = _world(group_name)
+    shape = (world * x.shape[0], *x.shape[1:]) if x.dim() > 0 else (world,)
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("pyccl::reduce_scatter", mutates_args=())
+def reduce_scatter(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+    """The reduction of ``x`` over the group, split along dim 0; this rank's part."""
+    group = _group(group_name)
+    world = dist.get_world_size(group)
+    out = x.new_empty((x.shape[0] // world, *x.shape[1:]))
+    return collectives.reduce_scatter(x.contiguous(), op, group=group, out=out)
+
+
+@reduce_scatter.register_fake
+def _(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+    world = _world(group_name)
+    torch._check(x.shape[0] % world == 0, lambda: f"reduce_scatter: dim 0 ({x.shape[0]}) must divide by {world}")
+    return x.new_empty((x.shape[0] // world, *x.shape[1:]))
+
+
+@torch.library.custom_op("pyccl::all_to_all", mutates_args=())
+def all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Part q of ``x`` (equal splits along dim 0) to rank q; what arrives, in rank order."""
+    return collectives.all_to_all(x.contiguous(), group=_group(group_name))
+
+
+@all_to_all.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("pyccl::broadcast", mutates_args=())
+def broadcast(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+    """Rank ``src``'s ``x`` on every rank of the group."""
+    return collectives.broadcast(x.contiguous(), src, group=_group(group_name))
+
+
+@broadcast.register_fake
+def _(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
