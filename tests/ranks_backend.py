@@ -220,3 +220,34 @@ def gpu_extras(rank, world, store, replays):
     del graph
     dist.destroy_process_group()
     return bad
+
+
+def missing_peer_times_out(rank, world, store, timeout_s):
+    """init_process_group's timeout bounds a collective whose peer never comes:
+    the error is a DistBackendError that names the op and the peer."""
+    import time
+
+    _init(rank, world, store, "cpu:pyccl", False, timeout_s=timeout_s)
+    x = torch.ones(1000)
+    dist.all_reduce(x)  # every rank: the lanes are set up
+    result = None
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            x.fill_(5.0)
+            dist.all_reduce(x)
+            result = ("completed", time.monotonic() - start, f"{x[:3].tolist()} {dist.get_backend()}")
+        except Exception as e:  # noqa: BLE001 - the type is what is checked
+            result = (type(e).__name__, time.monotonic() - start, str(e),
+                      isinstance(e, dist.DistBackendError))
+        # Broken now: the next call fails at once.
+        start = time.monotonic()
+        try:
+            dist.all_reduce(x)
+            result += ("completed",)
+        except dist.DistBackendError:
+            result += (time.monotonic() - start,)
+    store.set(f"done{rank}", "1")
+    for q in range(world):
+        store.get(f"done{q}")
+    return result

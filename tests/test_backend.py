@@ -65,3 +65,13 @@ def test_creator_learns_its_device_from_the_store_prefix():
     assert _made_for_cuda(dist.PrefixStore("cuda/", group_store()), 0)
     assert not _made_for_cuda(dist.PrefixStore("cpu/", group_store()), 0)
     assert not _made_for_cuda(dist.HashStore(), 0)
+
+
+def test_collective_without_its_peer_times_out_with_a_dist_backend_error():
+    out = run_ranks(rb.missing_peer_times_out, 2, args=(3,), timeout=120)
+    assert len(out[0]) == 5, out[0]
+    kind, seconds, message, is_dist_error, again = out[0]
+    assert is_dist_error, (kind, message)
+    assert 2.5 <= seconds <= 30, seconds
+    assert "all_reduce" in message and "rank 1 timed out" in message, message
+    assert again != "completed" and again < 1.0, again

@@ -157,12 +157,26 @@ Protocol CollectiveEngine::selectExchange(ExchangeKind kind, uint64_t bytes) con
 void CollectiveEngine::checkUsable(const char* op) const {
   if (closed_ || comm_.closed()) throw ClosedError(strCat(op, ": communicator '", comm_.name(), "' is closed"));
   if (comm_.aborted()) throw AbortedError(strCat(op, ": communicator '", comm_.name(), "' was aborted"));
+  raiseIfWaitFailed(op);
+}
+
+void CollectiveEngine::raiseIfWaitFailed(const char* op) const {
+  const DeviceErrorRecord rec = comm_.deviceError();
+  if (rec.status == 0) return;
+  const std::string what = strCat(
+      op, " (call ", calls_, " of communicator '", comm_.name(), "', rank ", comm_.rank(), "): a wait for rank ",
+      rec.peer, rec.status == static_cast<uint32_t>(WaitStatus::kTimeout) ? " timed out after " : " was aborted after ",
+      comm_.timeout().count(), " ms (expected ", rec.expected, ", saw ", rec.observed,
+      "); the communicator is broken, every later call fails: make a new one");
+  if (rec.status == static_cast<uint32_t>(WaitStatus::kTimeout)) throw TimeoutError(what);
+  throw AbortedError(what);
 }
 
 void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
                                  std::optional<AllReduceAlgorithm> algorithm, void* stream) {
   checkUsable("all_reduce");
   if (count == 0) return;
+  ++calls_;
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   const uint64_t elemSize = dataTypeSize(dtype);
   const uint64_t bytes = count * elemSize;
@@ -187,6 +201,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     (void)stream;
     Communicator::HostKernelScope active(comm_);
     allReduceHost(context_, call);
+    raiseIfWaitFailed("all_reduce");
   }
 }
 
@@ -201,6 +216,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
   const char* name = kNames[static_cast<uint32_t>(kind)];
   checkUsable(name);
   if (chunkBytes == 0) return;
+  ++calls_;
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   if (kind == ExchangeKind::kBroadcast) {
     PYCCL_CHECK_ARG(root >= 0 && root < comm_.worldSize(), "src", "must be a rank of the group (0 to ",
@@ -225,6 +241,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
     (void)stream;
     Communicator::HostKernelScope active(comm_);
     exchangeHost(context_, call);
+    raiseIfWaitFailed(name);
   }
 }
 

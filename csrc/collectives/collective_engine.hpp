@@ -68,7 +68,12 @@ class CollectiveEngine {
 
  private:
   Communicator& comm_;
+  /// Refuses calls on a closed or aborted communicator, and on one where a
+  /// wait gave up (the communicator is then broken: every later call fails).
   void checkUsable(const char* op) const;
+  /// Throws TimeoutError / AbortedError naming `op`, the call and the peer if a
+  /// wait of this communicator gave up.
+  void raiseIfWaitFailed(const char* op) const;
 
   CollectiveOptions options_;
   CollectiveContext context_{};
@@ -77,6 +82,7 @@ class CollectiveEngine {
   RegisteredMemory scratch_;
   std::vector<std::optional<RegisteredMemory>> peers_;
   bool closed_ = false;
+  uint64_t calls_ = 0;  ///< collective calls made, for error messages
 };
 
 /// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.
