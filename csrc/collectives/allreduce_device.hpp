@@ -20,6 +20,38 @@
 
 namespace pyccl {
 
+namespace detail {
+
+/// Packet `i` (of this block's share starting at `lo`) reduced over every rank
+/// in rank order, fp32 lanes: this rank's from `mine` (`mineBytes` of data),
+/// the peers' as their packets arrive in its LL region. `ok` turns false, and
+/// stays so, once a wait gives up (the lanes are then meaningless).
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void reduceArrivingPacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t lo,
+                                            uint64_t i, const char* mine, uint64_t mineBytes, uint32_t flag,
+                                            bool& ok, float (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
+  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
+  for (int q = 0; q < c.worldSize; ++q) {
+    uint32_t payload[2];
+    if (q == c.rank) {
+      packPayload<LL16Packet>(mine, i, mineBytes, payload);
+    } else {
+      const LL16Packet* p = &llPackets(c, c.rank, phase, q, block)[i - lo];
+      if (ok) {
+        ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
+                         c.abort, q, flag) == WaitStatus::kOk;
+      }
+      if (!ok) payload[0] = payload[1] = 0;
+    }
+    for (uint32_t l = 0; l < kLanes; ++l) {
+      const float v = ElementTraits<T>::toFloat(laneOf<T>(payload, l));
+      acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
+    }
+  }
+}
+
+}  // namespace detail
+
 /// LL reduction of `count` elements, block `block`'s share: rank q receives
 /// input + q * inStride (bytes) from every rank, and stores the reduction at
 /// `output`. inStride 0 is the 1PA all-reduce; count elements apart, the
@@ -51,23 +83,7 @@ PYCCL_HOST_DEVICE void reduceLL(const CollectiveContext& c, const void* input, u
   bool ok = true;
   for (uint64_t i = lo + tid; i < hi; i += numThreads) {
     float acc[kLanes] = {};
-    for (int q = 0; q < c.worldSize; ++q) {
-      uint32_t payload[2];
-      if (q == c.rank) {
-        packPayload<LL16Packet>(mine, i, bytes, payload);
-      } else {
-        const LL16Packet* p = &detail::llPackets(c, c.rank, phase, q, block)[i - lo];
-        if (ok) {
-          ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
-                           c.abort, q, flag) == WaitStatus::kOk;
-        }
-        if (!ok) payload[0] = payload[1] = 0;
-      }
-      for (uint32_t l = 0; l < kLanes; ++l) {
-        const float v = ElementTraits<T>::toFloat(detail::laneOf<T>(payload, l));
-        acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
-      }
-    }
+    detail::reduceArrivingPacket<T, Op>(c, phase, block, lo, i, mine, bytes, flag, ok, acc);
     const uint64_t first = i * kLanes;
     for (uint32_t l = 0; l < kLanes && first + l < count; ++l) {
       out[first + l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], c.worldSize));
@@ -126,23 +142,7 @@ PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* inpu
   const uint64_t myBytes = chunkBytes(c.rank);
   for (uint64_t i = lo + tid; i < hi; i += numThreads) {
     float acc[kLanes] = {};
-    for (int q = 0; q < world; ++q) {
-      uint32_t payload[2];
-      if (q == c.rank) {
-        packPayload<LL16Packet>(in + c.rank * chunkStride, i, myBytes, payload);
-      } else {
-        const LL16Packet* p = &detail::llPackets(c, c.rank, phase, q, block)[i - lo];
-        if (ok) {
-          ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
-                           c.abort, q, flag) == WaitStatus::kOk;
-        }
-        if (!ok) payload[0] = payload[1] = 0;
-      }
-      for (uint32_t l = 0; l < kLanes; ++l) {
-        const float v = ElementTraits<T>::toFloat(detail::laneOf<T>(payload, l));
-        acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
-      }
-    }
+    detail::reduceArrivingPacket<T, Op>(c, phase, block, lo, i, in + c.rank * chunkStride, myBytes, flag, ok, acc);
     uint32_t result[2];
     T* lanes = reinterpret_cast<T*>(result);
     for (uint32_t l = 0; l < kLanes; ++l) lanes[l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], world));

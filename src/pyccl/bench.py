@@ -116,6 +116,18 @@ def _dist_fn(dist, collective, x, out, group=None):
     return lambda: dist.broadcast(out, 0, group=group)
 
 
+def _check(collective: str, label: str, got: torch.Tensor, ref: torch.Tensor, nbytes: int) -> None:
+    """Raises unless `got` matches NCCL's `ref` (bit for bit for data movement)."""
+    torch.cuda.synchronize()
+    if collective in ("all_reduce", "reduce_scatter"):
+        tol = 2e-2 if got.dtype != torch.float32 else 1e-4
+        ok = torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item())
+    else:
+        ok = torch.equal(got, ref)
+    if not ok:
+        raise AssertionError(f"{collective} {label}: wrong result at {nbytes} bytes")
+
+
 def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos):
     import torch.distributed as dist
 
@@ -168,14 +180,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 use = None if label == "pyccl" else comm
                 fn = _pyccl_fn(pyccl, collective, x, out, use, algo)
                 fn()
-                torch.cuda.synchronize()
-                if collective in ("all_reduce", "reduce_scatter"):
-                    tol = 2e-2 if dtype != torch.float32 else 1e-4
-                    ok = torch.allclose(out.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item())
-                else:
-                    ok = torch.equal(out, ref)
-                if not ok:
-                    raise AssertionError(f"{collective} {label}: wrong result at {whole} bytes")
+                _check(collective, label, out, ref, whole)
                 row[label] = _time_graph(fn, iters, trials)
             if whole >= pyccl.collectives._nccl_min_bytes(collective):
                 row["pyccl_algo"] = "nccl"
@@ -200,14 +205,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             elif collective == "all_reduce":
                 got.copy_(x)
             _dist_fn(dist, collective, x, got, pyccl_group)()
-            torch.cuda.synchronize()
-            if collective in ("all_reduce", "reduce_scatter"):
-                tol = 2e-2 if dtype != torch.float32 else 1e-4
-                ok = torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol * ref.float().abs().max().item())
-            else:
-                ok = torch.equal(got, ref)
-            if not ok:
-                raise AssertionError(f"{collective} through the pyccl backend: wrong result at {whole} bytes")
+            _check(collective, "the pyccl process group", got, ref, whole)
             row["pyccl_pg"] = _time_graph(_dist_fn(dist, collective, x, got, pyccl_group), iters, trials)
             if symm is not None and collective == "all_reduce":
                 view = symm[:x.numel()]
