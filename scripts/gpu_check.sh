@@ -1,6 +1,19 @@
 #!/usr/bin/env bash
-# On a GPU machine: record the machine, then run the README's two commands
-# (tests, then the demo), keeping full logs under $OUT (or ./gpu-logs).
+# On a GPU machine: record the machine, then run the GPU checks in parts, each
+# bounded so that a slow or hung part cannot keep the others' logs from coming
+# back. Logs go to $OUT (or ./gpu-logs).
+#
+#   PYCCL_CHECK_PARTS   which parts, in order (default: all of them):
+#     cpu          the CPU tests (host mode) and the GPU runtime-core tests (tests/test_gpu.py)
+#     channels     tests/test_gpu_channels.py
+#     collectives  tests/test_gpu_collectives.py
+#     backend      tests/test_gpu_backend.py and tests/test_gpu_ops.py (torch.compile: slow)
+#     demo         the README's main command without the benchmark
+#     channel_bench benchmarks/channel_bench.py
+#     bench        python -m pyccl.bench --collectives all (PYCCL_BENCH_ARGS appended)
+#   PYCCL_CHECK_BUDGET_S  seconds for all parts together (default 540); each part
+#                         gets what is left, split evenly over the parts still to run.
+# Extra arguments go to every pytest run.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -13,32 +26,36 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
   nvidia-smi topo -m
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
   cmake --version | head -1; nvcc --version | tail -1
-  echo "CXX=${CXX:-} CUDAHOSTCXX=${CUDAHOSTCXX:-}"
-  if [ -n "${CXX:-}" ] && [ "$(wc -c < "$CXX")" -lt 4096 ]; then cat "$CXX"; fi
 } 2>&1 | tee "$OUT/machine.txt"
-# Each part is bounded (PYCCL_CHECK_BUDGET_S, default 540 s in all) so a hung
-# test cannot keep the logs of the others from coming back.
+
+parts=(${PYCCL_CHECK_PARTS:-cpu channels collectives backend demo channel_bench bench})
 budget=${PYCCL_CHECK_BUDGET_S:-540}
 t_start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - t_start) )); }
-start=$(date +%s)
-timeout "$(( $(left) * 2 / 5 ))" bash scripts/test.sh -v -rfs --ignore=tests/test_gpu_channels.py "$@" 2>&1 | tee "$OUT/tests.txt"
-test_rc=${PIPESTATUS[0]}
-echo "tests: rc=$test_rc in $(( $(date +%s) - start )) s (build included)"
-start=$(date +%s)
-timeout "$(( $(left) * 2 / 3 ))" bash scripts/test.sh -v -rfs --durations=20 tests/test_gpu_channels.py "$@" 2>&1 | tee "$OUT/tests_channels.txt"
-channel_rc=${PIPESTATUS[0]}
-echo "channel tests: rc=$channel_rc in $(( $(date +%s) - start )) s"
-test_rc=$(( test_rc != 0 || channel_rc != 0 ))
-start=$(date +%s)
-timeout 60 bash scripts/main.sh 2>&1 | tee "$OUT/demo.txt"
-demo_rc=${PIPESTATUS[0]}
-echo "demo: rc=$demo_rc in $(( $(date +%s) - start )) s"
-bench_rc=0
-if [ "$(.venv/bin/python -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  timeout "$(( $(left) > 30 ? $(left) : 30 ))" .venv/bin/python benchmarks/channel_bench.py \
-    --out "$OUT/channel_bench.json" 2>&1 | tee "$OUT/channel_bench.txt"
-  bench_rc=${PIPESTATUS[0]}
-fi
+# Build once, outside the parts' budgets' accounting of tests.
+bash scripts/setup.sh 2>&1 | tail -3 | tee "$OUT/setup.txt"
+gpu_tests=$(ls tests/test_gpu_*.py | sed 's/^/--ignore=/' | tr '\n' ' ')
+status=0
+for i in "${!parts[@]}"; do
+  part=${parts[$i]}
+  left=$(( budget - ($(date +%s) - t_start) ))
+  share=$(( left / (${#parts[@]} - i) ))
+  [ "$share" -lt 20 ] && share=20
+  start=$(date +%s)
+  case "$part" in
+    cpu) cmd="bash scripts/test.sh -rfs --durations=10 $gpu_tests tests $*" ;;
+    channels) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_channels.py $*" ;;
+    collectives) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_collectives.py $*" ;;
+    backend) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_backend.py tests/test_gpu_ops.py $*" ;;
+    demo) cmd=".venv/bin/python -m pyccl.demo" ;;
+    channel_bench) cmd=".venv/bin/python benchmarks/channel_bench.py --out $OUT/channel_bench.json" ;;
+    bench) cmd=".venv/bin/python -m pyccl.bench --collectives all --csv $OUT/bench.csv --out $OUT/bench.json --timeout $(( share - 10 )) ${PYCCL_BENCH_ARGS:-}" ;;
+    *) echo "unknown part '$part' in PYCCL_CHECK_PARTS" >&2; status=1; continue ;;
+  esac
+  # shellcheck disable=SC2086  # cmd is a word list
+  timeout "$share" $cmd 2>&1 | tee "$OUT/$part.txt"
+  rc=${PIPESTATUS[0]}
+  echo "[gpu_check] $part: rc=$rc in $(( $(date +%s) - start )) s (limit $share s)" | tee -a "$OUT/summary.txt"
+  [ "$rc" -ne 0 ] && status=1
+done
 cp .venv/pyccl-build.log "$OUT/" 2>/dev/null || true
-exit $(( test_rc != 0 || demo_rc != 0 || bench_rc != 0 ))
+exit $status
