@@ -76,7 +76,12 @@ def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     device = -1
     if _C.cuda_built() and torch.cuda.is_available() and _made_for_cuda(store, rank):
         device = torch.cuda.current_device()
-    thresholds = [_nccl_min_bytes(c) for c in _ORDER]
+    table = None
+    if device >= 0:
+        from .collectives import table_for
+
+        table = table_for(torch.device("cuda", device), size, torch.bfloat16)
+    thresholds = [_nccl_min_bytes(c, table) for c in _ORDER]
     name = f"pg{options.group_id}"
     logger.info("pyccl backend for group %s: rank %d of %d, %s", options.group_id, rank, size,
                 f"on cuda:{device}" if device >= 0 else "GPU set up on the first CUDA op")

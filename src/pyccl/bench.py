@@ -128,7 +128,17 @@ def _check(collective: str, label: str, got: torch.Tensor, ref: torch.Tensor, nb
         raise AssertionError(f"{collective} {label}: wrong result at {nbytes} bytes")
 
 
-def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos):
+def _progress(done: int, total: int, label: str) -> None:
+    """A one-line progress bar on stderr."""
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<40}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos, progress=False):
     import torch.distributed as dist
 
     import pyccl
@@ -182,7 +192,10 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 fn()
                 _check(collective, label, out, ref, whole)
                 row[label] = _time_graph(fn, iters, trials)
-            if whole >= pyccl.collectives._nccl_min_bytes(collective):
+            tuned = pyccl.tuning.select(pyccl.collectives.table_for(device, world, dtype), collective, whole)
+            if tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
+                row["pyccl_algo"] = tuned
+            elif whole >= pyccl.collectives._nccl_min_bytes(collective):
                 row["pyccl_algo"] = "nccl"
             elif collective == "all_reduce":
                 row["pyccl_algo"] = comm._engine.select(whole)
@@ -218,6 +231,9 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                         row[label] = None
                         row[label + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)
+            if progress and rank == 0:
+                _progress(len(tables) * len(sizes) + len(rows), len(collectives) * len(sizes),
+                          f"{collective} {whole} B")
         tables[collective] = rows
     comm.close()
     nccl.close()

@@ -27,7 +27,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, tuning
 from ._logging import logger
 from .communicator import Communicator
 from .errors import ClosedError, InvalidArgumentError, UnsupportedError
@@ -141,6 +141,21 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     return comm
 
 
+_tables: Dict[Tuple[str, int, str], Optional[dict]] = {}
+
+
+def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[dict]:
+    """The tuning table the automatic choice uses on `device` (None in host mode
+    or where no table matches; see pyccl.tuning)."""
+    if device.type != "cuda":
+        return None
+    key = (torch.cuda.get_device_name(device), world, str(dtype).split(".")[-1])
+    with _lock:
+        if key not in _tables:
+            _tables[key] = tuning.load_table(*key)
+        return _tables[key]
+
+
 class _Call:
     """What every collective resolves first: the communicator, the algorithm, NCCL or not."""
 
@@ -156,8 +171,14 @@ class _Call:
         self.group = group
         self.algorithm = _forced_algorithm(collective, algorithm)
         nbytes = nbytes_of(self.comm.world_size)
+        nccl_here = self.from_group and tensor.is_cuda and _has_nccl(group)
+        if self.algorithm is None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
+            # The measured table for this GPU and world size, where there is one.
+            tuned = tuning.select(table_for(tensor.device, self.comm.world_size, tensor.dtype), collective, nbytes)
+            if tuned is not None and (tuned != "nccl" or nccl_here):
+                self.algorithm = tuned
         self.use_nccl = False
-        if self.from_group and tensor.is_cuda and _has_nccl(group):
+        if nccl_here:
             self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and
                                                          nbytes >= _nccl_min_bytes(collective))
         if self.algorithm == "nccl" and not self.use_nccl:
@@ -325,12 +346,14 @@ NCCL_MIN_BYTES = {
 }
 
 
-def _nccl_min_bytes(collective: str = "all_reduce") -> int:
+def _nccl_min_bytes(collective: str = "all_reduce", table: Optional[dict] = None) -> int:
     """Messages from here on go to NCCL when the group has it: PYCCL_NCCL_MIN_BYTES
-    (one size for every collective) if set, else NCCL_MIN_BYTES[collective]."""
+    (one size for every collective) if set, else where `table` hands every size
+    to NCCL, else NCCL_MIN_BYTES[collective]."""
     text = os.environ.get("PYCCL_NCCL_MIN_BYTES")
     if not text:
-        return NCCL_MIN_BYTES[collective]
+        tuned = tuning.nccl_from(table, collective)
+        return tuned if tuned is not None else NCCL_MIN_BYTES[collective]
     try:
         value = int(text)
     except ValueError:

@@ -1,0 +1,74 @@
+"""Measure every algorithm of every collective on this machine and write the
+tuning table pyccl's automatic choice uses: ``python -m pyccl.tune``.
+
+Each candidate (pyccl's kernels, each forced, and NCCL through
+ProcessGroupNCCL) runs captured in a CUDA graph at every size from
+``--min-bytes`` to ``--max-bytes`` (doubling), as in ``pyccl.bench``; the
+fastest wins its size, and runs of the same winner become one entry (see
+``pyccl.tuning`` for the format). Use the table with
+``PYCCL_TUNING_FILE=<file>``, or add it to ``pyccl/tuning_tables/``.
+
+    python -m pyccl.tune --world 4 --dtype bfloat16 --out h200_w4_bf16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+
+import torch
+
+from . import bench, tuning
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--collectives", default="all", help="comma-separated, or all")
+    parser.add_argument("--min-bytes", default="1K")
+    parser.add_argument("--max-bytes", default="256M")
+    parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
+    parser.add_argument("--trials", type=int, default=9, help="graph replays (median)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds before the ranks are stopped")
+    parser.add_argument("--out", default=None, help="the table file (default: pyccl_tuning_<gpu>_w<N>_<dtype>.json)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        print("pyccl.tune needs at least 2 GPUs", file=sys.stderr)
+        return 2
+    world = args.world or torch.cuda.device_count()
+    collectives = list(tuning.CANDIDATES) if args.collectives == "all" else \
+        [c.strip() for c in args.collectives.split(",") if c.strip()]
+    for c in collectives:
+        if c not in tuning.CANDIDATES:
+            parser.error(f"--collectives: {c!r} is not one of {', '.join(tuning.CANDIDATES)} (or all)")
+    sizes = []
+    n = bench.parse_bytes(args.min_bytes)
+    while n <= bench.parse_bytes(args.max_bytes):
+        sizes.append(n)
+        n *= 2
+    from ._spawn import run_ranks
+
+    res = run_ranks(bench._bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials, True,
+                                                    True), timeout=args.timeout)[0]
+    gpu = torch.cuda.get_device_name(0)
+    table = tuning.build_table(res["tables"], gpu=gpu, world=world, dtype=args.dtype,
+                               date=str(datetime.date.today()),
+                               command="python -m pyccl.tune " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
+    tuning.check_table(table, "(new)")
+    out = args.out or f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{args.dtype}.json"
+    with open(out, "w") as f:
+        json.dump(table, f, indent=1)
+    for collective, entries in table["collectives"].items():
+        ranges = ", ".join(f"{e['algorithm']} to {e['max_bytes']} B" if e["max_bytes"] is not None
+                           else f"{e['algorithm']} above" for e in entries)
+        print(f"{collective}: {ranges}")
+    print(f"wrote {out}; use it with PYCCL_TUNING_FILE={out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

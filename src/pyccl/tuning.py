@@ -1,0 +1,134 @@
+"""Size-based algorithm tables: which algorithm each collective uses at each
+message size, per (GPU, world size, dtype), measured by ``python -m pyccl.tune``.
+
+A table is JSON (``"version": 1``)::
+
+    {"version": 1, "gpu": "NVIDIA H200", "world": 4, "dtype": "bfloat16",
+     "date": "...", "command": "...",
+     "collectives": {"all_reduce": [{"max_bytes": 131072, "algorithm": "1pa_ll"},
+                                    ...,
+                                    {"max_bytes": null, "algorithm": "nccl"}], ...}}
+
+Entries are in increasing ``max_bytes``; a message of n bytes (the whole
+buffer, as nccl-tests counts it) takes the first entry with n <= max_bytes
+(``null``: no limit). ``"nccl"`` means the torch group's NCCL, where the call
+has one. Tables ship in ``pyccl/tuning_tables/``; ``PYCCL_TUNING_FILE`` points
+at another (e.g. one ``pyccl.tune`` wrote for this machine).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Dict, List, Optional
+
+from .errors import InvalidArgumentError
+
+TABLE_VERSION = 1
+# What each collective can be tuned to (the bench's forced columns, and NCCL).
+CANDIDATES: Dict[str, tuple] = {
+    "all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
+    "all_gather": ("ll", "hb", "nccl"),
+    "reduce_scatter": ("ll", "hb", "nccl"),
+    "all_to_all": ("ll", "hb", "nccl"),
+    "broadcast": ("ll", "hb", "nccl"),
+}
+
+
+def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: str, date: str,
+                command: str) -> dict:
+    """A table from the bench's rows (``pyccl.bench._bench_rank`` with all
+    algorithms): at each measured size the fastest candidate wins; runs of the
+    same winner merge into one entry."""
+    collectives = {}
+    for collective, rows in tables.items():
+        entries: List[dict] = []
+        for row in sorted(rows, key=lambda r: r["bytes"]):
+            times = {}
+            for algo in CANDIDATES[collective]:
+                t = row.get("nccl" if algo == "nccl" else f"pyccl_{algo}")
+                if t is not None:
+                    times[algo] = t
+            if not times:
+                continue
+            best = min(times, key=times.get)
+            if entries and entries[-1]["algorithm"] == best:
+                entries[-1]["max_bytes"] = row["bytes"]
+            else:
+                entries.append({"max_bytes": row["bytes"], "algorithm": best})
+        if entries:
+            entries[-1]["max_bytes"] = None  # the largest winner goes on beyond the measured range
+            collectives[collective] = entries
+    return {"version": TABLE_VERSION, "gpu": gpu, "world": world, "dtype": dtype, "date": date,
+            "command": command, "collectives": collectives}
+
+
+def check_table(table: dict, where: str) -> dict:
+    """Raises InvalidArgumentError, naming `where`, unless `table` is a valid table."""
+    if not isinstance(table, dict) or table.get("version") != TABLE_VERSION:
+        raise InvalidArgumentError(f"tuning table {where}: expected version {TABLE_VERSION}, "
+                                   f"got {table.get('version') if isinstance(table, dict) else table!r}")
+    for collective, entries in table.get("collectives", {}).items():
+        if collective not in CANDIDATES:
+            raise InvalidArgumentError(f"tuning table {where}: unknown collective {collective!r}")
+        last = -1
+        for i, e in enumerate(entries):
+            if e.get("algorithm") not in CANDIDATES[collective]:
+                raise InvalidArgumentError(f"tuning table {where}: {collective} entry {i} has algorithm "
+                                           f"{e.get('algorithm')!r} (expected one of {CANDIDATES[collective]})")
+            limit = e.get("max_bytes")
+            if limit is None and i != len(entries) - 1:
+                raise InvalidArgumentError(f"tuning table {where}: {collective} entry {i}: only the last "
+                                           "entry may have no max_bytes")
+            if limit is not None and limit <= last:
+                raise InvalidArgumentError(f"tuning table {where}: {collective} entries must grow in max_bytes")
+            last = limit if limit is not None else last
+    return table
+
+
+def select(table: Optional[dict], collective: str, nbytes: int) -> Optional[str]:
+    """The table's algorithm for a message of `nbytes`, or None (no table, or
+    no entry for the collective)."""
+    if table is None:
+        return None
+    for e in table.get("collectives", {}).get(collective, ()):
+        if e["max_bytes"] is None or nbytes <= e["max_bytes"]:
+            return e["algorithm"]
+    return None
+
+
+def nccl_from(table: Optional[dict], collective: str) -> Optional[int]:
+    """The size from which the table hands every message to NCCL, or None."""
+    entries = (table or {}).get("collectives", {}).get(collective)
+    if not entries or entries[-1]["algorithm"] != "nccl":
+        return None
+    return entries[-2]["max_bytes"] + 1 if len(entries) > 1 else 0
+
+
+def _shipped() -> List[str]:
+    return sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_tables", "*.json")))
+
+
+def load_table(gpu_name: str, world: int, dtype: Optional[str] = None) -> Optional[dict]:
+    """The table for this GPU and world size: ``PYCCL_TUNING_FILE`` if set
+    (``none`` for no table), else a shipped one whose "gpu" is part of
+    `gpu_name` and whose world size matches (the same dtype preferred)."""
+    path = os.environ.get("PYCCL_TUNING_FILE")
+    if path:
+        if path.lower() == "none":
+            return None
+        try:
+            with open(path) as f:
+                return check_table(json.load(f), path)
+        except OSError as e:
+            raise InvalidArgumentError(f"PYCCL_TUNING_FILE {path!r}: {e.strerror}") from e
+    best = None
+    for path in _shipped():
+        with open(path) as f:
+            table = check_table(json.load(f), path)
+        if table["world"] != world or table["gpu"] not in gpu_name:
+            continue
+        if best is None or (dtype is not None and table["dtype"] == dtype):
+            best = table
+    return best
