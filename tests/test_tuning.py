@@ -66,3 +66,19 @@ def test_tuning_file_overrides(monkeypatch, tmp_path):
     monkeypatch.setenv("PYCCL_TUNING_FILE", str(tmp_path / "missing.json"))
     with pytest.raises(InvalidArgumentError, match="PYCCL_TUNING_FILE"):
         tuning.load_table("NVIDIA H200", 4)
+
+
+def test_bench_csv_has_nccl_tests_columns(tmp_path):
+    import csv
+
+    from pyccl import bench
+
+    path = tmp_path / "b.csv"
+    bench._write_csv(str(path), {"all_gather": [{"bytes": 4096, "count": 2048, "pyccl": 4.0, "nccl": 10.0}]},
+                     4, "bfloat16")
+    rows = list(csv.DictReader(open(path)))
+    assert [r["implementation"] for r in rows] == ["pyccl", "nccl"]
+    assert rows[0]["size"] == "4096" and rows[0]["redop"] == "none" and rows[0]["wrong"] == "0"
+    algbw = 4096 / 4e-6 / 1e9
+    assert abs(float(rows[0]["algbw_GBps"]) - algbw) < 0.01
+    assert abs(float(rows[0]["busbw_GBps"]) - algbw * 3 / 4) < 0.01

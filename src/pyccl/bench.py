@@ -279,6 +279,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=560, help="seconds before the ranks are stopped")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--csv", default=None, help="write one row per (collective, size, implementation) here")
+    parser.add_argument("--plot", default=None, help="write the PNG here (needs matplotlib; or later: "
+                                                     "python -m pyccl.bench_plot results.json out.png)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         print("pyccl.bench needs at least 2 GPUs", file=sys.stderr)
@@ -323,6 +325,10 @@ def main(argv=None) -> int:
             print(f"# {k}: {v}")
     if args.csv:
         _write_csv(args.csv, res["tables"], world, args.dtype)
+    if args.plot:
+        from .bench_plot import plot
+
+        plot({"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()), **res}, args.plot)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()), **res},

@@ -1,0 +1,68 @@
+"""The benchmark's PNG: per collective, latency (µs) up to 1 MiB and bus
+bandwidth (GB/s) above, for every implementation measured.
+
+    python -m pyccl.bench_plot bench.json bench.png
+
+Works on any machine from the JSON that ``python -m pyccl.bench --out`` wrote;
+needs matplotlib (``pip install matplotlib``; not a dependency of pyccl).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+_SERIES = ("pyccl", "pyccl_pg", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
+_BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
+               "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
+               "broadcast": lambda w: 1.0}
+_SPLIT = 1 << 20
+
+
+def plot(results: dict, path: str) -> None:
+    """Writes the PNG for `results` (the bench's JSON) to `path`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SystemExit("the plot needs matplotlib: pip install matplotlib") from e
+    tables = results["tables"]
+    world = results["world"]
+    fig, axes = plt.subplots(len(tables), 2, figsize=(12, 3.2 * len(tables)), squeeze=False)
+    for row_axes, (collective, rows) in zip(axes, tables.items()):
+        small = [r for r in rows if r["bytes"] <= _SPLIT]
+        large = [r for r in rows if r["bytes"] >= _SPLIT]
+        factor = _BUS_FACTOR[collective](world)
+        for name in _SERIES:
+            pts = [(r["bytes"], r[name]) for r in small if r.get(name) is not None]
+            if pts:
+                row_axes[0].plot(*zip(*pts), marker="o", markersize=3, label=name)
+            pts = [(r["bytes"], r["bytes"] * factor / (r[name] * 1e-6) / 1e9) for r in large if r.get(name) is not None]
+            if pts:
+                row_axes[1].plot(*zip(*pts), marker="o", markersize=3, label=name)
+        row_axes[0].set(xscale="log", title=f"{collective}: latency", xlabel="bytes", ylabel="µs")
+        row_axes[1].set(xscale="log", title=f"{collective}: bus bandwidth", xlabel="bytes", ylabel="GB/s")
+        for ax in row_axes:
+            ax.grid(True, which="both", alpha=0.3)
+        row_axes[0].legend(fontsize=7)
+    fig.suptitle(f"pyccl, {world} x {results.get('gpu', '?')}, {results.get('dtype', '?')}, CUDA graphs, "
+                 f"{results.get('date', '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(args[0]) as f:
+        plot(json.load(f), args[1])
+    print(f"wrote {args[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
