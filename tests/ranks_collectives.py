@@ -445,3 +445,62 @@ def closed_communicator(rank, world, store):
         except pyccl.PycclError as e:
             out[label] = f"{type(e).__name__}: {e}"
     return out
+
+
+def special_inputs(rank: int, world: int, dtype: torch.dtype) -> torch.Tensor:
+    """Columns of ±0, ±inf and NaN placed at one rank each, the other ranks
+    holding small integers (exact in every dtype, so the order of a sum does
+    not matter): what each op makes of them is then well defined."""
+    specials = [0.0, -0.0, float("inf"), -float("inf"), float("nan")]
+    cols = []
+    for holder in range(world):
+        for v in specials:
+            cols.append(v if rank == holder else float(rank + 1))
+    cols += [-0.0, -0.0, 0.0]  # every rank: -0 + -0 = -0; min/max of equal zeros
+    return torch.tensor(cols, dtype=torch.float64).to(dtype)
+
+
+def special_values(rank, world, store, on_gpu):
+    """pyccl's all-reduce and reduce-scatter on ±0/±inf/NaN. On GPUs the result
+    must match NCCL's bit for bit; in host mode, NaN propagates for every op
+    and inf follows IEEE arithmetic. Returns the mismatches."""
+    import torch.distributed as dist
+
+    comm, device = _setup(store, rank, world, on_gpu)
+    if on_gpu:
+        dist.init_process_group("nccl", store=dist.PrefixStore("nccl", store), rank=rank, world_size=world,
+                                device_id=torch.device(device))
+    bad = []
+    ops = {"sum": "sum", "avg": "avg", "min": "min", "max": "max", "prod": "prod"}
+    for dtype in DTYPES.values():
+        x = special_inputs(rank, world, dtype).to(device)
+        everyone = [special_inputs(q, world, dtype) for q in range(world)]
+        for op in ops:
+            # In rank order, one IEEE operation at a time (-0 + -0 stays -0; a
+            # float64 sum() would start from +0).
+            acc = everyone[0].double()
+            for t in everyone[1:]:
+                t = t.double()
+                if op in ("sum", "avg"):
+                    acc = acc + t
+                elif op == "prod":
+                    acc = acc * t
+                else:  # NaN propagates (torch.minimum/maximum); ties keep the earlier rank's
+                    pick = (t < acc) if op == "min" else (t > acc)
+                    acc = torch.where(acc.isnan() | t.isnan(), float("nan"), torch.where(pick, t, acc))
+            expect = (acc / world if op == "avg" else acc).to(dtype)
+            if on_gpu:
+                ref = x.clone()
+                dist.all_reduce(ref, op=getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(op, op.upper())))
+                expect = ref.cpu()
+            for algo in ("1pa_ll", "2pa_ll", "2pa_hb"):
+                got = pyccl.all_reduce(x, op=op, comm=comm, algorithm=algo).cpu()
+                same = (got.isnan() == expect.isnan()).all() and torch.equal(
+                    torch.where(got.isnan(), 0, got).view(torch.int16 if got.element_size() == 2 else torch.int32),
+                    torch.where(expect.isnan(), 0, expect).view(torch.int16 if got.element_size() == 2 else torch.int32))
+                if not same:
+                    bad.append((str(dtype), op, algo, got.tolist(), expect.tolist()))
+    if on_gpu:
+        dist.destroy_process_group()
+    comm.close()
+    return bad

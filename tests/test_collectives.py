@@ -88,3 +88,8 @@ def test_closed_communicator_refuses_every_collective():
     for out in run_ranks(rcol.closed_communicator, 2, timeout=120):
         for label, message in out.items():
             assert message.startswith("ClosedError") and "closed" in message, (label, message)
+
+
+def test_zeros_infinities_and_nan():
+    for bad in run_ranks(rcol.special_values, 3, args=(False,), timeout=120):
+        assert bad == [], bad[:3]

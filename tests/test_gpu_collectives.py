@@ -68,3 +68,9 @@ def test_exchanges_and_all_reduce_back_to_back():
 def test_every_collective_in_a_graph_captured_before_any_eager_call():
     for bad in run_ranks(rcol.graph_all_collectives, min(gpu_count(), 4), args=(1000,), timeout=400):
         assert bad == []
+
+
+@requires_gpus(2)
+def test_zeros_infinities_and_nan_as_nccl():
+    for bad in run_ranks(rcol.special_values, min(gpu_count(), 4), args=(True,), timeout=300):
+        assert bad == [], bad[:3]
