@@ -14,13 +14,17 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 TOLERANCE = {torch.float32: (1e-5, 1e-6), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
 
-def _setup(store, rank, world, on_gpu, timeout_s=60.0):
+def _setup(store, rank, world, on_gpu, timeout_s=60.0, engine_options=None):
+    """A communicator named "coll"; with `engine_options`, its collective engine
+    is made with them (pyccl._C.CollectiveEngine keyword arguments)."""
     device = "cpu"
     if on_gpu:
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
     comm = pyccl.Communicator(store, rank, world, device=device, name="coll",
-                              timeout=datetime.timedelta(seconds=timeout_s))
+                              timeout=datetime.timedelta(seconds=timeout_s), collectives=engine_options is None)
+    if engine_options is not None:
+        comm._engine = pyccl._C.CollectiveEngine(comm._comm, **engine_options)
     return comm, device
 
 
@@ -69,10 +73,10 @@ def random_cases(seed: int, count: int, max_elems: int):
     return cases
 
 
-def all_reduce_cases(rank, world, store, on_gpu, seed, count, max_elems):
+def all_reduce_cases(rank, world, store, on_gpu, seed, count, max_elems, engine_options=None):
     """Random all-reduces checked against a float64 reference, and bitwise
     equality of the results across ranks. Returns a list of failures."""
-    comm, device = _setup(store, rank, world, on_gpu)
+    comm, device = _setup(store, rank, world, on_gpu, engine_options=engine_options)
     ll_max = None
     bad = []
     for i, (dtype, op, n, algo, in_place, offset) in enumerate(random_cases(seed, count, max_elems)):
@@ -259,10 +263,10 @@ def exchange_cases_list(seed: int, count: int, max_elems: int):
     return cases
 
 
-def exchange_cases(rank, world, store, on_gpu, seed, count, max_elems):
+def exchange_cases(rank, world, store, on_gpu, seed, count, max_elems, engine_options=None):
     """Random exchanges: data movement checked bit for bit, reduce-scatter
     against a float64 reference and bitwise across ranks. Returns failures."""
-    comm, device = _setup(store, rank, world, on_gpu)
+    comm, device = _setup(store, rank, world, on_gpu, engine_options=engine_options)
     bad = []
     for i, (coll, dtype, op, n, algo, in_place, root) in enumerate(exchange_cases_list(seed, count, max_elems)):
         root %= world

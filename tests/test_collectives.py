@@ -93,3 +93,14 @@ def test_closed_communicator_refuses_every_collective():
 def test_zeros_infinities_and_nan():
     for bad in run_ranks(rcol.special_values, 3, args=(False,), timeout=120):
         assert bad == [], bad[:3]
+
+
+def test_ll_calls_on_fewer_blocks_for_small_messages():
+    # ll_packets_per_block: small LL calls run on 1..4 of the 4 blocks (each
+    # block's counter then advances only when it runs).
+    seed = random.randrange(1 << 20)
+    options = {"ll_blocks": 4, "ll_packets_per_block": 64}
+    for bad, record in run_ranks(rcol.exchange_cases, 3, args=(False, seed, 40, 3000, options), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+    for bad, record in run_ranks(rcol.all_reduce_cases, 3, args=(False, seed, 30, 3000, options), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"

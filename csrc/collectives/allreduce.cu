@@ -33,10 +33,10 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
   auto s = static_cast<cudaStream_t>(stream);
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
     if (call.algorithm == AllReduceAlgorithm::kOnePhaseLL) {
-      allReduceLLKernel<T, Op><<<context.llBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
+      allReduceLLKernel<T, Op><<<context.llActiveBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
                                                                             call.count);
     } else if (call.algorithm == AllReduceAlgorithm::kTwoPhaseLL) {
-      allReduceLL2Kernel<T, Op><<<context.llBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
+      allReduceLL2Kernel<T, Op><<<context.llActiveBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
                                                                              call.count);
     } else {
       allReduceHBKernel<T, Op><<<context.hbBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,

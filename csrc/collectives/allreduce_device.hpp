@@ -64,7 +64,7 @@ PYCCL_HOST_DEVICE void reduceLL(const CollectiveContext& c, const void* input, u
   const uint32_t phase = flag & 1;
   const uint64_t bytes = count * sizeof(T);
   uint64_t lo = 0, hi = 0;
-  detail::blockShare((bytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes, c.llBlocks, block, &lo, &hi);
+  detail::blockShare((bytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes, c.llActiveBlocks, block, &lo, &hi);
   const auto* in = static_cast<const char*>(input);
   const char* mine = in + c.rank * inStride;
   auto* out = static_cast<T*>(output);
@@ -123,7 +123,7 @@ PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* inpu
   };
   const uint64_t chunkStride = chunkElems * sizeof(T);
   uint64_t lo = 0, hi = 0;
-  detail::blockShare(chunkElems / kLanes, c.llBlocks, block, &lo, &hi);
+  detail::blockShare(chunkElems / kLanes, c.llActiveBlocks, block, &lo, &hi);
   const auto* in = static_cast<const char*>(input);
   auto* out = static_cast<char*>(output);
   // In place is safe: thread t alone reads and writes packet i of every chunk, in that order.

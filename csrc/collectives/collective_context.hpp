@@ -34,7 +34,8 @@ struct CollectiveContext {
   uint64_t llOffset;
   uint64_t ll2Offset;
   uint64_t llBlockPackets;
-  uint32_t llBlocks;
+  uint32_t llBlocks;        ///< blocks the LL layout has room for
+  uint32_t llActiveBlocks;  ///< blocks this LL call runs on (<= llBlocks; the grid size)
   uint32_t hbBlocks;
   // HB: staging [phase 2][block][slot W][hbSubBytes], result [phase 2][block][hbSubBytes],
   // barrier words [block][source rank] (uint64).

@@ -116,6 +116,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   context_.llOffset = 0;
   context_.llBlockPackets = llBlockPackets;
   context_.llBlocks = options_.llBlocks;
+  context_.llActiveBlocks = options_.llBlocks;
   context_.hbBlocks = options_.hbBlocks;
   context_.ll2Offset = llBytes;
   context_.hbStagingOffset = 2 * llBytes;
@@ -152,6 +153,20 @@ AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes) const {
 
 Protocol CollectiveEngine::selectExchange(ExchangeKind kind, uint64_t bytes) const {
   return bytes <= options_.exchangeLLThresholdBytes[static_cast<int>(kind)] ? Protocol::kLL : Protocol::kHB;
+}
+
+CollectiveContext CollectiveEngine::contextFor(uint64_t llPackets) const {
+  CollectiveContext ctx = context_;
+  const uint64_t perBlock = options_.llPacketsPerBlock;
+  if (perBlock == 0) return ctx;  // every LL call on every block
+  // Enough blocks for `perBlock` packets each, and for the layout's per-block room.
+  uint64_t blocks = (llPackets + perBlock - 1) / perBlock;
+  const uint64_t forRoom = (llPackets + context_.llBlockPackets - 1) / context_.llBlockPackets;
+  if (blocks < forRoom) blocks = forRoom;
+  if (blocks < 1) blocks = 1;
+  if (blocks > options_.llBlocks) blocks = options_.llBlocks;
+  ctx.llActiveBlocks = static_cast<uint32_t>(blocks);
+  return ctx;
 }
 
 void CollectiveEngine::checkUsable(const char* op) const {
@@ -191,16 +206,21 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
   for (uint64_t done = 0; done < count; done += piece) {
     AllReduceCall call{static_cast<const char*>(input) + done * elemSize, static_cast<char*>(output) + done * elemSize,
                        count - done < piece ? count - done : piece, dtype, op, algo};
+    // Packets per (source, destination) pair: the whole piece for 1PA, one rank's chunk for 2PA.
+    const uint64_t world = static_cast<uint64_t>(comm_.worldSize());
+    const uint64_t pairBytes = algo == AllReduceAlgorithm::kTwoPhaseLL ? (call.count + world - 1) / world * elemSize
+                                                                        : call.count * elemSize;
+    const CollectiveContext ctx = contextFor((pairBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
-      allReduceDevice(context_, call, stream,
+      allReduceDevice(ctx, call, stream,
                       algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads);
       continue;
     }
 #endif
     (void)stream;
     Communicator::HostKernelScope active(comm_);
-    allReduceHost(context_, call);
+    allReduceHost(ctx, call);
     raiseIfWaitFailed("all_reduce");
   }
 }
@@ -232,15 +252,17 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
                       ExchangeArgs{static_cast<const char*>(input) + done, inStride, static_cast<char*>(output) + done,
                                    outStride, chunkBytes - done < piece ? chunkBytes - done : piece, root},
                       dtype, op};
+    const CollectiveContext ctx =
+        contextFor((call.args.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
-      exchangeDevice(context_, call, stream, proto == Protocol::kLL ? options_.llThreads : options_.hbThreads);
+      exchangeDevice(ctx, call, stream, proto == Protocol::kLL ? options_.llThreads : options_.hbThreads);
       continue;
     }
 #endif
     (void)stream;
     Communicator::HostKernelScope active(comm_);
-    exchangeHost(context_, call);
+    exchangeHost(ctx, call);
     raiseIfWaitFailed(name);
   }
 }

@@ -19,6 +19,9 @@ struct CollectiveOptions {
   uint32_t llBlocks = 0;          ///< 0: default (32 on GPUs, 2 in host mode)
   uint32_t hbBlocks = 0;          ///< 0: default (128 on GPUs, 2 in host mode)
   uint32_t llThreads = 1024;      ///< threads per block of the LL kernel
+  /// LL calls run on about (packets per rank pair) / this many blocks, up to
+  /// llBlocks; 0: every LL call runs on all llBlocks.
+  uint32_t llPacketsPerBlock = 0;
   uint32_t hbThreads = 256;       ///< threads per block of the HB kernel
   uint64_t llMaxBytes = 0;        ///< largest LL message; 0: default (1 MiB GPUs, 64 KiB host)
   uint64_t hbPieceBytes = 0;      ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
@@ -71,6 +74,8 @@ class CollectiveEngine {
   /// Refuses calls on a closed or aborted communicator, and on one where a
   /// wait gave up (the communicator is then broken: every later call fails).
   void checkUsable(const char* op) const;
+  /// The context of an LL call moving `llPackets` per (source, destination) pair.
+  CollectiveContext contextFor(uint64_t llPackets) const;
   /// Throws TimeoutError / AbortedError naming `op`, the call and the peer if a
   /// wait of this communicator gave up.
   void raiseIfWaitFailed(const char* op) const;

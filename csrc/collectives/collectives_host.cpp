@@ -20,7 +20,7 @@ void runBlocks(uint32_t blocks, Body&& body) {
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) {
   const bool hb = call.algorithm == AllReduceAlgorithm::kTwoPhaseHB;
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
-    runBlocks(hb ? context.hbBlocks : context.llBlocks, [&](uint32_t b) {
+    runBlocks(hb ? context.hbBlocks : context.llActiveBlocks, [&](uint32_t b) {
       switch (call.algorithm) {
         case AllReduceAlgorithm::kOnePhaseLL:
           allReduceLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
@@ -38,7 +38,7 @@ void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) 
 
 void exchangeHost(const CollectiveContext& context, const ExchangeCall& call) {
   const bool ll = call.protocol == Protocol::kLL;
-  const uint32_t blocks = ll ? context.llBlocks : context.hbBlocks;
+  const uint32_t blocks = ll ? context.llActiveBlocks : context.hbBlocks;
   const ExchangeArgs& a = call.args;
   if (call.kind != ExchangeKind::kReduceScatter) {
     runBlocks(blocks, [&](uint32_t b) {

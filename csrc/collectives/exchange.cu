@@ -29,7 +29,7 @@ void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, 
   }
   auto s = static_cast<cudaStream_t>(stream);
   if (call.protocol == Protocol::kLL) {
-    exchangeLLKernel<<<context.llBlocks, threadsPerBlock, 0, s>>>(call.kind, context, call.args);
+    exchangeLLKernel<<<context.llActiveBlocks, threadsPerBlock, 0, s>>>(call.kind, context, call.args);
   } else {
     exchangeHBKernel<<<context.hbBlocks, threadsPerBlock, 0, s>>>(call.kind, context, call.args);
   }

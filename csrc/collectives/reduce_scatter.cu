@@ -26,7 +26,7 @@ void reduceScatterDevice(const CollectiveContext& context, const ExchangeCall& c
   auto s = static_cast<cudaStream_t>(stream);
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
     if (call.protocol == Protocol::kLL) {
-      reduceScatterLLKernel<T, Op><<<context.llBlocks, threadsPerBlock, 0, s>>>(context, call.args);
+      reduceScatterLLKernel<T, Op><<<context.llActiveBlocks, threadsPerBlock, 0, s>>>(context, call.args);
     } else {
       reduceScatterHBKernel<T, Op><<<context.hbBlocks, threadsPerBlock, 0, s>>>(context, call.args);
     }

@@ -46,7 +46,7 @@ void bindCollectives(py::module_& m) {
 
   py::class_<CollectiveEngine, std::shared_ptr<CollectiveEngine>>(m, "CollectiveEngine")
       .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
-                       uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes,
+                       uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes, uint32_t llPacketsPerBlock,
                        std::vector<uint64_t> exchangeLLThresholdBytes) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
@@ -57,6 +57,7 @@ void bindCollectives(py::module_& m) {
              o.hbPieceBytes = hbPieceBytes;
              o.llThresholdBytes = llThresholdBytes;
              o.ll2ThresholdBytes = ll2ThresholdBytes;
+             o.llPacketsPerBlock = llPacketsPerBlock;
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
                              "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
@@ -69,7 +70,8 @@ void bindCollectives(py::module_& m) {
            }),
            py::arg("comm"), py::arg("ll_blocks") = 0, py::arg("hb_blocks") = 0, py::arg("ll_threads") = 1024,
            py::arg("hb_threads") = 256, py::arg("ll_max_bytes") = 0, py::arg("hb_piece_bytes") = 0,
-           py::arg("ll_threshold_bytes") = 0, py::arg("ll2_threshold_bytes") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{}, py::keep_alive<1, 2>())
+           py::arg("ll_threshold_bytes") = 0, py::arg("ll2_threshold_bytes") = 0,
+           py::arg("ll_packets_per_block") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{}, py::keep_alive<1, 2>())
       .def("all_reduce",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::string& op, const std::optional<std::string>& algorithm) {

@@ -138,7 +138,8 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos, progress=False):
+def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos, progress=False,
+                engine_options=None):
     import torch.distributed as dist
 
     import pyccl
@@ -147,7 +148,10 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
     dtype = getattr(torch, dtype_name)
-    comm = pyccl.Communicator(store, rank, world, device=device, name="bench")
+    # The kernels' communicator; engine_options (CollectiveEngine keywords) try other settings.
+    comm = pyccl.Communicator(store, rank, world, device=device, name="bench", collectives=not engine_options)
+    if engine_options:
+        comm._engine = pyccl._C.CollectiveEngine(comm._comm, **engine_options)
     # The torch-group path's communicator, made before any graph is captured.
     pyccl.communicator_for(None, device)
     pyccl_group = dist.new_group(backend="pyccl")
@@ -277,6 +281,9 @@ def main(argv=None) -> int:
     parser.add_argument("--collectives", default="all_reduce",
                         help="comma-separated: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, or all")
     parser.add_argument("--timeout", type=float, default=560, help="seconds before the ranks are stopped")
+    parser.add_argument("--engine", default=None,
+                        help="CollectiveEngine settings for the kernel columns, as JSON, e.g. "
+                             "'{\"ll_packets_per_block\": 1024}'")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--csv", default=None, help="write one row per (collective, size, implementation) here")
     parser.add_argument("--plot", default=None, help="write the PNG here (needs matplotlib; or later: "
@@ -299,8 +306,9 @@ def main(argv=None) -> int:
     for c in collectives:
         if c not in _BUS_FACTOR:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(_BUS_FACTOR)} (or all)")
+    engine_options = json.loads(args.engine) if args.engine else None
     res = run_ranks(_bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials,
-                                              args.all_algos), timeout=args.timeout)[0]
+                                              args.all_algos, False, engine_options), timeout=args.timeout)[0]
     gpu = torch.cuda.get_device_name(0)
     if res["symm_error"]:
         print(f"# torch symmetric memory unavailable: {res['symm_error']}")
