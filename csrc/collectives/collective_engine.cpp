@@ -41,15 +41,32 @@ Protocol parseProtocol(const std::string& name, const char* what) {
 
 const char* protocolName(Protocol p) { return p == Protocol::kLL ? "ll" : "hb"; }
 
+namespace {
+// In ExchangeKind order.
+constexpr const char* kExchangeNames[] = {"all_gather", "all_to_all", "broadcast", "reduce_scatter"};
+}  // namespace
+
+const char* exchangeKindName(ExchangeKind kind) { return kExchangeNames[static_cast<uint32_t>(kind)]; }
+
+ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
+  for (uint32_t k = 0; k < 4; ++k) {
+    if (name == kExchangeNames[k]) return static_cast<ExchangeKind>(k);
+  }
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
+                               "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
+}
+
 CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options)
     : comm_(comm), options_(options) {
   const bool host = comm.hostMode();
   const int world = comm.worldSize();
-  PYCCL_CHECK_ARG(world >= 1 && world <= kMaxCollectiveRanks, "world_size", "collectives support 1 to ",
-                  kMaxCollectiveRanks, " ranks in one node, got ", world);
+  if (world > kMaxCollectiveRanks) {
+    throw UnsupportedError(strCat("collectives in communicator '", comm.name(), "' support up to ",
+                                  kMaxCollectiveRanks, " ranks in one node, it has ", world));
+  }
   for (int p = 0; p < world; ++p) {
     if (p != comm.rank() && !comm.canAccessPeer(p)) {
-      throw UnsupportedError(strCat("all-reduce in communicator '", comm.name(), "' needs P2P between all ranks; rank ",
+      throw UnsupportedError(strCat("collectives in communicator '", comm.name(), "' need P2P between all ranks; rank ",
                                     comm.rank(), " cannot reach rank ", p, " (another node, or no P2P path)"));
     }
   }
@@ -232,8 +249,7 @@ namespace pyccl {
 void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t inStride, void* output,
                                 uint64_t outStride, uint64_t chunkBytes, int root, DataType dtype, ReduceOp op,
                                 std::optional<Protocol> protocol, void* stream) {
-  static const char* const kNames[] = {"all_gather", "all_to_all", "broadcast", "reduce_scatter"};
-  const char* name = kNames[static_cast<uint32_t>(kind)];
+  const char* name = exchangeKindName(kind);
   checkUsable(name);
   if (chunkBytes == 0) return;
   ++calls_;

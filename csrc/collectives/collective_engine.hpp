@@ -40,7 +40,7 @@ struct CollectiveOptions {
 class CollectiveEngine {
  public:
   /// Collective: allocates and registers the scratch, maps every peer's.
-  /// Throws UnsupportedError if a peer is not reachable by P2P.
+  /// Throws UnsupportedError if a peer is not reachable by P2P or there are more than kMaxCollectiveRanks.
   CollectiveEngine(Communicator& comm, CollectiveOptions options);
   ~CollectiveEngine();
   CollectiveEngine(const CollectiveEngine&) = delete;
@@ -96,5 +96,8 @@ const char* allReduceAlgorithmName(AllReduceAlgorithm a);
 /// Parses "ll" / "hb" (exchange protocols); throws InvalidArgument naming `what`.
 Protocol parseProtocol(const std::string& name, const char* what);
 const char* protocolName(Protocol p);
+/// "all_gather", "all_to_all", "broadcast", "reduce_scatter", and back (InvalidArgument naming `what`).
+const char* exchangeKindName(ExchangeKind kind);
+ExchangeKind parseExchangeKind(const std::string& name, const char* what);
 
 }  // namespace pyccl

@@ -17,15 +17,6 @@ std::optional<Protocol> protocolArg(const std::optional<std::string>& name) {
   return parseProtocol(*name, "protocol");
 }
 
-ExchangeKind exchangeKindOf(const std::string& name) {
-  if (name == "all_gather") return ExchangeKind::kAllGather;
-  if (name == "all_to_all") return ExchangeKind::kAllToAll;
-  if (name == "broadcast") return ExchangeKind::kBroadcast;
-  if (name == "reduce_scatter") return ExchangeKind::kReduceScatter;
-  throw InvalidArgument(strCat("invalid argument 'collective': '", name,
-                               "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
-}
-
 }  // namespace
 
 void bindCollectives(py::module_& m) {
@@ -121,7 +112,7 @@ void bindCollectives(py::module_& m) {
            py::arg("nbytes"), "The all-reduce algorithm chosen for a message of nbytes.")
       .def("select_exchange",
            [](const CollectiveEngine& e, const std::string& collective, uint64_t bytes) {
-             return protocolName(e.selectExchange(exchangeKindOf(collective), bytes));
+             return protocolName(e.selectExchange(parseExchangeKind(collective, "collective"), bytes));
            },
            py::arg("collective"), py::arg("nbytes"),
            "The protocol chosen for an exchange (all_gather, all_to_all, broadcast, reduce_scatter) whose whole "

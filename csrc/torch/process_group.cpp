@@ -26,6 +26,9 @@ namespace {
 constexpr int kP2PTagBase = 1 << 24;
 constexpr size_t kP2PChunk = 4u << 20;  // under the TCP store's message limit
 
+/// Messages a host-staged send of `bytes` takes (one, empty, for an empty tensor).
+size_t p2pMessages(size_t bytes) { return bytes == 0 ? 1 : (bytes + kP2PChunk - 1) / kP2PChunk; }
+
 void* currentStreamOf(const at::Tensor& t) {
 #ifdef PYCCL_WITH_CUDA
   if (t.is_cuda()) return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
@@ -211,8 +214,7 @@ bool PycclBackend::reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) co
   return !(delegate_ && t.is_cuda()) || pycclReduces(op);
 }
 
-c10::intrusive_ptr<c10d::Work> PycclBackend::done(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                  const Lane& /*lane*/) {
+c10::intrusive_ptr<c10d::Work> PycclBackend::done(c10d::OpType type, std::vector<at::Tensor> outputs) {
   return c10::make_intrusive<PycclWork>(getRank(), type, ++seq_, std::move(outputs));
 }
 
@@ -227,7 +229,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce(std::vector<at::Tensor>& 
     const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
     Lane& lane = laneFor(t, "allreduce");
     allReduceTensor(*lane.engine, *lane.comm, t, t, op, std::nullopt);
-    return done(c10d::OpType::ALLREDUCE, {t}, lane);
+    return done(c10d::OpType::ALLREDUCE, {t});
   });
 }
 
@@ -243,7 +245,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce_coalesced(std::vector<at:
     const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
     Lane& lane = laneFor(tensors[0], "allreduce_coalesced");
     for (auto& t : tensors) allReduceTensor(*lane.engine, *lane.comm, t, t, op, std::nullopt);
-    return done(c10d::OpType::ALLREDUCE_COALESCED, tensors, lane);
+    return done(c10d::OpType::ALLREDUCE_COALESCED, tensors);
   });
 }
 
@@ -255,7 +257,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::broadcast(std::vector<at::Tensor>& 
     if (delegated(BackendCollective::kBroadcast, t, t.nbytes())) return delegate_->broadcast(tensors, opts);
     Lane& lane = laneFor(t, "broadcast");
     broadcastTensor(*lane.engine, *lane.comm, t, t, static_cast<int>(opts.rootRank), std::nullopt);
-    return done(c10d::OpType::BROADCAST, {t}, lane);
+    return done(c10d::OpType::BROADCAST, {t});
   });
 }
 
@@ -275,7 +277,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce(std::vector<at::Tensor>& ten
     at::Tensor result = at::empty_like(t, at::MemoryFormat::Contiguous);
     allReduceTensor(*lane.engine, *lane.comm, t, result, op, std::nullopt);
     if (getRank() == opts.rootRank) t.copy_(result);
-    return done(c10d::OpType::REDUCE, {t}, lane);
+    return done(c10d::OpType::REDUCE, {t});
   });
 }
 
@@ -287,7 +289,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::_allgather_base(at::Tensor& output,
     }
     Lane& lane = laneFor(input, "all_gather_into_tensor");
     allGatherTensor(*lane.engine, *lane.comm, input, output, std::nullopt);
-    return done(c10d::OpType::_ALLGATHER_BASE, {output}, lane);
+    return done(c10d::OpType::_ALLGATHER_BASE, {output});
   });
 }
 
@@ -312,7 +314,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather(std::vector<std::vector<a
     for (int q = 0; q < getSize(); ++q) {
       outputs[0][q].copy_(flat.narrow(0, q * input.numel(), input.numel()).view(outputs[0][q].sizes()));
     }
-    return done(c10d::OpType::ALLGATHER, outputs[0], lane);
+    return done(c10d::OpType::ALLGATHER, outputs[0]);
   });
 }
 
@@ -331,7 +333,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather_into_tensor_coalesced(std
     for (size_t i = 0; i < inputs.size(); ++i) {
       allGatherTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], std::nullopt);
     }
-    return done(c10d::OpType::COALESCED, outputs, lane);
+    return done(c10d::OpType::COALESCED, outputs);
   });
 }
 
@@ -344,7 +346,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::_reduce_scatter_base(at::Tensor& ou
     const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
     Lane& lane = laneFor(input, "reduce_scatter_tensor");
     reduceScatterTensor(*lane.engine, *lane.comm, input, output, op, std::nullopt);
-    return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, lane);
+    return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
   });
 }
 
@@ -370,7 +372,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce_scatter(std::vector<at::Tens
     for (const auto& i : inputs[0]) flats.push_back(i.reshape({-1}));
     at::Tensor flat = at::cat(flats);
     reduceScatterTensor(*lane.engine, *lane.comm, flat, output, op, std::nullopt);
-    return done(c10d::OpType::REDUCE_SCATTER, {output}, lane);
+    return done(c10d::OpType::REDUCE_SCATTER, {output});
   });
 }
 
@@ -389,7 +391,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce_scatter_tensor_coalesced(
     for (size_t i = 0; i < inputs.size(); ++i) {
       reduceScatterTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], op, std::nullopt);
     }
-    return done(c10d::OpType::COALESCED, outputs, lane);
+    return done(c10d::OpType::COALESCED, outputs);
   });
 }
 
@@ -416,7 +418,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall_base(at::Tensor& output, a
     }
     Lane& lane = laneFor(input, "all_to_all_single");
     allToAllTensor(*lane.engine, *lane.comm, input, output, std::nullopt);
-    return done(c10d::OpType::ALLTOALL_BASE, {output}, lane);
+    return done(c10d::OpType::ALLTOALL_BASE, {output});
   });
 }
 
@@ -448,7 +450,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall(std::vector<at::Tensor>& o
     for (size_t q = 0; q < outputs.size(); ++q) {
       outputs[q].copy_(flatOut.narrow(0, static_cast<int64_t>(q) * n, n).view(outputs[q].sizes()));
     }
-    return done(c10d::OpType::ALLTOALL, outputs, lane);
+    return done(c10d::OpType::ALLTOALL, outputs);
   });
 }
 
@@ -465,12 +467,11 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::send(std::vector<at::Tensor>& tenso
     const at::Tensor host = t.to(at::kCPU).contiguous();
     const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
     const size_t n = host.nbytes();
-    for (size_t off = 0; off == 0 || off < n; off += kP2PChunk) {
-      const size_t len = std::min(kP2PChunk, n - off);
-      lane.comm->send(dstRank, kP2PTagBase + tag, Bytes(bytes + off, bytes + off + len));
-      if (n == 0) break;
+    for (size_t m = 0; m < p2pMessages(n); ++m) {
+      const size_t off = m * kP2PChunk;
+      lane.comm->send(dstRank, kP2PTagBase + tag, Bytes(bytes + off, bytes + off + std::min(kP2PChunk, n - off)));
     }
-    return done(c10d::OpType::SEND, {t}, lane);
+    return done(c10d::OpType::SEND, {t});
   });
 }
 
@@ -486,7 +487,8 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tenso
     at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
     auto* bytes = static_cast<uint8_t*>(host.data_ptr());
     const size_t n = host.nbytes();
-    for (size_t off = 0; off == 0 || off < n; off += kP2PChunk) {
+    for (size_t m = 0; m < p2pMessages(n); ++m) {
+      const size_t off = m * kP2PChunk;
       const Bytes part = lane.comm->recv(srcRank, kP2PTagBase + tag);
       const size_t expect = std::min(kP2PChunk, n - off);
       if (part.size() != expect) {
@@ -494,10 +496,9 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tenso
                                  " bytes where the tensor expects ", expect, " (a size mismatch with the send)"));
       }
       std::copy(part.begin(), part.end(), bytes + off);
-      if (n == 0) break;
     }
     t.copy_(host);
-    return done(c10d::OpType::RECV, {t}, lane);
+    return done(c10d::OpType::RECV, {t});
   });
 }
 
@@ -510,11 +511,11 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::barrier(const c10d::BarrierOptions&
       at::Tensor one = at::ones({1}, at::TensorOptions().device(at::kCUDA, options_.cudaDevice));
       allReduceTensor(*gpu_->engine, *gpu_->comm, one, one, ReduceOp::kSum, std::nullopt);
       gpu::synchronizeStream(options_.cudaDevice, currentStream(*gpu_->comm));
-      return done(c10d::OpType::BARRIER, {}, *gpu_);
+      return done(c10d::OpType::BARRIER, {});
     }
     Lane& lane = laneFor(at::empty({0}), "barrier");
     lane.comm->barrier();
-    return done(c10d::OpType::BARRIER, {}, lane);
+    return done(c10d::OpType::BARRIER, {});
   });
 }
 

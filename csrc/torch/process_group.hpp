@@ -102,7 +102,7 @@ class PycclBackend : public c10d::Backend {
   bool delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes);
   /// False where the delegate must take a reduction op pyccl lacks (BAND, PREMUL_SUM, ...).
   bool reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const;
-  c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs, const Lane& lane);
+  c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);
   void checkUsable(const char* op) const;
 
   c10::intrusive_ptr<c10d::Store> store_;

@@ -71,12 +71,13 @@ def _time_graph(fn, iters: int, trials: int) -> float:
     return statistics.median(times)
 
 
-# Per collective: busbw factor (nccl-tests), pyccl's forced algorithms, and how
-# "size" (the whole buffer, as nccl-tests counts it) maps to tensors.
+# Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
 _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
                "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
                "broadcast": lambda w: 1.0}
-_FORCED = {"all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb")}
+# Every timing column a row may have, in table order.
+_COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll",
+            "pyccl_hb", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
 
 
 def _tensors(collective, nbytes, world, dtype, device, rank):
@@ -184,7 +185,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             _dist_fn(dist, collective, x, ref)()
             candidates = {"pyccl": None, "pyccl_kernels": None}
             if all_algos:
-                for algo in _FORCED.get(collective, ("ll", "hb")):
+                for algo in (a for a in pyccl.tuning.CANDIDATES[collective] if a != "nccl"):
                     candidates[f"pyccl_{algo}"] = algo
             for label, algo in candidates.items():
                 if algo == "1pa_ll" and whole > comm._engine.ll_max_bytes:
@@ -250,8 +251,6 @@ def _write_csv(path: str, tables, world: int, dtype: str) -> None:
     time (µs), algbw and busbw (GB/s); #wrong is 0 (every result was checked)."""
     import csv
 
-    impls = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll",
-             "pyccl_hb", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["collective", "implementation", "world", "size", "count", "type", "redop", "time_us",
@@ -260,7 +259,7 @@ def _write_csv(path: str, tables, world: int, dtype: str) -> None:
             factor = _BUS_FACTOR[collective](world)
             redop = "sum" if collective in ("all_reduce", "reduce_scatter") else "none"
             for r in rows:
-                for impl in impls:
+                for impl in _COLUMNS:
                     t = r.get(impl)
                     if t is None:
                         continue
@@ -315,10 +314,7 @@ def main(argv=None) -> int:
     for collective, rows in res["tables"].items():
         print(f"# pyccl {collective}, {world} x {gpu}, {args.dtype}, CUDA graph ({args.iters} calls/graph, "
               f"median of {args.trials} replays), {datetime.date.today()}")
-        cols = ["pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll",
-                "pyccl_hb", "nccl_direct", "nccl",
-                "symm_one_shot", "symm_two_shot"]
-        cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
+        cols = [c for c in _COLUMNS if any(r.get(c) is not None for r in rows)]
         factor = _BUS_FACTOR[collective](world)
         print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
               + f" {'algo':>7} {'busbw GB/s':>10} {'NCCLd/pyccl':>10} {'best other/pyccl':>16}")

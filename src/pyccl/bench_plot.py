@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import sys
 
+from .bench import _BUS_FACTOR
+
 _SERIES = ("pyccl", "pyccl_pg", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
-_BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
-               "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
-               "broadcast": lambda w: 1.0}
 _SPLIT = 1 << 20
 
 

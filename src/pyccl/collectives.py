@@ -35,14 +35,8 @@ from .errors import ClosedError, InvalidArgumentError, UnsupportedError
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "communicator_for", "reduce_scatter"]
 
 _REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
-# The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO).
-ALGORITHMS: Dict[str, Tuple[str, ...]] = {
-    "all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
-    "all_gather": ("ll", "hb", "nccl"),
-    "reduce_scatter": ("ll", "hb", "nccl"),
-    "all_to_all": ("ll", "hb", "nccl"),
-    "broadcast": ("ll", "hb", "nccl"),
-}
+# The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO): those it can be tuned to.
+ALGORITHMS: Dict[str, Tuple[str, ...]] = tuning.CANDIDATES
 _lock = threading.Lock()
 _communicators: Dict[Tuple[int, str], Communicator] = {}
 
@@ -50,14 +44,13 @@ _communicators: Dict[Tuple[int, str], Communicator] = {}
 def _engine(comm: Communicator) -> "_C.CollectiveEngine":
     engine = getattr(comm, "_engine", None)
     if engine is None:
-        reason = comm.collectives_unsupported_reason()
-        if reason is not None:
-            raise UnsupportedError(f"communicator {comm.name}: {reason}")
+        if comm._collectives_error is not None:
+            raise UnsupportedError(comm._collectives_error)
         if comm.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise InvalidArgumentError(
                 f"communicator {comm.name} was made with collectives=False and cannot set them up while a CUDA "
                 "graph is being captured; make it with collectives=True (the default) before capturing")
-        engine = _C.CollectiveEngine(comm._comm)
+        engine = _C.CollectiveEngine(comm._comm)  # raises UnsupportedError where collectives cannot run
         comm._engine = engine
         logger.info("communicator %s: collective engine ready", comm.name)
     return engine
@@ -141,18 +134,19 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     return comm
 
 
-_tables: Dict[Tuple[str, int, str], Optional[dict]] = {}
+_tables: Dict[Tuple[torch.device, int, torch.dtype], Optional[dict]] = {}
 
 
 def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[dict]:
     """The tuning table the automatic choice uses on `device` (None in host mode
-    or where no table matches; see pyccl.tuning)."""
+    or where no table matches; see pyccl.tuning). Looked up once per key: every
+    collective call asks."""
     if device.type != "cuda":
         return None
-    key = (torch.cuda.get_device_name(device), world, str(dtype).split(".")[-1])
+    key = (device, world, dtype)
     with _lock:
         if key not in _tables:
-            _tables[key] = tuning.load_table(*key)
+            _tables[key] = tuning.load_table(torch.cuda.get_device_name(device), world, str(dtype).split(".")[-1])
         return _tables[key]
 
 

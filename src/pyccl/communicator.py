@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._logging import logger
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedError
 
 DeviceLike = Union[str, int, torch.device, None]
 
@@ -49,9 +49,6 @@ def _parse_device(device: DeviceLike) -> int:
             f"invalid argument 'device': must be 'cpu' (host mode) or a CUDA device, got {device!r}"
         )
     return dev.index if dev.index is not None else torch.cuda.current_device()
-
-
-_MAX_COLLECTIVE_RANKS = 8
 
 
 class Communicator:
@@ -102,8 +99,12 @@ class Communicator:
         # The collectives' scratch is set up now, while no CUDA graph is being
         # captured, so that a graph may capture the very first collective.
         self._engine = None
-        if collectives and self.collectives_unsupported_reason() is None:
-            self._engine = _C.CollectiveEngine(self._comm)
+        self._collectives_error: Optional[str] = None
+        if collectives:
+            try:
+                self._engine = _C.CollectiveEngine(self._comm)
+            except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
+                self._collectives_error = str(e)
 
     # -- identity -----------------------------------------------------------
     @property
@@ -134,16 +135,6 @@ class Communicator:
         """Per rank: host, node, device, and whether this rank reaches it by P2P
         (established by a real write-and-check probe at creation)."""
         return self._comm.topology()
-
-    def collectives_unsupported_reason(self) -> Optional[str]:
-        """Why pyccl's collectives cannot run on this communicator, or None if they can."""
-        if self.world_size > _MAX_COLLECTIVE_RANKS:
-            return f"collectives support up to {_MAX_COLLECTIVE_RANKS} ranks, this communicator has {self.world_size}"
-        for peer in range(self.world_size):
-            if peer != self.rank and not self._comm.can_access_peer(peer):
-                return (f"collectives need P2P between all ranks; rank {self.rank} cannot reach rank {peer} "
-                        "(another node, or no P2P path)")
-        return None
 
     def can_access_peer(self, peer: int) -> bool:
         return self._comm.can_access_peer(peer)

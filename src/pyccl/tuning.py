@@ -26,7 +26,8 @@ from typing import Dict, List, Optional
 from .errors import InvalidArgumentError
 
 TABLE_VERSION = 1
-# What each collective can be tuned to (the bench's forced columns, and NCCL).
+# What each collective can be tuned (and forced) to: pyccl's kernels, each a
+# forced column of pyccl.bench, and NCCL.
 CANDIDATES: Dict[str, tuple] = {
     "all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
     "all_gather": ("ll", "hb", "nccl"),
