@@ -460,14 +460,15 @@ def special_inputs(rank: int, world: int, dtype: torch.dtype) -> torch.Tensor:
     for holder in range(world):
         for v in specials:
             cols.append(v if rank == holder else float(rank + 1))
-    cols += [-0.0, -0.0, 0.0]  # every rank: -0 + -0 = -0; min/max of equal zeros
+    cols += [-0.0, -0.0, 0.0, float("nan")]  # every rank: -0 + -0 = -0; equal zeros; NaN everywhere
     return torch.tensor(cols, dtype=torch.float64).to(dtype)
 
 
 def special_values(rank, world, store, on_gpu):
     """pyccl's all-reduce and reduce-scatter on ±0/±inf/NaN. On GPUs the result
-    must match NCCL's bit for bit; in host mode, NaN propagates for every op
-    and inf follows IEEE arithmetic. Returns the mismatches."""
+    must match NCCL's bit for bit; in host mode, NaN propagates through
+    sum/avg/prod, min/max drop it unless every rank holds NaN (fminf/fmaxf, as
+    NCCL), and inf follows IEEE arithmetic. Returns the mismatches."""
     import torch.distributed as dist
 
     comm, device = _setup(store, rank, world, on_gpu)
@@ -489,9 +490,9 @@ def special_values(rank, world, store, on_gpu):
                     acc = acc + t
                 elif op == "prod":
                     acc = acc * t
-                else:  # NaN propagates (torch.minimum/maximum); ties keep the earlier rank's
-                    pick = (t < acc) if op == "min" else (t > acc)
-                    acc = torch.where(acc.isnan() | t.isnan(), float("nan"), torch.where(pick, t, acc))
+                else:  # fminf/fmaxf: NaN loses to a number; ties keep the earlier rank's
+                    pick = ((t < acc) if op == "min" else (t > acc)) | acc.isnan()
+                    acc = torch.where(pick, t, acc)
             expect = (acc / world if op == "avg" else acc).to(dtype)
             if on_gpu:
                 ref = x.clone()

@@ -150,11 +150,12 @@ template <ReduceOp Op>
 struct Reducer {
   PYCCL_HOST_DEVICE static float apply(float a, float b) {
     if constexpr (Op == ReduceOp::kSum || Op == ReduceOp::kAvg) return a + b;
-    // NaN wins whatever rank holds it (as torch.minimum/maximum); otherwise
-    // the smaller/larger value, the earlier rank's on ties (so -0/+0 resolve
-    // the same on every rank).
-    if constexpr (Op == ReduceOp::kMin) return (a != a || !(b < a)) && b == b ? a : b;
-    if constexpr (Op == ReduceOp::kMax) return (a != a || !(b > a)) && b == b ? a : b;
+    // As NCCL (fminf/fmaxf, __hmin/__hmax): NaN loses to any number, so the
+    // result is NaN only where every rank holds NaN; otherwise the
+    // smaller/larger value, the earlier rank's on ties (so -0/+0 resolve the
+    // same on every rank).
+    if constexpr (Op == ReduceOp::kMin) return (b < a || a != a) ? b : a;
+    if constexpr (Op == ReduceOp::kMax) return (b > a || a != a) ? b : a;
     if constexpr (Op == ReduceOp::kProd) return a * b;
     return a;
   }
