@@ -109,10 +109,10 @@ def all_reduce_cases(rank, world, store, on_gpu, seed, count, max_elems, engine_
     return bad, record
 
 
-def back_to_back(rank, world, store, on_gpu, rounds):
+def back_to_back(rank, world, store, on_gpu, rounds, engine_options=None):
     """Many calls in a row with no host synchronization between them, sizes
-    alternating, both algorithms: each result must match its own reference."""
-    comm, device = _setup(store, rank, world, on_gpu)
+    alternating, every algorithm: each result must match its own reference."""
+    comm, device = _setup(store, rank, world, on_gpu, engine_options=engine_options)
     sizes = [5, 4096 + 3, 16_000, 17, 9_000]  # within host mode's 64 KiB LL limit
     inputs, outputs, refs = [], [], []
     for r in range(rounds):

@@ -21,8 +21,12 @@ def test_all_reduce_random_cases_match_float64_reference(world):
 
 
 @requires_gpus(2)
-def test_all_reduce_back_to_back_without_host_sync():
-    for bad in run_ranks(rcol.back_to_back, min(gpu_count(), 4), args=(True, 200), timeout=300):
+@pytest.mark.parametrize("programmatic_launch", [True, False])
+def test_all_reduce_back_to_back_without_host_sync(programmatic_launch):
+    # Programmatic dependent launch (the default) lets each kernel be scheduled
+    # while the one before it runs; both ways must keep the stream's order.
+    options = {"programmatic_launch": programmatic_launch}
+    for bad in run_ranks(rcol.back_to_back, min(gpu_count(), 4), args=(True, 200, options), timeout=300):
         assert bad == 0
 
 

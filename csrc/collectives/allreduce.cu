@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "collectives/collective_launch.hpp"
+#include "collectives/kernel_launch.cuh"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 
@@ -11,39 +12,41 @@ namespace {
 template <typename T, ReduceOp Op>
 __global__ void __launch_bounds__(1024) allReduceLLKernel(CollectiveContext context, const void* input, void* output,
                                                           uint64_t count) {
+  collectiveKernelPrologue();
   allReduceLL<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
 __global__ void __launch_bounds__(1024) allReduceLL2Kernel(CollectiveContext context, const void* input,
                                                            void* output, uint64_t count) {
+  collectiveKernelPrologue();
   allReduceLL2<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
 __global__ void __launch_bounds__(1024) allReduceHBKernel(CollectiveContext context, const void* input, void* output,
                                                           uint64_t count) {
+  collectiveKernelPrologue();
   allReduceHB<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 }  // namespace
 
 void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
-                     uint32_t threadsPerBlock) {
+                     const KernelLaunch& launch) {
   auto s = static_cast<cudaStream_t>(stream);
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
     if (call.algorithm == AllReduceAlgorithm::kOnePhaseLL) {
-      allReduceLLKernel<T, Op><<<context.llActiveBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
-                                                                            call.count);
+      launchCollectiveKernel(allReduceLLKernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
+                             call.output, call.count);
     } else if (call.algorithm == AllReduceAlgorithm::kTwoPhaseLL) {
-      allReduceLL2Kernel<T, Op><<<context.llActiveBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
-                                                                             call.count);
+      launchCollectiveKernel(allReduceLL2Kernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
+                             call.output, call.count);
     } else {
-      allReduceHBKernel<T, Op><<<context.hbBlocks, threadsPerBlock, 0, s>>>(context, call.input, call.output,
-                                                                            call.count);
+      launchCollectiveKernel(allReduceHBKernel<T, Op>, context.hbBlocks, launch, s, context, call.input,
+                             call.output, call.count);
     }
   });
-  PYCCL_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace pyccl

@@ -70,7 +70,8 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
                                     comm.rank(), " cannot reach rank ", p, " (another node, or no P2P path)"));
     }
   }
-  if (options_.llBlocks == 0) options_.llBlocks = host ? 2 : 32;
+  // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
+  if (options_.llBlocks == 0) options_.llBlocks = host ? 2 : 64;
   if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 128;
   if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (1u << 20);
   if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
@@ -231,7 +232,8 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
       allReduceDevice(ctx, call, stream,
-                      algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads);
+                      {algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads,
+                       options_.programmaticLaunch});
       continue;
     }
 #endif
@@ -272,7 +274,8 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
         contextFor((call.args.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
-      exchangeDevice(ctx, call, stream, proto == Protocol::kLL ? options_.llThreads : options_.hbThreads);
+      exchangeDevice(ctx, call, stream,
+                     {proto == Protocol::kLL ? options_.llThreads : options_.hbThreads, options_.programmaticLaunch});
       continue;
     }
 #endif

@@ -16,7 +16,7 @@ namespace pyccl {
 
 /// Defaults measured on 4 x H200 NVLink (bf16, CUDA graphs; benchmarks/RESULTS.md).
 struct CollectiveOptions {
-  uint32_t llBlocks = 0;          ///< 0: default (32 on GPUs, 2 in host mode)
+  uint32_t llBlocks = 0;          ///< 0: default (64 on GPUs, 2 in host mode)
   uint32_t hbBlocks = 0;          ///< 0: default (128 on GPUs, 2 in host mode)
   uint32_t llThreads = 1024;      ///< threads per block of the LL kernel
   /// LL calls run on about (packets per rank pair) / this many blocks, up to
@@ -35,6 +35,9 @@ struct CollectiveOptions {
   /// automatic choice: LL up to this many bytes of the whole buffer (nccl-tests'
   /// size); 0: default (GPUs: 512 KiB, broadcast 128 KiB; host: llMaxBytes / 2).
   uint64_t exchangeLLThresholdBytes[4] = {0, 0, 0, 0};
+  /// Launch the kernels with programmatic dependent launch (kernel_launch.cuh),
+  /// so back-to-back collectives overlap their launch latency.
+  bool programmaticLaunch = true;
 };
 
 class CollectiveEngine {

@@ -31,18 +31,26 @@ struct ExchangeCall {
   ReduceOp op;        ///< reduce-scatter only
 };
 
+/// How a collective kernel is launched (kernel_launch.cuh).
+struct KernelLaunch {
+  uint32_t threadsPerBlock;
+  /// Programmatic dependent launch (sm_90+): the kernel may be scheduled
+  /// before the previous one on the stream completes, and waits for it on the GPU.
+  bool programmatic;
+};
+
 /// Runs one call on CPU threads and returns when it is done.
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);
 void exchangeHost(const CollectiveContext& context, const ExchangeCall& call);
 #ifdef PYCCL_WITH_CUDA
 /// Enqueues one call on `stream` (a cudaStream_t); capturable in CUDA graphs.
 void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
-                     uint32_t threadsPerBlock);
+                     const KernelLaunch& launch);
 void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
-                    uint32_t threadsPerBlock);
+                    const KernelLaunch& launch);
 /// The reduce-scatter kernels (reduce_scatter.cu), called by exchangeDevice.
 void reduceScatterDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
-                         uint32_t threadsPerBlock);
+                         const KernelLaunch& launch);
 #endif
 
 /// Calls fn.template operator()<T, Op>() for the runtime dtype and op.

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "collectives/collective_launch.hpp"
+#include "collectives/kernel_launch.cuh"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 
@@ -11,29 +12,30 @@ namespace {
 
 __global__ void __launch_bounds__(1024) exchangeLLKernel(ExchangeKind kind, CollectiveContext context,
                                                          ExchangeArgs args) {
+  collectiveKernelPrologue();
   exchangeLL(kind, context, args, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 __global__ void __launch_bounds__(1024) exchangeHBKernel(ExchangeKind kind, CollectiveContext context,
                                                          ExchangeArgs args) {
+  collectiveKernelPrologue();
   exchangeHB(kind, context, args, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 }  // namespace
 
 void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
-                    uint32_t threadsPerBlock) {
+                    const KernelLaunch& launch) {
   if (call.kind == ExchangeKind::kReduceScatter) {
-    reduceScatterDevice(context, call, stream, threadsPerBlock);
+    reduceScatterDevice(context, call, stream, launch);
     return;
   }
   auto s = static_cast<cudaStream_t>(stream);
   if (call.protocol == Protocol::kLL) {
-    exchangeLLKernel<<<context.llActiveBlocks, threadsPerBlock, 0, s>>>(call.kind, context, call.args);
+    launchCollectiveKernel(exchangeLLKernel, context.llActiveBlocks, launch, s, call.kind, context, call.args);
   } else {
-    exchangeHBKernel<<<context.hbBlocks, threadsPerBlock, 0, s>>>(call.kind, context, call.args);
+    launchCollectiveKernel(exchangeHBKernel, context.hbBlocks, launch, s, call.kind, context, call.args);
   }
-  PYCCL_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace pyccl

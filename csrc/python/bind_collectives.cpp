@@ -38,7 +38,7 @@ void bindCollectives(py::module_& m) {
   py::class_<CollectiveEngine, std::shared_ptr<CollectiveEngine>>(m, "CollectiveEngine")
       .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
                        uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes, uint32_t llPacketsPerBlock,
-                       std::vector<uint64_t> exchangeLLThresholdBytes) {
+                       std::vector<uint64_t> exchangeLLThresholdBytes, bool programmaticLaunch) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -49,6 +49,7 @@ void bindCollectives(py::module_& m) {
              o.llThresholdBytes = llThresholdBytes;
              o.ll2ThresholdBytes = ll2ThresholdBytes;
              o.llPacketsPerBlock = llPacketsPerBlock;
+             o.programmaticLaunch = programmaticLaunch;
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
                              "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
@@ -62,7 +63,8 @@ void bindCollectives(py::module_& m) {
            py::arg("comm"), py::arg("ll_blocks") = 0, py::arg("hb_blocks") = 0, py::arg("ll_threads") = 1024,
            py::arg("hb_threads") = 256, py::arg("ll_max_bytes") = 0, py::arg("hb_piece_bytes") = 0,
            py::arg("ll_threshold_bytes") = 0, py::arg("ll2_threshold_bytes") = 0,
-           py::arg("ll_packets_per_block") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{}, py::keep_alive<1, 2>())
+           py::arg("ll_packets_per_block") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{},
+           py::arg("programmatic_launch") = true, py::keep_alive<1, 2>())
       .def("all_reduce",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::string& op, const std::optional<std::string>& algorithm) {
