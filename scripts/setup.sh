@@ -76,10 +76,29 @@ if links_static_libstdcxx "${CXX:-c++}"; then
   done
 fi
 
+# rdma-core's headers, for the RDMA transport (libibverbs itself is loaded at
+# run time, so the module imports where rdma-core is absent): installed with
+# apt where that is possible, tried once per .venv; without them the build
+# leaves the RDMA data path out and says so.
+verbs_h=/usr/include/infiniband/verbs.h
+if [ ! -f "$verbs_h" ] && [ ! -f "$VENV/.pyccl-no-verbs" ] && [ "${PYCCL_NO_APT:-0}" != 1 ] \
+   && command -v apt-get >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
+  apt_install() { $sudo env DEBIAN_FRONTEND=noninteractive timeout 120 apt-get install -y -q --no-install-recommends libibverbs-dev >/dev/null 2>&1; }
+  if { [ -z "$sudo" ] || sudo -n true 2>/dev/null; } && log "installing libibverbs-dev (rdma-core's headers)" \
+     && { apt_install || { $sudo timeout 120 apt-get update -q >/dev/null 2>&1 && apt_install; }; }; then
+    :
+  else
+    log "libibverbs-dev not installed (no root or no network): building without the RDMA transport"
+    touch "$VENV/.pyccl-no-verbs"
+  fi
+fi
+
 # Rebuild only when a build input changed.
 stamp="$VENV/.pyccl-build-stamp"
 digest="$(cd "$PYCCL_ROOT" && find csrc CMakeLists.txt pyproject.toml scripts/torch_build_info.py -type f \
-            -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${CXX:-}"
+            -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${CXX:-}-$([ -f "$verbs_h" ] && echo verbs)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c "import pyccl._C" 2>/dev/null; then
   log "building pyccl (log: $VENV/pyccl-build.log)"
   start=$(date +%s)
@@ -90,7 +109,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! TORCH_DEVICE_BAC
     log "build failed; full log in $VENV/pyccl-build.log"
     exit 1
   fi
-  grep -E "pyccl: (building with CUDA|CPU-only build)" "$VENV/pyccl-build.log" | sed 's/^ *-- /[setup] /' >&2 || true
+  grep -E "pyccl: (building with CUDA|CPU-only build|RDMA transport|no infiniband)" "$VENV/pyccl-build.log" | sed 's/^ *-- /[setup] /' >&2 || true
   echo "$digest" > "$stamp"
   log "built in $(( $(date +%s) - start )) s"
 fi

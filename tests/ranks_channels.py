@@ -313,9 +313,11 @@ def all_pairs(rank, world, store, on_gpu, nbytes, seed):
     return wrong
 
 
-def socket_transfers(rank, world, store, seed, count, size, split_nodes):
-    """PortChannel over TCP. With split_nodes each rank is its own "node"
-    (PYCCL_NODE_ID), so there is no P2P and "auto" must pick the socket."""
+def port_transfers(rank, world, store, seed, count, size, transport, split_nodes=False):
+    """PortChannel over `transport` (socket, or rdma with PYCCL_RDMA_LOOPBACK):
+    random puts with signals and flushes, then a flood of signalled puts. With
+    split_nodes each rank is its own "node" (PYCCL_NODE_ID), so there is no P2P
+    and "auto" must pick the socket."""
     import os
 
     if split_nodes:
@@ -324,7 +326,7 @@ def socket_transfers(rank, world, store, seed, count, size, split_nodes):
     peer = 1 - rank
     buf = pyccl.empty(size, dtype=torch.uint8)
     mem = comm.register(buf)
-    pch = comm.port_channel(peer, mem, transport="auto" if split_nodes else "socket")
+    pch = comm.port_channel(peer, mem, transport="auto" if split_nodes else transport)
     out = {"transport": pch.transport, "p2p": comm.can_access_peer(peer), "bad": []}
     if split_nodes:
         try:
@@ -359,6 +361,28 @@ def socket_transfers(rank, world, store, seed, count, size, split_nodes):
         res = run(comm, [Op.port_wait(0)], port=[pch], repeat=rounds)
     out["flood_failures"] = res.failures
     comm.barrier()
+    comm.close()
+    return out
+
+
+def rdma_loopback_failure(rank, world, store):
+    """The RDMA transport with its 6th work request failing in the (loopback)
+    NIC: the sender's proxy stops with an error naming the peer and the status,
+    and no rank waits forever."""
+    comm, _ = _setup(store, rank, world, False, timeout_s=3.0)
+    buf = pyccl.empty(1 << 16, dtype=torch.uint8)
+    buf.copy_(torch.randint(0, 256, (1 << 16,), dtype=torch.uint8))
+    mem = comm.register(buf)
+    pch = comm.port_channel(1 - rank, mem, transport="rdma")
+    if rank == 0:
+        res = run(comm, [Op.port_put(0, 0, 0, 1024, signal=True), Op.port_flush(0)], port=[pch], repeat=10)
+    else:
+        res = run(comm, [Op.port_wait(0)], port=[pch], repeat=3)  # signals 1, 2 arrive; 3 never does
+    out = {"failures": res.failures}
+    try:
+        out["proxy"] = comm._comm.proxy_stats()
+    except pyccl.AbortedError as e:  # the communicator is broken; the message says why
+        out["proxy"] = {"running": False, "error": str(e)}
     comm.close()
     return out
 

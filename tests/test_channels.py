@@ -78,7 +78,7 @@ def test_all_pairs_at_once(world):
 @pytest.mark.parametrize("split_nodes", [False, True])
 def test_socket_transport_between_two_processes(split_nodes):
     seed = random.randrange(1 << 20)
-    for out in run_ranks(rc.socket_transfers, 2, args=(seed, 25, 1 << 18, split_nodes), timeout=240):
+    for out in run_ranks(rc.port_transfers, 2, args=(seed, 25, 1 << 18, "socket", split_nodes), timeout=240):
         assert out["transport"] == "socket"
         assert out["bad"] == [], f"seed {seed}: {out['bad']}"
         assert out["flood_failures"] == 0
@@ -90,3 +90,29 @@ def test_socket_transport_between_two_processes(split_nodes):
 def test_bad_proxy_spin_setting_is_named():
     for message in run_ranks(rc.bad_proxy_spin, 2, env={"PYCCL_PROXY_SPIN_US": "10ms"}, timeout=120):
         assert message is not None and "PYCCL_PROXY_SPIN_US" in message and "10ms" in message
+
+
+def test_rdma_transport_logic_over_a_loopback_nic():
+    # No RDMA NIC here: PYCCL_RDMA_LOOPBACK=1 puts memcpy where the NIC's RDMA
+    # WRITEs would be, with a 16-deep send queue and 4 KiB messages, so the
+    # channel's splitting, send-queue accounting, signal order and flushes run
+    # through the proxy as they would on a NIC.
+    seed = random.randrange(1 << 20)
+    for out in run_ranks(rc.port_transfers, 2, args=(seed, 25, 1 << 18, "rdma"),
+                         env={"PYCCL_RDMA_LOOPBACK": "1"}, timeout=240):
+        assert out["transport"] == "rdma"
+        assert out["bad"] == [], f"seed {seed}: {out['bad']}"
+        assert out["flood_failures"] == 0
+
+
+def test_rdma_work_request_failure_stops_the_proxy_with_a_named_error():
+    outs = run_ranks(rc.rdma_loopback_failure, 2,
+                     env={"PYCCL_RDMA_LOOPBACK": "1", "PYCCL_RDMA_LOOPBACK_FAIL_AT": "5"}, timeout=120)
+    sender, receiver = outs
+    # The 6th request (the 3rd round's signal) fails: the sender's proxy stops
+    # and its flush gives up; the receiver's wait for that signal times out.
+    assert sender["failures"] >= 1 and receiver["failures"] >= 1, outs
+    assert not sender["proxy"]["running"], sender
+    error = sender["proxy"]["error"]
+    assert "RDMA transport to rank 1: signal" in error and "transport retry counter exceeded" in error, error
+    assert receiver["proxy"]["running"] and receiver["proxy"]["error"] == "", receiver

@@ -4,7 +4,10 @@
 #include "core/errors.hpp"
 #include "core/ibverbs.hpp"
 #include "core/proxy.hpp"
+#include "core/transport_rdma.hpp"
 #include "core/transport_socket.hpp"
+
+#include <cstdlib>
 
 namespace pyccl {
 namespace {
@@ -111,15 +114,7 @@ std::shared_ptr<PortChannel> Communicator::createPortChannel(int peer, const Reg
   PYCCL_CHECK_ARG(kind == "host" || kind == "cuda_ipc" || kind == "socket" || kind == "rdma",
                   "transport", "'", transport,
                   "' is not a transport (expected auto, host, cuda_ipc, socket or rdma)");
-  if (kind == "rdma") {
-    const auto devices = listRdmaDevices();  // throws, naming libibverbs, where rdma-core is absent
-    if (devices.empty()) {
-      throw UnsupportedError("transport 'rdma': libibverbs found no RDMA device on this machine; "
-                             "use transport='socket'");
-    }
-    throw UnsupportedError(strCat("transport 'rdma': the RDMA data path is not implemented yet (",
-                                  devices.size(), " device(s) found); use transport='socket'"));
-  }
+  if (kind == "rdma") return createRdmaPortChannel(peer, local);
   if (kind == "socket") return createSocketPortChannel(peer, local);
   PYCCL_CHECK_ARG((kind == "host") == hostMode(), "transport", "'", kind, "' does not fit a ",
                   hostMode() ? "host-mode" : "GPU", " communicator");
@@ -165,6 +160,68 @@ std::shared_ptr<PortChannel> Communicator::createSocketPortChannel(int peer, con
   auto proxy = proxyService();
   const uint32_t id = proxy->addChannel(makeSocketChannel(std::move(conn), cfg));
   return std::make_shared<PortChannel>(proxy, id, semaphore, local, RegisteredMemory(), "socket");
+}
+
+namespace {
+
+// PYCCL_RDMA_LOOPBACK=1: the RDMA transport's queue pairs become memcpy
+// stand-ins (host mode only), so its channel logic runs where no NIC exists.
+bool rdmaLoopback() {
+  const char* v = std::getenv("PYCCL_RDMA_LOOPBACK");
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
+}
+
+int64_t rdmaLoopbackFailAt() {
+  const char* v = std::getenv("PYCCL_RDMA_LOOPBACK_FAIL_AT");
+  return v != nullptr && *v != '\0' ? std::atoll(v) : -1;
+}
+
+}  // namespace
+
+std::shared_ptr<PortChannel> Communicator::createRdmaPortChannel(int peer, const RegisteredMemory& local) {
+  RdmaChannelConfig cfg{local.size(), 0, abortState(), options_.timeout, peer};
+  if (rdmaLoopback()) {
+    PYCCL_CHECK_ARG(hostMode(), "transport", "PYCCL_RDMA_LOOPBACK=1 (the RDMA transport with memcpy in place of "
+                    "the NIC, for tests) needs a host-mode communicator");
+    auto theirs = exchangePair(*this, peer, {local});
+    auto semaphore = createSemaphore(peer);
+    // The descriptor goes through the same serialization as a real endpoint's.
+    RdmaEndpointInfo mine;
+    mine.dataAddr = reinterpret_cast<uint64_t>(local.data());
+    mine.dataSize = local.size();
+    send(peer, kChannelTag, mine.serialize());
+    const RdmaEndpointInfo remote = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
+    cfg.remoteSize = remote.dataSize;
+    auto qp = makeLoopbackQueuePair(static_cast<char*>(local.data()), static_cast<char*>(theirs[0].data()),
+                                    semaphore->remoteInboundPtr(), 16, 4096, rdmaLoopbackFailAt());
+    auto proxy = proxyService();
+    const uint32_t id = proxy->addChannel(makeRdmaChannel(std::move(qp), cfg));
+    return std::make_shared<PortChannel>(proxy, id, semaphore, local, theirs[0], "rdma");
+  }
+  // Both ranks check before exchanging anything, so a machine without RDMA
+  // fails on both sides at once (naming libibverbs where rdma-core is absent).
+  if (listRdmaDevices().empty()) {
+    throw UnsupportedError("transport 'rdma': libibverbs found no RDMA device on this machine; "
+                           "use transport='socket'");
+  }
+#ifdef PYCCL_WITH_IBVERBS
+  auto semaphore = createLocalSemaphore(peer);
+  auto endpoint = openVerbsEndpoint(device_, static_cast<char*>(local.data()), local.size(),
+                                    semaphore->localInboundPtr());
+  send(peer, kChannelTag, verbsEndpointInfo(*endpoint).serialize());
+  const RdmaEndpointInfo remote = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
+  cfg.remoteSize = remote.dataSize;
+  auto qp = connectVerbsEndpoint(endpoint, remote, peer);
+  // Neither side writes before the other's queue pair is ready to receive.
+  send(peer, kChannelTag, Bytes{1});
+  recv(peer, kChannelTag);
+  auto proxy = proxyService();
+  const uint32_t id = proxy->addChannel(makeRdmaChannel(std::move(qp), cfg));
+  return std::make_shared<PortChannel>(proxy, id, semaphore, local, RegisteredMemory(), "rdma");
+#else
+  throw UnsupportedError("transport 'rdma': this build of pyccl has no RDMA data path (rdma-core's headers, "
+                         "Debian libibverbs-dev, were missing when it was built); use transport='socket'");
+#endif
 }
 
 }  // namespace pyccl

@@ -124,8 +124,12 @@ void Communicator::checkOpen(const char* op) const {
                              ") was destroyed"));
   }
   if (aborted()) {
-    throw AbortedError(strCat(op, ": communicator '", options_.name, "' (rank ", rank_,
-                              ") was aborted"));
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (proxy_ && !proxy_->error().empty()) why = strCat(" when its proxy stopped: ", proxy_->error());
+    }
+    throw AbortedError(strCat(op, ": communicator '", options_.name, "' (rank ", rank_, ") was aborted", why));
   }
 }
 

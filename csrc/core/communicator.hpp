@@ -118,6 +118,7 @@ class Communicator {
  private:
   void checkOpen(const char* op) const;
   std::shared_ptr<PortChannel> createSocketPortChannel(int peer, const RegisteredMemory& local);
+  std::shared_ptr<PortChannel> createRdmaPortChannel(int peer, const RegisteredMemory& local);
   void probePeers();
   RegisteredMemory trackMemory(std::shared_ptr<RegisteredMemory::Impl> impl);
   SemaphoreSlot* allocateSemaphoreSlot(RegisteredMemory* page);
@@ -138,7 +139,7 @@ class Communicator {
   void* abortFlagDevice_ = nullptr;
   void* errorRecordDevice_ = nullptr;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<std::weak_ptr<RegisteredMemory::Impl>> tracked_;
   std::vector<std::shared_ptr<void>> ownedAllocations_;  // semaphore pages
   RegisteredMemory semaphorePage_;

@@ -40,6 +40,7 @@ DriverApi loadDriver() {
   load(&api.memUnmap, "cuMemUnmap");
   load(&api.memSetAccess, "cuMemSetAccess");
   load(&api.pointerGetAttribute, "cuPointerGetAttribute");
+  load(&api.memGetHandleForAddressRange, "cuMemGetHandleForAddressRange");
   return api;
 }
 

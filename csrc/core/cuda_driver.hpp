@@ -25,6 +25,7 @@ struct DriverApi {
   decltype(&::cuMemUnmap) memUnmap;
   decltype(&::cuMemSetAccess) memSetAccess;
   decltype(&::cuPointerGetAttribute) pointerGetAttribute;
+  decltype(&::cuMemGetHandleForAddressRange) memGetHandleForAddressRange;  ///< dma-buf export (RDMA)
 };
 
 /// The driver table, loaded on first use. Throws CudaError if the driver is missing.

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "core/errors.hpp"
@@ -9,56 +10,116 @@
 namespace pyccl {
 namespace {
 
-// The few entry points used for discovery; their C signatures, with opaque types.
+// Discovery needs three entry points; the data path (PYCCL_WITH_IBVERBS) the rest.
 struct IbvDevice;
 using GetDeviceList = IbvDevice** (*)(int*);
 using FreeDeviceList = void (*)(IbvDevice**);
 using GetDeviceName = const char* (*)(IbvDevice*);
 
-struct IbvLibrary {
+struct Library {
   void* handle = nullptr;
-  GetDeviceList getDeviceList = nullptr;
-  FreeDeviceList freeDeviceList = nullptr;
-  GetDeviceName getDeviceName = nullptr;
+  std::string name;
   std::string error;
 };
 
-const IbvLibrary& library() {
-  static IbvLibrary lib;
+const Library& library() {
+  static Library lib;
   static std::once_flag once;
   std::call_once(once, [] {
-    for (const char* name : {"libibverbs.so.1", "libibverbs.so"}) {
-      lib.handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib.handle != nullptr) break;
+    const char* forced = std::getenv("PYCCL_IBVERBS_LIBRARY");
+    std::vector<std::string> names;
+    if (forced != nullptr && *forced != '\0') {
+      names = {forced};
+    } else {
+      names = {"libibverbs.so.1", "libibverbs.so"};
     }
-    if (lib.handle == nullptr) {
-      const char* why = dlerror();
-      lib.error = strCat("libibverbs.so.1 could not be loaded (", why ? why : "not found",
-                         "); install rdma-core (Debian: libibverbs1) for the RDMA transport");
-      return;
+    std::string why;
+    for (const auto& name : names) {
+      lib.handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib.handle != nullptr) {
+        lib.name = name;
+        return;
+      }
+      const char* e = dlerror();
+      why = e != nullptr ? e : "not found";
     }
-    lib.getDeviceList = reinterpret_cast<GetDeviceList>(dlsym(lib.handle, "ibv_get_device_list"));
-    lib.freeDeviceList = reinterpret_cast<FreeDeviceList>(dlsym(lib.handle, "ibv_free_device_list"));
-    lib.getDeviceName = reinterpret_cast<GetDeviceName>(dlsym(lib.handle, "ibv_get_device_name"));
-    if (!lib.getDeviceList || !lib.freeDeviceList || !lib.getDeviceName) {
-      lib.error = "libibverbs.so.1 lacks ibv_get_device_list/ibv_free_device_list/ibv_get_device_name";
-    }
+    lib.error = strCat(names.front(), " could not be loaded (", why,
+                       "); install rdma-core (Debian: libibverbs1) for the RDMA transport");
   });
   return lib;
+}
+
+template <typename Fn>
+void resolve(const Library& lib, Fn* fn, const char* symbol, bool required, std::string* missing) {
+  *fn = reinterpret_cast<Fn>(dlsym(lib.handle, symbol));
+  if (*fn == nullptr && required) *missing += (missing->empty() ? "" : ", ") + std::string(symbol);
 }
 
 }  // namespace
 
 std::vector<std::string> listRdmaDevices() {
-  const IbvLibrary& lib = library();
+  const Library& lib = library();
   if (!lib.error.empty()) throw UnsupportedError(lib.error);
+  GetDeviceList getDeviceList = nullptr;
+  FreeDeviceList freeDeviceList = nullptr;
+  GetDeviceName getDeviceName = nullptr;
+  std::string missing;
+  resolve(lib, &getDeviceList, "ibv_get_device_list", true, &missing);
+  resolve(lib, &freeDeviceList, "ibv_free_device_list", true, &missing);
+  resolve(lib, &getDeviceName, "ibv_get_device_name", true, &missing);
+  if (!missing.empty()) throw UnsupportedError(strCat(lib.name, " lacks ", missing));
   int count = 0;
-  IbvDevice** list = lib.getDeviceList(&count);
+  IbvDevice** list = getDeviceList(&count);
   std::vector<std::string> names;
   if (list == nullptr) return names;  // no devices (or no kernel support): errno says which
-  for (int i = 0; i < count; ++i) names.emplace_back(lib.getDeviceName(list[i]));
-  lib.freeDeviceList(list);
+  for (int i = 0; i < count; ++i) names.emplace_back(getDeviceName(list[i]));
+  freeDeviceList(list);
   return names;
 }
+
+bool rdmaTransportBuilt() {
+#ifdef PYCCL_WITH_IBVERBS
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef PYCCL_WITH_IBVERBS
+const IbvApi& ibverbs() {
+  static IbvApi api{};
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const Library& lib = library();
+    if (!lib.error.empty()) {
+      error = lib.error;
+      return;
+    }
+    std::string missing;
+    resolve(lib, &api.getDeviceList, "ibv_get_device_list", true, &missing);
+    resolve(lib, &api.freeDeviceList, "ibv_free_device_list", true, &missing);
+    resolve(lib, &api.getDeviceName, "ibv_get_device_name", true, &missing);
+    resolve(lib, &api.openDevice, "ibv_open_device", true, &missing);
+    resolve(lib, &api.closeDevice, "ibv_close_device", true, &missing);
+    resolve(lib, &api.queryPort, "ibv_query_port", true, &missing);
+    resolve(lib, &api.queryGid, "ibv_query_gid", true, &missing);
+    resolve(lib, &api.allocPd, "ibv_alloc_pd", true, &missing);
+    resolve(lib, &api.deallocPd, "ibv_dealloc_pd", true, &missing);
+    resolve(lib, &api.regMr, "ibv_reg_mr", true, &missing);
+    resolve(lib, &api.regDmabufMr, "ibv_reg_dmabuf_mr", false, &missing);
+    resolve(lib, &api.deregMr, "ibv_dereg_mr", true, &missing);
+    resolve(lib, &api.createCq, "ibv_create_cq", true, &missing);
+    resolve(lib, &api.destroyCq, "ibv_destroy_cq", true, &missing);
+    resolve(lib, &api.createQp, "ibv_create_qp", true, &missing);
+    resolve(lib, &api.modifyQp, "ibv_modify_qp", true, &missing);
+    resolve(lib, &api.destroyQp, "ibv_destroy_qp", true, &missing);
+    resolve(lib, &api.wcStatusStr, "ibv_wc_status_str", true, &missing);
+    if (!missing.empty()) error = strCat(lib.name, " lacks ", missing, " (rdma-core too old?)");
+  });
+  if (!error.empty()) throw UnsupportedError(error);
+  return api;
+}
+#endif
 
 }  // namespace pyccl
