@@ -204,19 +204,36 @@ def large_cases(rank, world, store, on_gpu, seed, n32=700_001, n16=1_300_003):
 
 def group_path(rank, world, store):
     """pyccl.all_reduce on a torch NCCL group: small messages through pyccl's
-    kernels, large ones through the group's NCCL; both correct."""
+    kernels, large ones through NCCL (out of place: NCCL called directly; in
+    place: the group's backend), eagerly and in a CUDA graph; all correct."""
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
     bad = []
-    for i, n in enumerate([1000, 5_000_000]):  # 4 KB and 20 MB of float32
-        inputs = [rank_input(3, i, r, n, torch.float32, "sum") for r in range(world)]
-        y = pyccl.all_reduce(inputs[rank].to(device), op=dist.ReduceOp.SUM)
+    cases = [(1000, "sum", False), (5_000_000, "sum", False), (5_000_000, "max", False), (5_000_000, "avg", True)]
+    for i, (n, op, in_place) in enumerate(cases):  # 4 KB and 20 MB of float32
+        inputs = [rank_input(3, i, r, n, torch.float32, op) for r in range(world)]
+        x = inputs[rank].to(device)
+        y = pyccl.all_reduce(x, op=op, out=x if in_place else None)
+        if not torch.allclose(y.cpu().to(torch.float64), reference(inputs, op), rtol=1e-5, atol=1e-4):
+            bad.append((n, op, in_place))
+    comm = pyccl.collectives.communicator_for(None, device)
+    if getattr(comm, "_nccl_direct", None) is None:
+        bad.append("no direct NCCL communicator after an out-of-place hand-off")
+    # Captured after the direct communicator exists, replayed on new inputs.
+    x = torch.empty(5_000_000, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = pyccl.all_reduce(x)
+    for r in range(3):
+        inputs = [rank_input(4, r, q, x.numel(), torch.float32, "sum") for q in range(world)]
+        x.copy_(inputs[rank])
+        graph.replay()
         if not torch.allclose(y.cpu().to(torch.float64), reference(inputs, "sum"), rtol=1e-5, atol=1e-4):
-            bad.append(n)
-    pyccl.collectives.communicator_for(None, device).close()
+            bad.append(("graph replay", r))
+    comm.close()
     dist.destroy_process_group()
     return bad
 

@@ -1,5 +1,7 @@
 """NCCL called directly (ctypes), the way vLLM's pynccl and nccl-tests call it:
-the baseline "NCCL direct" of pyccl.bench. Uses the libnccl that torch loaded."""
+the baseline "NCCL direct" of pyccl.bench, and the out-of-place all-reduce
+hand-off of pyccl.all_reduce (ProcessGroupNCCL's is in place only). Uses the
+libnccl that torch loaded."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 _DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
            torch.float64: 8, torch.bfloat16: 9}
 _SUM = 0
+_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}  # ncclRedOp_t
 
 
 class _UniqueId(ctypes.Structure):
@@ -52,10 +55,10 @@ class NcclComm:
     def _stream() -> ctypes.c_void_p:
         return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
-    def all_reduce(self, x: torch.Tensor, out: Optional[torch.Tensor] = None) -> None:
+    def all_reduce(self, x: torch.Tensor, out: Optional[torch.Tensor] = None, op: str = "sum") -> None:
         out = x if out is None else out
         self._check(self.lib.ncclAllReduce(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-                                           ctypes.c_size_t(x.numel()), _DTYPES[x.dtype], _SUM, self.comm,
+                                           ctypes.c_size_t(x.numel()), _DTYPES[x.dtype], _OPS[op], self.comm,
                                            self._stream()), "ncclAllReduce")
 
     def all_gather(self, x: torch.Tensor, out: torch.Tensor) -> None:

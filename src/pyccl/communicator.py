@@ -259,6 +259,10 @@ class Communicator:
         if engine is not None:
             engine.close()
             self._engine = None
+        nccl = getattr(self, "_nccl_direct", None)  # pyccl.collectives' NCCL hand-off
+        if nccl is not None:
+            nccl.close()
+            self._nccl_direct = None
         self._comm.close()
 
     def __enter__(self) -> "Communicator":
