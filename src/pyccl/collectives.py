@@ -250,6 +250,8 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         # need a copy first, 12% of the time at 256 MiB).
         direct = _direct_nccl(call.comm, group, tensor.device) if out.data_ptr() != tensor.data_ptr() else None
         if direct is not None:
+            if torch.cuda.is_current_stream_capturing():
+                call.comm._nccl_direct_captured = True  # see Communicator.close
             direct.all_reduce(tensor, out, op_name)
             return out
         if out.data_ptr() != tensor.data_ptr():

@@ -261,7 +261,14 @@ class Communicator:
             self._engine = None
         nccl = getattr(self, "_nccl_direct", None)  # pyccl.collectives' NCCL hand-off
         if nccl is not None:
-            nccl.close()
+            if getattr(self, "_nccl_direct_captured", False):
+                # ncclCommDestroy waits until every CUDA graph that captured work
+                # on the communicator is destroyed, which may be never: leave it
+                # to process exit rather than hang here.
+                logger.info("communicator '%s': its direct NCCL communicator is left to process exit "
+                            "(CUDA graphs captured work on it)", self.name)
+            else:
+                nccl.close()
             self._nccl_direct = None
         self._comm.close()
 
