@@ -86,10 +86,11 @@ if [ ! -f "$verbs_h" ] && [ ! -f "$VENV/.pyccl-no-verbs" ] && [ "${PYCCL_NO_APT:
   sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
   apt_install() { $sudo env DEBIAN_FRONTEND=noninteractive timeout 120 apt-get install -y -q --no-install-recommends libibverbs-dev >/dev/null 2>&1; }
-  if { [ -z "$sudo" ] || sudo -n true 2>/dev/null; } && log "installing libibverbs-dev (rdma-core's headers)" \
-     && { apt_install || { $sudo timeout 120 apt-get update -q >/dev/null 2>&1 && apt_install; }; }; then
-    :
-  else
+  if [ -z "$sudo" ] || sudo -n true 2>/dev/null; then
+    log "installing libibverbs-dev (rdma-core's headers)"
+    apt_install || { $sudo timeout 120 apt-get update -q >/dev/null 2>&1 && apt_install; } || true
+  fi
+  if [ ! -f "$verbs_h" ]; then
     log "libibverbs-dev not installed (no root or no network): building without the RDMA transport"
     touch "$VENV/.pyccl-no-verbs"
   fi

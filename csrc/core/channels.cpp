@@ -180,48 +180,45 @@ int64_t rdmaLoopbackFailAt() {
 
 std::shared_ptr<PortChannel> Communicator::createRdmaPortChannel(int peer, const RegisteredMemory& local) {
   RdmaChannelConfig cfg{local.size(), 0, abortState(), options_.timeout, peer};
+  std::shared_ptr<Semaphore> semaphore;
+  std::unique_ptr<RdmaQueuePair> qp;
+  RegisteredMemory remote;  // the peer's memory where this rank maps it (loopback)
   if (rdmaLoopback()) {
     PYCCL_CHECK_ARG(hostMode(), "transport", "PYCCL_RDMA_LOOPBACK=1 (the RDMA transport with memcpy in place of "
                     "the NIC, for tests) needs a host-mode communicator");
-    auto theirs = exchangePair(*this, peer, {local});
-    auto semaphore = createSemaphore(peer);
+    remote = exchangePair(*this, peer, {local})[0];
+    semaphore = createSemaphore(peer);
     // The descriptor goes through the same serialization as a real endpoint's.
     RdmaEndpointInfo mine;
     mine.dataAddr = reinterpret_cast<uint64_t>(local.data());
     mine.dataSize = local.size();
     send(peer, kChannelTag, mine.serialize());
-    const RdmaEndpointInfo remote = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
-    cfg.remoteSize = remote.dataSize;
-    auto qp = makeLoopbackQueuePair(static_cast<char*>(local.data()), static_cast<char*>(theirs[0].data()),
-                                    semaphore->remoteInboundPtr(), 16, 4096, rdmaLoopbackFailAt());
-    auto proxy = proxyService();
-    const uint32_t id = proxy->addChannel(makeRdmaChannel(std::move(qp), cfg));
-    return std::make_shared<PortChannel>(proxy, id, semaphore, local, theirs[0], "rdma");
-  }
-  // Both ranks check before exchanging anything, so a machine without RDMA
-  // fails on both sides at once (naming libibverbs where rdma-core is absent).
-  if (listRdmaDevices().empty()) {
-    throw UnsupportedError("transport 'rdma': libibverbs found no RDMA device on this machine; "
-                           "use transport='socket'");
-  }
+    cfg.remoteSize = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer).dataSize;
+    qp = makeLoopbackQueuePair(static_cast<char*>(local.data()), static_cast<char*>(remote.data()),
+                               semaphore->remoteInboundPtr(), 16, 4096, rdmaLoopbackFailAt());
+  } else {
+    // Both ranks check before exchanging anything, so a machine without RDMA
+    // fails on both sides at once (naming libibverbs where rdma-core is absent).
+    if (listRdmaDevices().empty()) throw UnsupportedError(kNoRdmaDeviceMessage);
 #ifdef PYCCL_WITH_IBVERBS
-  auto semaphore = createLocalSemaphore(peer);
-  auto endpoint = openVerbsEndpoint(device_, static_cast<char*>(local.data()), local.size(),
-                                    semaphore->localInboundPtr());
-  send(peer, kChannelTag, verbsEndpointInfo(*endpoint).serialize());
-  const RdmaEndpointInfo remote = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
-  cfg.remoteSize = remote.dataSize;
-  auto qp = connectVerbsEndpoint(endpoint, remote, peer);
-  // Neither side writes before the other's queue pair is ready to receive.
-  send(peer, kChannelTag, Bytes{1});
-  recv(peer, kChannelTag);
+    semaphore = createLocalSemaphore(peer);
+    auto endpoint = openVerbsEndpoint(device_, static_cast<char*>(local.data()), local.size(),
+                                      semaphore->localInboundPtr());
+    send(peer, kChannelTag, verbsEndpointInfo(*endpoint).serialize());
+    const RdmaEndpointInfo theirs = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
+    cfg.remoteSize = theirs.dataSize;
+    qp = connectVerbsEndpoint(endpoint, theirs, peer);
+    // Neither side writes before the other's queue pair is ready to receive.
+    send(peer, kChannelTag, Bytes{1});
+    recv(peer, kChannelTag);
+#else
+    throw UnsupportedError("transport 'rdma': this build of pyccl has no RDMA data path (rdma-core's headers, "
+                           "Debian libibverbs-dev, were missing when it was built); use transport='socket'");
+#endif
+  }
   auto proxy = proxyService();
   const uint32_t id = proxy->addChannel(makeRdmaChannel(std::move(qp), cfg));
-  return std::make_shared<PortChannel>(proxy, id, semaphore, local, RegisteredMemory(), "rdma");
-#else
-  throw UnsupportedError("transport 'rdma': this build of pyccl has no RDMA data path (rdma-core's headers, "
-                         "Debian libibverbs-dev, were missing when it was built); use transport='socket'");
-#endif
+  return std::make_shared<PortChannel>(proxy, id, semaphore, local, remote, "rdma");
 }
 
 }  // namespace pyccl

@@ -77,14 +77,6 @@ std::vector<std::string> listRdmaDevices() {
   return names;
 }
 
-bool rdmaTransportBuilt() {
-#ifdef PYCCL_WITH_IBVERBS
-  return true;
-#else
-  return false;
-#endif
-}
-
 #ifdef PYCCL_WITH_IBVERBS
 const IbvApi& ibverbs() {
   static IbvApi api{};

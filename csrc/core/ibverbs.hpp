@@ -20,8 +20,9 @@ namespace pyccl {
 /// Throws UnsupportedError naming libibverbs.so.1 when it cannot be loaded.
 std::vector<std::string> listRdmaDevices();
 
-/// Whether this build has the RDMA data path (compiled against rdma-core's headers).
-bool rdmaTransportBuilt();
+/// The error where libibverbs loads but lists no device.
+inline constexpr const char* kNoRdmaDeviceMessage =
+    "transport 'rdma': libibverbs found no RDMA device on this machine; use transport='socket'";
 
 #ifdef PYCCL_WITH_IBVERBS
 struct IbvApi {

@@ -11,6 +11,16 @@
 
 namespace pyccl {
 
+void checkPutRange(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes, uint64_t localSize,
+                   uint64_t remoteSize, int peer) {
+  if (dstOffset + bytes > remoteSize || srcOffset + bytes > localSize || dstOffset + bytes < dstOffset ||
+      srcOffset + bytes < srcOffset) {
+    throw InvalidArgument(strCat("invalid argument 'put': [", srcOffset, ", +", bytes, ") -> [", dstOffset, ", +",
+                                 bytes, ") is outside the buffers (", localSize, " bytes here, ", remoteSize,
+                                 " at rank ", peer, ")"));
+  }
+}
+
 Fifo::Fifo(int device, uint32_t size, AbortState abort) : device_(device), size_(size) {
   PYCCL_CHECK_ARG(size >= 2 && (size & (size - 1)) == 0, "fifo_size", "must be a power of two >= 2, got ", size);
   const size_t triggerBytes = sizeof(ProxyTrigger) * size;

@@ -32,6 +32,12 @@ class ProxyChannel {
   virtual void shutdown() {}
 };
 
+/// Throws InvalidArgument unless [srcOffset, +bytes) lies in the local
+/// buffer and [dstOffset, +bytes) in the peer's (overflow included): the
+/// check of transports that address the peer's memory by offset.
+void checkPutRange(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes, uint64_t localSize,
+                   uint64_t remoteSize, int peer);
+
 /// The FIFO's memory: triggers and tail host-pinned (GPU) or heap (host mode);
 /// head and the producers' tail cache in device memory (GPU) or heap.
 class Fifo {

@@ -18,12 +18,7 @@ class RdmaChannel : public ProxyChannel {
   RdmaChannel(std::unique_ptr<RdmaQueuePair> qp, RdmaChannelConfig cfg) : qp_(std::move(qp)), cfg_(cfg) {}
 
   void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) override {
-    if (dstOffset + bytes > cfg_.remoteSize || srcOffset + bytes > cfg_.localSize || dstOffset + bytes < dstOffset ||
-        srcOffset + bytes < srcOffset) {
-      throw InvalidArgument(strCat("invalid argument 'put': [", srcOffset, ", +", bytes, ") -> [", dstOffset, ", +",
-                                   bytes, ") is outside the buffers (", cfg_.localSize, " bytes here, ",
-                                   cfg_.remoteSize, " at rank ", cfg_.peer, ")"));
-    }
+    checkPutRange(dstOffset, srcOffset, bytes, cfg_.localSize, cfg_.remoteSize, cfg_.peer);
     const uint64_t most = qp_->maxMessageBytes();
     for (uint64_t done = 0; done < bytes;) {
       const uint64_t n = bytes - done < most ? bytes - done : most;
@@ -42,12 +37,9 @@ class RdmaChannel : public ProxyChannel {
 
   void flush() override { drainTo(0, "flush"); }
 
+  // No shutdown(): requests still in flight complete or fail in the NIC, and
+  // the queue pair is destroyed with the channel, after the proxy thread stopped.
   const char* transport() const override { return "rdma"; }
-
-  void shutdown() override {
-    // Requests still in flight complete or fail in the NIC; the queue pair is
-    // destroyed with the channel, after the proxy thread stopped.
-  }
 
  private:
   // Room for one more request in the send queue.

@@ -187,7 +187,7 @@ class VerbsEndpoint {
     ibv_device** list = api_.getDeviceList(&count);
     if (list == nullptr || count == 0) {
       if (list != nullptr) api_.freeDeviceList(list);
-      throw UnsupportedError("transport 'rdma': libibverbs found no RDMA device on this machine; use transport='socket'");
+      throw UnsupportedError(kNoRdmaDeviceMessage);
     }
     std::string seen;
     for (int d = 0; d < count && context_ == nullptr; ++d) {

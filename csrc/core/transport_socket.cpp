@@ -107,12 +107,7 @@ class SocketChannel : public ProxyChannel {
   }
 
   void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) override {
-    if (dstOffset + bytes > cfg_.remoteSize || srcOffset + bytes > cfg_.localSize) {
-      throw InvalidArgument(strCat("invalid argument 'put': [", srcOffset, ", +", bytes,
-                                   ") -> [", dstOffset, ", +", bytes, ") is outside the buffers (",
-                                   cfg_.localSize, " bytes here, ", cfg_.remoteSize,
-                                   " at rank ", cfg_.peer, ")"));
-    }
+    checkPutRange(dstOffset, srcOffset, bytes, cfg_.localSize, cfg_.remoteSize, cfg_.peer);
     MsgHeader h{kMsgMagic, kMsgPut, dstOffset, bytes};
     if (!sendAll(fd_.get(), &h, sizeof(h))) fail("send");
     if (cfg_.device < 0) {

@@ -83,8 +83,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("num_host_shared_allocations", &numHostSharedAllocations,
         "Live host shared-memory allocations in this process (for leak checks).");
 
-  m.def("rdma_transport_built", &rdmaTransportBuilt,
-        "Whether this build has the RDMA data path (it was compiled against rdma-core's headers).");
   m.def("rdma_devices", &listRdmaDevices,
         "RDMA devices libibverbs sees; raises UnsupportedError where rdma-core is absent.");
 

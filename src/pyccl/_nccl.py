@@ -12,7 +12,6 @@ import torch
 
 _DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
            torch.float64: 8, torch.bfloat16: 9}
-_SUM = 0
 _OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}  # ncclRedOp_t
 
 
@@ -68,7 +67,7 @@ class NcclComm:
 
     def reduce_scatter(self, x: torch.Tensor, out: torch.Tensor) -> None:
         self._check(self.lib.ncclReduceScatter(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-                                               ctypes.c_size_t(out.numel()), _DTYPES[x.dtype], _SUM, self.comm,
+                                               ctypes.c_size_t(out.numel()), _DTYPES[x.dtype], _OPS["sum"], self.comm,
                                                self._stream()), "ncclReduceScatter")
 
     def broadcast(self, x: torch.Tensor, out: torch.Tensor, root: int = 0) -> None:

@@ -248,13 +248,14 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         # benchmarks/RESULTS.md), so hand them to NCCL: in place, the group's
         # backend; out of place, NCCL called directly (ProcessGroupNCCL would
         # need a copy first, 12% of the time at 256 MiB).
-        direct = _direct_nccl(call.comm, group, tensor.device) if out.data_ptr() != tensor.data_ptr() else None
+        in_place = out.data_ptr() == tensor.data_ptr()
+        direct = None if in_place else _direct_nccl(call.comm, group, tensor.device)
         if direct is not None:
             if torch.cuda.is_current_stream_capturing():
                 call.comm._nccl_direct_captured = True  # see Communicator.close
             direct.all_reduce(tensor, out, op_name)
             return out
-        if out.data_ptr() != tensor.data_ptr():
+        if not in_place:
             out.copy_(tensor)
         dist.all_reduce(out, op=_DIST_OPS[op_name], group=group)
         return out
