@@ -32,6 +32,21 @@ def test_build_merges_runs_of_the_same_winner():
     assert tuning.nccl_from(table, "all_reduce") == 4097
 
 
+def test_zero_copy_column_gives_the_symmetric_entries():
+    rows = _rows()
+    for r, zero_copy in zip(rows["all_reduce"], (15.0, 4.0, 5.0, 10.0)):
+        r["pyccl_sym_2pa_hb"] = zero_copy
+    table = tuning.build_table(rows, gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
+    # Plain tensors: as before; symmetric buffers: zero-copy from 4 KiB, where it beats every other column.
+    assert tuning.select(table, "all_reduce", 8192) == "nccl"
+    assert table["collectives"]["all_reduce_symmetric"] == [
+        {"max_bytes": 2048, "algorithm": "1pa_ll"},
+        {"max_bytes": None, "algorithm": "2pa_hb"},
+    ]
+    tuning.check_table(table, "symmetric")
+    assert "all_reduce_symmetric" not in tuning.COLLECTIVES
+
+
 def test_check_rejects_malformed_tables():
     good = tuning.build_table(_rows(), gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
     tuning.check_table(good, "good")

@@ -1,4 +1,4 @@
-// The all-reduce kernels: dtype x op x {1PA LL, 2PA LL, 2PA HB}.
+// The all-reduce kernels: dtype x op x {1PA LL, 2PA LL, 2PA HB, 2PA HB zero-copy}.
 #include <cuda_runtime.h>
 
 #include "collectives/collective_launch.hpp"
@@ -30,6 +30,13 @@ __global__ void __launch_bounds__(1024) allReduceHBKernel(CollectiveContext cont
   allReduceHB<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
+template <typename T, ReduceOp Op>
+__global__ void __launch_bounds__(1024) allReduceZeroCopyKernel(CollectiveContext context, SymmetricPointers buffers,
+                                                                uint64_t count) {
+  collectiveKernelPrologue();
+  allReduceZeroCopy<T, Op>(context, buffers, count, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x);
+}
+
 }  // namespace
 
 void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
@@ -42,6 +49,9 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
     } else if (call.algorithm == AllReduceAlgorithm::kTwoPhaseLL) {
       launchCollectiveKernel(allReduceLL2Kernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
                              call.output, call.count);
+    } else if (call.symmetric != nullptr) {
+      launchCollectiveKernel(allReduceZeroCopyKernel<T, Op>, context.hbBlocks, launch, s, context, *call.symmetric,
+                             call.count);
     } else {
       launchCollectiveKernel(allReduceHBKernel<T, Op>, context.hbBlocks, launch, s, context, call.input,
                              call.output, call.count);

@@ -70,6 +70,10 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
                                     comm.rank(), " cannot reach rank ", p, " (another node, or no P2P path)"));
     }
   }
+  // PYCCL_PDL=0 turns programmatic dependent launch off for every engine (e.g. the backend's).
+  if (const char* pdl = std::getenv("PYCCL_PDL"); pdl != nullptr && std::strcmp(pdl, "0") == 0) {
+    options_.programmaticLaunch = false;
+  }
   // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
   if (options_.llBlocks == 0) options_.llBlocks = host ? 2 : 64;
   if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 128;
@@ -78,13 +82,15 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (benchmarks/RESULTS.md).
   if (options_.llThresholdBytes == 0) options_.llThresholdBytes = host ? options_.llMaxBytes / 2 : (128u << 10);
   if (options_.ll2ThresholdBytes == 0) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (1u << 20);
+  if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;
   for (int k = 0; k < 4; ++k) {
     uint64_t& threshold = options_.exchangeLLThresholdBytes[k];
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
     // Where LL stops beating HB on 4 x H200 (benchmarks/RESULTS.md).
     if (threshold == 0) threshold = host ? options_.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
   }
-  for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"}}) {
+  for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"},
+                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"}}) {
     PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
                     "must be a multiple of 32 in [32, 1024], got ", threads);
   }
@@ -161,9 +167,61 @@ void CollectiveEngine::close() {
   }
   peers_.clear();
   scratch_.release();
+  for (auto& [start, buffer] : symmetric_) {
+    for (auto& p : buffer.peers) {
+      if (p) p->release();
+    }
+    buffer.local.release();
+  }
+  symmetric_.clear();
 }
 
-AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes) const {
+void CollectiveEngine::registerSymmetric(const RegisteredMemory& memory) {
+  checkUsable("register_symmetric");
+  PYCCL_CHECK_ARG(memory.valid() && memory.isLocal(), "memory", "must be a registration of this rank's memory");
+  SymmetricBuffer buffer{memory, comm_.exchangeMemory(memory)};
+  // Every rank sees every rank's size and alignment: all raise together or none does.
+  for (int q = 0; q < comm_.worldSize(); ++q) {
+    const auto& peer = buffer.peers[q];
+    if (!peer) {
+      throw UnsupportedError(strCat("register_symmetric: rank ", q, " of communicator '", comm_.name(),
+                                    "' cannot be reached by P2P"));
+    }
+    PYCCL_CHECK_ARG(peer->size() == memory.size(), "tensor", "must have the same size on every rank: rank ",
+                    comm_.rank(), " has ", memory.size(), " bytes, rank ", q, " ", peer->size());
+    PYCCL_CHECK_ARG(reinterpret_cast<uintptr_t>(peer->data()) % 16 == 0, "tensor",
+                    "must start 16-byte aligned on every rank (rank ", q, "'s does not)");
+  }
+  const auto start = reinterpret_cast<uintptr_t>(memory.data());
+  auto next = symmetric_.lower_bound(start);
+  const bool overlapsNext = next != symmetric_.end() && next->first < start + memory.size();
+  const bool overlapsPrev = next != symmetric_.begin() &&
+                            std::prev(next)->first + std::prev(next)->second.local.size() > start;
+  PYCCL_CHECK_ARG(!overlapsNext && !overlapsPrev, "tensor", "overlaps a buffer already registered as symmetric");
+  symmetric_.emplace(start, std::move(buffer));
+  PYCCL_LOG(Info, "collective engine: symmetric buffer of " << memory.size() << " B registered");
+}
+
+const CollectiveEngine::SymmetricBuffer* CollectiveEngine::findSymmetric(const void* ptr, uint64_t bytes) const {
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  auto it = symmetric_.upper_bound(at);
+  if (it == symmetric_.begin()) return nullptr;
+  --it;
+  return at + bytes <= it->first + it->second.local.size() ? &it->second : nullptr;
+}
+
+bool CollectiveEngine::isSymmetric(const void* ptr, uint64_t bytes) const {
+  return findSymmetric(ptr, bytes) != nullptr;
+}
+
+void CollectiveEngine::peerPointers(const SymmetricBuffer& buffer, const void* ptr,
+                                    char* (&out)[kMaxCollectiveRanks]) const {
+  const uint64_t offset = static_cast<const char*>(ptr) - static_cast<const char*>(buffer.local.data());
+  for (int q = 0; q < comm_.worldSize(); ++q) out[q] = static_cast<char*>(buffer.peers[q]->data()) + offset;
+}
+
+AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes, bool symmetric) const {
+  if (symmetric && bytes >= options_.zeroCopyThresholdBytes) return AllReduceAlgorithm::kTwoPhaseHB;
   if (bytes <= options_.llThresholdBytes) return AllReduceAlgorithm::kOnePhaseLL;
   if (bytes <= options_.ll2ThresholdBytes) return AllReduceAlgorithm::kTwoPhaseLL;
   return AllReduceAlgorithm::kTwoPhaseHB;
@@ -213,7 +271,37 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   const uint64_t elemSize = dataTypeSize(dtype);
   const uint64_t bytes = count * elemSize;
-  const AllReduceAlgorithm algo = algorithm ? *algorithm : select(bytes);
+  const SymmetricBuffer* symIn = findSymmetric(input, bytes);
+  const SymmetricBuffer* symOut = symIn != nullptr ? findSymmetric(output, bytes) : nullptr;
+  const AllReduceAlgorithm algo = algorithm ? *algorithm : select(bytes, symOut != nullptr);
+  if (algo == AllReduceAlgorithm::kTwoPhaseHB && symOut != nullptr) {
+    // Zero-copy: the whole message in one call, no scratch.
+    ++zeroCopyCalls_;
+    SymmetricPointers pointers{};
+    char* inputs[kMaxCollectiveRanks] = {};
+    peerPointers(*symIn, input, inputs);
+    for (int q = 0; q < kMaxCollectiveRanks; ++q) pointers.inputs[q] = inputs[q];
+    peerPointers(*symOut, output, pointers.outputs);
+    AllReduceCall call{input, output, count, dtype, op, algo, &pointers};
+    // The body uses no HB scratch: its grid may be smaller than the layout's.
+    CollectiveContext ctx = context_;
+    if (options_.zeroCopyBytesPerBlock != 0) {
+      const uint64_t chunkBytes = (bytes + comm_.worldSize() - 1) / comm_.worldSize();
+      const uint64_t blocks = (chunkBytes + options_.zeroCopyBytesPerBlock - 1) / options_.zeroCopyBytesPerBlock;
+      ctx.hbBlocks = static_cast<uint32_t>(blocks < 1 ? 1 : (blocks > context_.hbBlocks ? context_.hbBlocks : blocks));
+    }
+#ifdef PYCCL_WITH_CUDA
+    if (!comm_.hostMode()) {
+      allReduceDevice(ctx, call, stream, {options_.zeroCopyThreads, options_.programmaticLaunch});
+      return;
+    }
+#endif
+    (void)stream;
+    Communicator::HostKernelScope active(comm_);
+    allReduceHost(ctx, call);
+    raiseIfWaitFailed("all_reduce");
+    return;
+  }
   if (algo == AllReduceAlgorithm::kOnePhaseLL) {
     PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
                     " bytes per call in this communicator, the message has ", bytes);

@@ -5,6 +5,7 @@
 // same order on every rank (as with NCCL).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,13 @@ struct CollectiveOptions {
   /// automatic choice: LL up to this many bytes of the whole buffer (nccl-tests'
   /// size); 0: default (GPUs: 512 KiB, broadcast 128 KiB; host: llMaxBytes / 2).
   uint64_t exchangeLLThresholdBytes[4] = {0, 0, 0, 0};
+  /// All-reduce, automatic choice, input and output in symmetric buffers:
+  /// zero-copy 2PA HB from here on; 0: default (see collective_engine.cpp).
+  uint64_t zeroCopyThresholdBytes = 0;
+  uint32_t zeroCopyThreads = 512;  ///< threads per block of the zero-copy all-reduce
+  /// Zero-copy all-reduces run on about (bytes per rank's chunk) / this many
+  /// blocks, up to hbBlocks; 0: always on hbBlocks.
+  uint64_t zeroCopyBytesPerBlock = 0;
   /// Launch the kernels with programmatic dependent launch (kernel_launch.cuh),
   /// so back-to-back collectives overlap their launch latency.
   bool programmaticLaunch = true;
@@ -64,8 +72,20 @@ class CollectiveEngine {
                 uint64_t chunkBytes, int root, DataType dtype, ReduceOp op, std::optional<Protocol> protocol,
                 void* stream);
 
-  /// The algorithm the automatic choice takes for an all-reduce of `bytes`.
-  AllReduceAlgorithm select(uint64_t bytes) const;
+  /// Collective: makes `memory` (registered on this communicator, the same
+  /// size on every rank, 16-byte aligned) a symmetric buffer: every peer's is
+  /// mapped here, and all-reduces whose input and output both lie in symmetric
+  /// buffers, at the same offset on every rank, read and write the peers'
+  /// buffers directly (2PA HB zero-copy). Held until close().
+  void registerSymmetric(const RegisteredMemory& memory);
+  /// Whether [ptr, ptr + bytes) lies within one symmetric buffer.
+  bool isSymmetric(const void* ptr, uint64_t bytes) const;
+  /// All-reduces that ran zero-copy on symmetric buffers (for tests and logs).
+  uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
+
+  /// The algorithm the automatic choice takes for an all-reduce of `bytes`
+  /// (`symmetric`: input and output in symmetric buffers).
+  AllReduceAlgorithm select(uint64_t bytes, bool symmetric = false) const;
   /// The protocol the automatic choice takes for an exchange whose whole buffer has `bytes`.
   Protocol selectExchange(ExchangeKind kind, uint64_t bytes) const;
   const CollectiveOptions& options() const { return options_; }
@@ -89,8 +109,18 @@ class CollectiveEngine {
   std::shared_ptr<void> countersOwner_;
   RegisteredMemory scratch_;
   std::vector<std::optional<RegisteredMemory>> peers_;
+  struct SymmetricBuffer {
+    RegisteredMemory local;
+    std::vector<std::optional<RegisteredMemory>> peers;
+  };
+  /// The symmetric buffer holding [ptr, ptr + bytes), or null.
+  const SymmetricBuffer* findSymmetric(const void* ptr, uint64_t bytes) const;
+  /// Every rank's copy of [ptr, ...) of a symmetric buffer, mapped here.
+  void peerPointers(const SymmetricBuffer& buffer, const void* ptr, char* (&out)[kMaxCollectiveRanks]) const;
+  std::map<uintptr_t, SymmetricBuffer> symmetric_;  ///< by local start address
   bool closed_ = false;
   uint64_t calls_ = 0;  ///< collective calls made, for error messages
+  uint64_t zeroCopyCalls_ = 0;
 };
 
 /// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "collectives/allreduce_device.hpp"
+#include "collectives/allreduce_zero_copy_device.hpp"
 #include "collectives/exchange_device.hpp"
 
 namespace pyccl {
@@ -21,6 +22,9 @@ struct AllReduceCall {
   DataType dtype;
   ReduceOp op;
   AllReduceAlgorithm algorithm;
+  /// 2PA HB on symmetric buffers: every rank's input and output, mapped here
+  /// (allreduce_zero_copy_device.hpp); null otherwise.
+  const SymmetricPointers* symmetric = nullptr;
 };
 
 struct ExchangeCall {

@@ -29,6 +29,10 @@ void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) 
           allReduceLL2<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
         case AllReduceAlgorithm::kTwoPhaseHB:
+          if (call.symmetric != nullptr) {
+            allReduceZeroCopy<T, Op>(context, *call.symmetric, call.count, b, context.hbBlocks, 0, 1);
+            break;
+          }
           allReduceHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
       }

@@ -38,7 +38,8 @@ void bindCollectives(py::module_& m) {
   py::class_<CollectiveEngine, std::shared_ptr<CollectiveEngine>>(m, "CollectiveEngine")
       .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
                        uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes, uint32_t llPacketsPerBlock,
-                       std::vector<uint64_t> exchangeLLThresholdBytes, bool programmaticLaunch) {
+                       std::vector<uint64_t> exchangeLLThresholdBytes, bool programmaticLaunch,
+                       uint64_t zeroCopyThresholdBytes, uint32_t zeroCopyThreads, uint64_t zeroCopyBytesPerBlock) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -50,6 +51,9 @@ void bindCollectives(py::module_& m) {
              o.ll2ThresholdBytes = ll2ThresholdBytes;
              o.llPacketsPerBlock = llPacketsPerBlock;
              o.programmaticLaunch = programmaticLaunch;
+             o.zeroCopyThresholdBytes = zeroCopyThresholdBytes;
+             o.zeroCopyThreads = zeroCopyThreads;
+             o.zeroCopyBytesPerBlock = zeroCopyBytesPerBlock;
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
                              "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
@@ -64,7 +68,16 @@ void bindCollectives(py::module_& m) {
            py::arg("hb_threads") = 256, py::arg("ll_max_bytes") = 0, py::arg("hb_piece_bytes") = 0,
            py::arg("ll_threshold_bytes") = 0, py::arg("ll2_threshold_bytes") = 0,
            py::arg("ll_packets_per_block") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{},
-           py::arg("programmatic_launch") = true, py::keep_alive<1, 2>())
+           py::arg("programmatic_launch") = true, py::arg("zero_copy_threshold_bytes") = 0,
+           py::arg("zero_copy_threads") = 512, py::arg("zero_copy_bytes_per_block") = 0, py::keep_alive<1, 2>())
+      .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: makes a registration (the same size on every rank) a symmetric buffer.")
+      .def("is_symmetric",
+           [](const CollectiveEngine& e, const at::Tensor& t) {
+             return t.numel() > 0 && e.isSymmetric(t.data_ptr(), t.nbytes());
+           },
+           py::arg("tensor"), "Whether the tensor's bytes lie within one symmetric buffer.")
       .def("all_reduce",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::string& op, const std::optional<std::string>& algorithm) {
@@ -110,8 +123,12 @@ void bindCollectives(py::module_& m) {
              broadcastTensor(e, comm, input, output, root, proto);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("src"), py::arg("protocol") = std::nullopt)
-      .def("select", [](const CollectiveEngine& e, uint64_t bytes) { return allReduceAlgorithmName(e.select(bytes)); },
-           py::arg("nbytes"), "The all-reduce algorithm chosen for a message of nbytes.")
+      .def("select",
+           [](const CollectiveEngine& e, uint64_t bytes, bool symmetric) {
+             return allReduceAlgorithmName(e.select(bytes, symmetric));
+           },
+           py::arg("nbytes"), py::arg("symmetric") = false,
+           "The all-reduce algorithm chosen for a message of nbytes (symmetric: in symmetric buffers).")
       .def("select_exchange",
            [](const CollectiveEngine& e, const std::string& collective, uint64_t bytes) {
              return protocolName(e.selectExchange(parseExchangeKind(collective, "collective"), bytes));
@@ -120,6 +137,10 @@ void bindCollectives(py::module_& m) {
            "The protocol chosen for an exchange (all_gather, all_to_all, broadcast, reduce_scatter) whose whole "
            "buffer has nbytes.")
       .def_property_readonly("ll_max_bytes", [](const CollectiveEngine& e) { return e.options().llMaxBytes; })
+      .def_property_readonly("zero_copy_calls", &CollectiveEngine::zeroCopyCalls,
+                             "All-reduces that ran zero-copy on symmetric buffers.")
+      .def_property_readonly("zero_copy_threshold_bytes",
+                             [](const CollectiveEngine& e) { return e.options().zeroCopyThresholdBytes; })
       .def("close", &CollectiveEngine::close);
 }
 

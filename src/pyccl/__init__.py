@@ -36,6 +36,7 @@ from .backend import register as _register_backend
 _register_backend()
 
 from . import ops  # noqa: E402  (torch.ops.pyccl.*)
+from .symmetric import is_symmetric, register_symmetric, symmetric_empty  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -61,7 +62,10 @@ __all__ = [
     "cuda_available",
     "empty",
     "get_include",
+    "is_symmetric",
     "logger",
+    "register_symmetric",
+    "symmetric_empty",
 ]
 
 

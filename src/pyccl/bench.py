@@ -9,6 +9,9 @@ table gives the median time per call, measured in the same run on the same GPUs:
   group's NCCL from ``pyccl.collectives.NCCL_MIN_BYTES``);
 - ``pyccl_pg``: ``torch.distributed`` on a process group whose backend is pyccl;
 - ``pyccl_kernels``: pyccl's kernels alone, and each one forced (``--all-algos``);
+- ``pyccl_sym``: all-reduce with input and output in pyccl symmetric buffers
+  (``pyccl.symmetric_empty``; zero-copy 2PA HB by size), and ``pyccl_sym_2pa_hb``
+  the zero-copy kernel at every size (``--all-algos``);
 - ``nccl_direct``: ``ncclAllReduce`` & co. on the stream through the NCCL torch
   loaded (as vLLM's pynccl calls it), and ``nccl``: ProcessGroupNCCL;
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
@@ -77,7 +80,7 @@ _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: 
                "broadcast": lambda w: 1.0}
 # Every timing column a row may have, in table order.
 _COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll",
-            "pyccl_hb", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
+            "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
 
 
 def _tensors(collective, nbytes, world, dtype, device, rank):
@@ -171,6 +174,10 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
         symm_error = f"{type(e).__name__}: {e}"
     else:
         symm_error = None
+    sym_in = sym_out = None
+    if "all_reduce" in collectives:
+        sym_in = pyccl.symmetric_empty(max(sizes), dtype=torch.uint8, comm=comm)
+        sym_out = pyccl.symmetric_empty(max(sizes), dtype=torch.uint8, comm=comm)
     tables = {}
     for collective in collectives:
         rows = []
@@ -197,6 +204,16 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 fn()
                 _check(collective, label, out, ref, whole)
                 row[label] = _time_graph(fn, iters, trials)
+            if collective == "all_reduce":
+                # The same call on symmetric buffers (zero-copy from the engine's threshold).
+                sx = sym_in[:x.numel() * x.element_size()].view(dtype)
+                sy = sym_out[:x.numel() * x.element_size()].view(dtype)
+                sx.copy_(x)
+                for label, algo in [("pyccl_sym", None)] + ([("pyccl_sym_2pa_hb", "2pa_hb")] if all_algos else []):
+                    fn = _pyccl_fn(pyccl, collective, sx, sy, comm, algo)
+                    fn()
+                    _check(collective, label, sy, ref, whole)
+                    row[label] = _time_graph(fn, iters, trials)
             tuned = pyccl.tuning.select(pyccl.collectives.table_for(device, world, dtype), collective, whole)
             if tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
                 row["pyccl_algo"] = tuned

@@ -14,7 +14,7 @@ import sys
 
 from .bench import _BUS_FACTOR
 
-_SERIES = ("pyccl", "pyccl_pg", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
+_SERIES = ("pyccl", "pyccl_pg", "pyccl_sym", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
 _SPLIT = 1 << 20
 
 

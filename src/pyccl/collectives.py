@@ -36,7 +36,7 @@ __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "communicator_
 
 _REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
 # The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO): those it can be tuned to.
-ALGORITHMS: Dict[str, Tuple[str, ...]] = tuning.CANDIDATES
+ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tuning.COLLECTIVES}
 _lock = threading.Lock()
 _communicators: Dict[Tuple[int, str], Communicator] = {}
 
@@ -200,6 +200,7 @@ class _Call:
             raise ClosedError(f"{collective}: communicator '{self.comm.name}' is closed")
         self.group = group
         self.algorithm = _forced_algorithm(collective, algorithm)
+        self.forced = self.algorithm is not None
         nbytes = nbytes_of(self.comm.world_size)
         nccl_here = self.from_group and tensor.is_cuda and _has_nccl(group)
         if self.algorithm is None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
@@ -208,6 +209,7 @@ class _Call:
             if tuned is not None and (tuned != "nccl" or nccl_here):
                 self.algorithm = tuned
         self.use_nccl = False
+        self.nccl_here = nccl_here
         if nccl_here:
             self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and
                                                          nbytes >= _nccl_min_bytes(collective))
@@ -218,6 +220,25 @@ class _Call:
     @property
     def kernel_algorithm(self) -> Optional[str]:
         return None if self.algorithm == "nccl" else self.algorithm
+
+
+def _choose_symmetric(call: _Call, engine, tensor: torch.Tensor) -> None:
+    """The automatic choice for an all-reduce whose input and output lie in
+    symmetric buffers, where 2PA HB runs zero-copy: the table's
+    ``all_reduce_symmetric`` entries where it has them, else zero-copy from the
+    engine's threshold (and NCCL from PYCCL_NCCL_MIN_BYTES, if set)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    chosen = None
+    if not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
+        chosen = tuning.select(table_for(tensor.device, call.comm.world_size, tensor.dtype),
+                               "all_reduce_symmetric", nbytes)
+    elif call.nccl_here and nbytes >= _nccl_min_bytes("all_reduce"):
+        chosen = "nccl"
+    if chosen is None:
+        chosen = "2pa_hb" if nbytes >= engine.zero_copy_threshold_bytes else engine.select(nbytes)
+    if chosen == "nccl" and not call.nccl_here:
+        chosen = "2pa_hb"
+    call.algorithm, call.use_nccl = chosen, chosen == "nccl"
 
 
 def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup] = None,
@@ -232,9 +253,12 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.
         comm: a pyccl Communicator to use instead of ``group``.
         algorithm: "1pa_ll", "2pa_ll", "2pa_hb" or "nccl" to force one (default: ``PYCCL_ALGO``,
-            else by size on GPUs: 1PA LL up to 128 KiB, 2PA LL up to 1 MiB, 2PA HB above, and from
-            ``NCCL_MIN_BYTES`` (16 MiB;
-            ``PYCCL_NCCL_MIN_BYTES``) the group's NCCL backend when it has one).
+            else by size on GPUs: the tuning table for the GPU and world size, or 1PA LL up to
+            128 KiB, 2PA LL up to 1 MiB, 2PA HB above, and from ``NCCL_MIN_BYTES`` (16 MiB;
+            ``PYCCL_NCCL_MIN_BYTES``) the group's NCCL backend when it has one). When ``tensor``
+            and ``out`` both lie in symmetric buffers (:func:`pyccl.symmetric_empty`), 2PA HB
+            reads and writes the peers' buffers directly (no scratch), and is the default from
+            the engine's ``zero_copy_threshold_bytes`` on.
 
     Returns the result tensor. 16-bit inputs are reduced in fp32; results are
     bitwise identical on every rank.
@@ -243,6 +267,9 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     op_name = _op_name(op)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    engine = getattr(call.comm, "_engine", None)
+    if not call.forced and engine is not None and engine.is_symmetric(tensor) and engine.is_symmetric(out):
+        _choose_symmetric(call, engine, tensor)
     if call.use_nccl:
         # Large messages: NCCL's ring is faster than the 2PA kernel here (see
         # benchmarks/RESULTS.md), so hand them to NCCL: in place, the group's

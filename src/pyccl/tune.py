@@ -40,11 +40,11 @@ def main(argv=None) -> int:
         print("pyccl.tune needs at least 2 GPUs", file=sys.stderr)
         return 2
     world = args.world or torch.cuda.device_count()
-    collectives = list(tuning.CANDIDATES) if args.collectives == "all" else \
+    collectives = list(tuning.COLLECTIVES) if args.collectives == "all" else \
         [c.strip() for c in args.collectives.split(",") if c.strip()]
     for c in collectives:
-        if c not in tuning.CANDIDATES:
-            parser.error(f"--collectives: {c!r} is not one of {', '.join(tuning.CANDIDATES)} (or all)")
+        if c not in tuning.COLLECTIVES:
+            parser.error(f"--collectives: {c!r} is not one of {', '.join(tuning.COLLECTIVES)} (or all)")
     sizes = []
     n = bench.parse_bytes(args.min_bytes)
     while n <= bench.parse_bytes(args.max_bytes):

@@ -30,25 +30,37 @@ TABLE_VERSION = 1
 # forced column of pyccl.bench, and NCCL.
 CANDIDATES: Dict[str, tuple] = {
     "all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
+    # Input and output in symmetric buffers: 2PA HB runs zero-copy there.
+    "all_reduce_symmetric": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
     "all_gather": ("ll", "hb", "nccl"),
     "reduce_scatter": ("ll", "hb", "nccl"),
     "all_to_all": ("ll", "hb", "nccl"),
     "broadcast": ("ll", "hb", "nccl"),
 }
+# The collectives pyccl.bench and pyccl.tune measure (all_reduce_symmetric comes
+# from the all-reduce rows).
+COLLECTIVES = tuple(c for c in CANDIDATES if c != "all_reduce_symmetric")
 
 
 def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: str, date: str,
                 command: str) -> dict:
     """A table from the bench's rows (``pyccl.bench._bench_rank`` with all
     algorithms): at each measured size the fastest candidate wins; runs of the
-    same winner merge into one entry."""
+    same winner merge into one entry. All-reduce rows with a zero-copy column
+    (``pyccl_sym_2pa_hb``) also give the ``all_reduce_symmetric`` entries."""
+    tables = dict(tables)
+    if any("pyccl_sym_2pa_hb" in r for r in tables.get("all_reduce", ())):
+        tables["all_reduce_symmetric"] = tables["all_reduce"]
     collectives = {}
     for collective, rows in tables.items():
         entries: List[dict] = []
         for row in sorted(rows, key=lambda r: r["bytes"]):
             times = {}
             for algo in CANDIDATES[collective]:
-                t = row.get("nccl" if algo == "nccl" else f"pyccl_{algo}")
+                column = "nccl" if algo == "nccl" else f"pyccl_{algo}"
+                if collective == "all_reduce_symmetric" and algo == "2pa_hb":
+                    column = "pyccl_sym_2pa_hb"
+                t = row.get(column)
                 if t is not None:
                     times[algo] = t
             if not times:

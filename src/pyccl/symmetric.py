@@ -1,0 +1,72 @@
+"""Symmetric buffers: memory that every rank of a group allocates (or
+registers) alike, so that collectives on it read and write the peers' memory
+directly instead of staging through pyccl's scratch.
+
+An all-reduce whose input and output both lie in symmetric buffers, at the
+same offset on every rank (as with torch's symmetric memory), runs the
+zero-copy two-phase kernel from ``engine.zero_copy_threshold_bytes`` on: rank
+r reads chunk r of every rank's input over NVLink, reduces it, and writes the
+result into chunk r of every rank's output.
+
+    buf = pyccl.symmetric_empty(1 << 20, dtype=torch.bfloat16)   # collective
+    buf.copy_(x)
+    pyccl.all_reduce(buf, out=buf)                                 # zero-copy, in place
+
+Registering is collective (every rank, same order, same size); a buffer stays
+registered, and its memory alive, until the communicator closes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .collectives import _engine, communicator_for
+from .communicator import Communicator
+from .errors import InvalidArgumentError
+
+__all__ = ["is_symmetric", "register_symmetric", "symmetric_empty"]
+
+
+def _comm_for(tensor_device: torch.device, group, comm: Optional[Communicator]) -> Communicator:
+    if comm is not None:
+        return comm
+    return communicator_for(group, tensor_device)
+
+
+def register_symmetric(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, *,
+                       comm: Optional[Communicator] = None) -> torch.Tensor:
+    """Collective: makes ``tensor`` (contiguous, on the communicator's device,
+    the same number of bytes on every rank) a symmetric buffer of the group and
+    returns it. Tensors from torch's allocator and from :func:`pyccl.empty`
+    both work; the registration holds a reference to ``tensor``."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
+    c = _comm_for(tensor.device, group, comm)
+    memory = c.register(tensor)
+    _engine(c).register_symmetric(memory)
+    return tensor
+
+
+def symmetric_empty(*size, dtype: torch.dtype = torch.float32, group: Optional[dist.ProcessGroup] = None,
+                    comm: Optional[Communicator] = None) -> torch.Tensor:
+    """Collective: a new tensor of ``size`` on the communicator's device,
+    registered as a symmetric buffer of the group (see the module docstring)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    if comm is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        comm = communicator_for(group, device)
+    from . import empty
+
+    return register_symmetric(empty(*size, dtype=dtype, device=comm.device), comm=comm)
+
+
+def is_symmetric(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, *,
+                 comm: Optional[Communicator] = None) -> bool:
+    """Whether ``tensor``'s bytes lie within one symmetric buffer of the group."""
+    c = _comm_for(tensor.device, group, comm)
+    engine = getattr(c, "_engine", None)
+    return engine is not None and engine.is_symmetric(tensor)

@@ -1,0 +1,37 @@
+"""Symmetric buffers on GPUs: the zero-copy all-reduce against float64,
+bitwise agreement across ranks, and CUDA-graph replays."""
+
+import random
+
+import pytest
+
+import ranks_symmetric as rsym
+from conftest import gpu_count, requires_gpus
+from pyccl._spawn import run_ranks
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", [w for w in (2, 3, 4) if w <= max(gpu_count(), 2)])
+def test_zero_copy_all_reduce_matches_float64_reference(world):
+    if world > gpu_count():
+        pytest.skip(f"needs {world} GPUs")
+    seed = random.randrange(1 << 20)
+    # No tuning table: the engine's zero-copy threshold decides, so the test knows the count.
+    for bad, calls, expected, record in run_ranks(rsym.symmetric_cases, world,
+                                                  args=(True, seed, 60, 3_000_000, 64 << 10), timeout=300,
+                                                  env={"PYCCL_TUNING_FILE": "none"}):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+        assert calls == expected > 0
+
+
+@requires_gpus(2)
+def test_register_symmetric_errors_on_gpus():
+    for messages in run_ranks(rsym.registration_errors, min(gpu_count(), 4), args=(True,), timeout=120):
+        assert "same size on every rank" in messages["size"] and "overlaps" in messages["overlap"]
+        assert messages["sum_ok"] and messages["zero_copy_calls"] == 1
+
+
+@requires_gpus(2)
+def test_zero_copy_all_reduce_in_cuda_graph_replays():
+    for bad in run_ranks(rsym.graph_replays, min(gpu_count(), 4), args=(20,), timeout=300):
+        assert bad == []
