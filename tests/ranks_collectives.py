@@ -73,6 +73,22 @@ def random_cases(seed: int, count: int, max_elems: int):
     return cases
 
 
+def check_reduction(comm, result: torch.Tensor, inputs, op: str, case: tuple) -> list:
+    """Failures of one all-reduce (tagged with `case`): against the float64
+    reference, and bitwise equality across ranks (collective: every rank calls)."""
+    got = result.cpu()
+    expect = reference(inputs, op)
+    rtol, atol = TOLERANCE[got.dtype]
+    bad = []
+    if not torch.allclose(got.to(torch.float64), expect, rtol=rtol, atol=atol * error_scale(inputs)):
+        err = (got.to(torch.float64) - expect).abs().max().item()
+        bad.append(case + (f"max abs error {err:.3g}",))
+    digest = hashlib.sha256(got.view(torch.uint8).numpy().tobytes()).digest()
+    if any(d != digest for d in comm.all_gather_bytes(digest)):
+        bad.append(case + ("results differ across ranks",))
+    return bad
+
+
 def all_reduce_cases(rank, world, store, on_gpu, seed, count, max_elems, engine_options=None):
     """Random all-reduces checked against a float64 reference, and bitwise
     equality of the results across ranks. Returns a list of failures."""
@@ -93,17 +109,7 @@ def all_reduce_cases(rank, world, store, on_gpu, seed, count, max_elems, engine_
         x.copy_(inputs[rank])
         out = x if in_place else None
         y = pyccl.all_reduce(x, op=op, out=out, comm=comm, algorithm=algo)
-        got = y.cpu()
-        expect = reference(inputs, op)
-        rtol, atol = TOLERANCE[dtype]
-        if not torch.allclose(got.to(torch.float64), expect, rtol=rtol, atol=atol * error_scale(inputs)):
-            err = (got.to(torch.float64) - expect).abs().max().item()
-            bad.append((i, str(dtype), op, n, algo, in_place, offset, f"max abs error {err:.3g}"))
-        # Bitwise identical on every rank.
-        digest = hashlib.sha256(got.view(torch.uint8).numpy().tobytes()).digest()
-        digests = comm.all_gather_bytes(digest)
-        if any(d != digests[0] for d in digests):
-            bad.append((i, str(dtype), op, n, algo, "results differ across ranks"))
+        bad += check_reduction(comm, y, inputs, op, (i, str(dtype), op, n, algo, in_place, offset))
     record = comm.device_error()
     comm.close()
     return bad, record

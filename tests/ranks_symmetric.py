@@ -3,13 +3,12 @@ runs in host mode or on GPUs."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import torch
 
 import pyccl
-from ranks_collectives import DTYPES, TOLERANCE, _setup, error_scale, reference, rank_input
+from ranks_collectives import DTYPES, _setup, check_reduction, reference, rank_input
 
 
 def _view(buf: torch.Tensor, dtype: torch.dtype, offset: int, n: int) -> torch.Tensor:
@@ -51,15 +50,7 @@ def symmetric_cases(rank, world, store, on_gpu, seed, count, max_elems, threshol
         pyccl.all_reduce(x, op=op, out=out, comm=comm, algorithm=algo)
         if algo == "2pa_hb" or (algo is None and n * size >= threshold):
             expected_zero_copy += 1
-        got = out.cpu()
-        expect = reference(inputs, op)
-        rtol, atol = TOLERANCE[dtype]
-        if not torch.allclose(got.to(torch.float64), expect, rtol=rtol, atol=atol * error_scale(inputs)):
-            err = (got.to(torch.float64) - expect).abs().max().item()
-            bad.append((i, str(dtype), op, n, algo, in_place, offset, f"max abs error {err:.3g}"))
-        digest = hashlib.sha256(got.view(torch.uint8).numpy().tobytes()).digest()
-        if any(d != digest for d in comm.all_gather_bytes(digest)):
-            bad.append((i, str(dtype), op, n, algo, "results differ across ranks"))
+        bad += check_reduction(comm, out, inputs, op, (i, str(dtype), op, n, algo, in_place, offset))
     # An output outside the symmetric buffers takes the staged path.
     before = engine.zero_copy_calls
     x = _view(a, torch.float32, 0, 5000)
@@ -119,13 +110,7 @@ def graph_replays(rank, world, store, replays):
         inputs = [rank_input(r, 0, q, n, torch.bfloat16, "sum") for q in range(world)]
         x.copy_(inputs[rank])
         graph.replay()
-        got = y.cpu()
-        rtol, atol = TOLERANCE[torch.bfloat16]
-        if not torch.allclose(got.double(), reference(inputs, "sum"), rtol=rtol, atol=atol * error_scale(inputs)):
-            bad.append((r, "wrong result"))
-        digest = hashlib.sha256(got.view(torch.uint8).numpy().tobytes()).digest()
-        if any(d != digest for d in comm.all_gather_bytes(digest)):
-            bad.append((r, "results differ across ranks"))
+        bad += check_reduction(comm, y, inputs, "sum", (r,))
     del graph
     comm.close()
     return bad

@@ -290,16 +290,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
       const uint64_t blocks = (chunkBytes + options_.zeroCopyBytesPerBlock - 1) / options_.zeroCopyBytesPerBlock;
       ctx.hbBlocks = static_cast<uint32_t>(blocks < 1 ? 1 : (blocks > context_.hbBlocks ? context_.hbBlocks : blocks));
     }
-#ifdef PYCCL_WITH_CUDA
-    if (!comm_.hostMode()) {
-      allReduceDevice(ctx, call, stream, {options_.zeroCopyThreads, options_.programmaticLaunch});
-      return;
-    }
-#endif
-    (void)stream;
-    Communicator::HostKernelScope active(comm_);
-    allReduceHost(ctx, call);
-    raiseIfWaitFailed("all_reduce");
+    launchAllReduce(ctx, call, options_.zeroCopyThreads, stream);
     return;
   }
   if (algo == AllReduceAlgorithm::kOnePhaseLL) {
@@ -317,19 +308,24 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     const uint64_t pairBytes = algo == AllReduceAlgorithm::kTwoPhaseLL ? (call.count + world - 1) / world * elemSize
                                                                         : call.count * elemSize;
     const CollectiveContext ctx = contextFor((pairBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
-#ifdef PYCCL_WITH_CUDA
-    if (!comm_.hostMode()) {
-      allReduceDevice(ctx, call, stream,
-                      {algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads,
-                       options_.programmaticLaunch});
-      continue;
-    }
-#endif
-    (void)stream;
-    Communicator::HostKernelScope active(comm_);
-    allReduceHost(ctx, call);
-    raiseIfWaitFailed("all_reduce");
+    launchAllReduce(ctx, call, algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads,
+                    stream);
   }
+}
+
+void CollectiveEngine::launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads,
+                                       void* stream) {
+#ifdef PYCCL_WITH_CUDA
+  if (!comm_.hostMode()) {
+    allReduceDevice(ctx, call, stream, {threads, options_.programmaticLaunch});
+    return;
+  }
+#endif
+  (void)stream;
+  (void)threads;
+  Communicator::HostKernelScope active(comm_);
+  allReduceHost(ctx, call);
+  raiseIfWaitFailed("all_reduce");
 }
 
 }  // namespace pyccl

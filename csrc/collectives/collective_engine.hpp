@@ -97,6 +97,9 @@ class CollectiveEngine {
   /// Refuses calls on a closed or aborted communicator, and on one where a
   /// wait gave up (the communicator is then broken: every later call fails).
   void checkUsable(const char* op) const;
+  /// Runs one all-reduce call: a kernel of `threads` per block on `stream`, or
+  /// in host mode CPU threads (and then raises if a wait gave up).
+  void launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads, void* stream);
   /// The context of an LL call moving `llPackets` per (source, destination) pair.
   CollectiveContext contextFor(uint64_t llPackets) const;
   /// Throws TimeoutError / AbortedError naming `op`, the call and the peer if a

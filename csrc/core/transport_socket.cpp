@@ -104,6 +104,10 @@ class SocketChannel : public ProxyChannel {
     sendAll(fd_.get(), &bye, sizeof(bye));  // best effort: the peer may be gone
     ::shutdown(fd_.get(), SHUT_RDWR);       // wakes the receiver
     if (receiver_.joinable()) receiver_.join();
+    // Closed here, not when the last owner lets go (a Python object may hold
+    // this channel until the garbage collector runs): Communicator::close()
+    // leaves no socket behind.
+    fd_.reset();
   }
 
   void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) override {
