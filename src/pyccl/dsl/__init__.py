@@ -1,0 +1,22 @@
+"""The pyccl DSL: write a collective algorithm with a global view of all
+ranks and thread blocks, lower it to a plan, and check it in the simulator.
+
+    from pyccl.dsl import AllReduce, MemoryChannel, Program
+    with Program("allpairs", AllReduce(4, chunks=4)) as p:
+        ...
+    plan = p.lower()
+    pyccl.dsl.verify(plan)          # random interleavings: result, deadlocks, races
+    plan.save("allpairs.json")      # pyccl.dsl.load_plan reads it back
+
+The DSL knows nothing of CUDA; plans are data (docs/plans.md).
+"""
+
+from .channels import MemoryChannel, PortChannel, SwitchChannel, ThreadBlockGroup
+from .collectives import AllGather, AllReduce, AllToAll, ReduceScatter, SendRecv
+from .plan import PLAN_VERSION, Plan, PlanError, load_plan
+from .program import Buffer, ChunkRange, DSLError, Program
+from .simulator import SimulationError, SimulationReport, simulate, verify
+
+__all__ = ["AllGather", "AllReduce", "AllToAll", "Buffer", "ChunkRange", "DSLError", "MemoryChannel", "PLAN_VERSION",
+           "Plan", "PlanError", "PortChannel", "Program", "ReduceScatter", "SendRecv", "SimulationError",
+           "SimulationReport", "SwitchChannel", "ThreadBlockGroup", "load_plan", "simulate", "verify"]

@@ -1,0 +1,237 @@
+"""Lowering a DSL program to a plan.
+
+The passes, in order:
+
+1. **Checks** whose errors name the user's line: a channel used from two
+   thread blocks on one side, signals and waits that do not pair up, an op
+   whose source and destination chunks overlap, barriers that not every
+   listed thread block reaches as often.
+2. **Instance replication**: with ``instances=k`` every chunk splits into k
+   sub-chunks, thread block t becomes k thread blocks and every channel k
+   channels; instance j runs the program on sub-chunk j of every chunk.
+3. **Fusion** of consecutive ops of one thread block: a local reduce whose
+   result a MemoryChannel put sends next becomes ``reduce_put`` (the result
+   goes from registers); a PortChannel put followed by a signal on the same
+   channel becomes ``put_with_signal``; back-to-back puts of the same chunks
+   to several peers, and back-to-back signals or waits on several channels,
+   become one multi-peer op.
+4. **Synchronization**: the threads of a block split each op's data their own
+   way, so an op that reads or writes chunks that an earlier op of the same
+   block wrote (or reads what it overwrites) needs a ``sync`` first. The data
+   dependences are tracked per thread block at chunk granularity (last
+   writers and active readers since the last sync). signal, wait and barrier
+   synchronize the block themselves, so no sync is placed next to them and
+   back-to-back syncs collapse into one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+from .plan import Plan
+from .program import ChunkRange, DSLError, Op, Program
+
+__all__ = ["lower"]
+
+_SOURCE_SIDE = ("put", "put_packets", "put_with_signal", "channel_reduce", "reduce_put", "signal", "flush")
+_SYNCS_ITSELF = ("signal", "wait", "barrier", "multi_signal", "multi_wait", "put_with_signal")
+
+
+def _check(prog: Program) -> None:
+    users: Dict[Tuple[int, str], Tuple[int, str]] = {}
+    signals: Dict[int, List[Op]] = defaultdict(list)
+    waits: Dict[int, List[Op]] = defaultdict(list)
+    for op in prog.ops:
+        if op.channel is not None and op.kind not in ("switch_reduce", "switch_broadcast"):
+            side = "source" if op.kind in _SOURCE_SIDE else "destination"
+            first = users.setdefault((op.channel, side), (op.tb, op.line))
+            if first[0] != op.tb:
+                ch = prog.channels[op.channel]
+                raise DSLError(f"{op.line}: {ch!r} is used on its {side} side from thread block {op.tb}, and from "
+                               f"thread block {first[0]} at {first[1]}: a channel side belongs to one thread block")
+            if op.kind in ("signal", "put_with_signal"):
+                signals[op.channel].append(op)
+            if op.kind == "wait":
+                waits[op.channel].append(op)
+        for src in op.srcs:
+            if op.dst is not None and src.overlaps(op.dst) and op.kind not in ("switch_reduce",):
+                raise DSLError(f"{op.line}: {op.kind} reads {src} and writes the overlapping {op.dst}")
+    for cid in set(signals) | set(waits):
+        s, w = signals[cid], waits[cid]
+        if len(s) != len(w):
+            ch = prog.channels[cid]
+            extra = (s if len(s) > len(w) else w)[min(len(s), len(w))]
+            what = "signal has no matching wait" if len(s) > len(w) else "wait has no matching signal"
+            raise DSLError(f"{extra.line}: {ch!r} (made at {ch.line}): {len(s)} signal(s) and {len(w)} wait(s); "
+                           f"this {what}")
+    counts: Dict[Tuple[int, tuple], Dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    lines: Dict[Tuple[int, tuple], str] = {}
+    for op in prog.ops:
+        if op.kind == "barrier":
+            counts[(op.rank, op.barrier_tbs)][op.tb] += 1
+            lines[(op.rank, op.barrier_tbs)] = op.line
+    for key, per_tb in counts.items():
+        if len(set(per_tb.values())) != 1 or set(per_tb) != set(key[1]):
+            raise DSLError(f"{lines[key]}: barrier of thread blocks {key[1]} on rank {key[0]} is reached "
+                           f"{dict(per_tb)} times by them: it would never complete")
+
+
+def _replicate(prog: Program) -> Tuple[List[Op], int]:
+    """The ops of every instance, and the channel count (channel c of instance j is c * k + j)."""
+    k = prog.instances
+    if k == 1:
+        return list(prog.ops), len(prog.channels)
+
+    def sub(c: ChunkRange, j: int, m: int) -> ChunkRange:
+        return ChunkRange(c.rank, c.buffer, (c.index + m) * k + j, 1)
+
+    out: List[Op] = []
+    for j in range(k):
+        for op in prog.ops:
+            base = dict(kind=op.kind, rank=op.rank, tb=op.tb * k + j,
+                        channel=None if op.channel is None else op.channel * k + j, reduce_op=op.reduce_op,
+                        tb_group=None if op.tb_group is None else tuple(t * k + j for t in op.tb_group),
+                        barrier_tbs=None if op.barrier_tbs is None else tuple(t * k + j for t in op.barrier_tbs),
+                        line=op.line)
+            count = op.dst.count if op.dst is not None else (op.srcs[0].count if op.srcs else 0)
+            if count == 0:
+                out.append(Op(**base))
+                continue
+            # Sub-chunk j of each chunk of a range is not contiguous: one op per chunk.
+            for m in range(count):
+                out.append(Op(**base, dst=None if op.dst is None else sub(op.dst, j, m),
+                              srcs=[sub(s, j, m) for s in op.srcs]))
+    return out, len(prog.channels) * k
+
+
+def _fuse(ops: List[Op], channel_types: List[str]) -> List[Op]:
+    out: List[Op] = []
+    for op in ops:
+        prev = out[-1] if out else None
+        if prev is not None and _fused(prev, op, channel_types, out):
+            continue
+        out.append(op)
+    return out
+
+
+def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
+    """Merges `op` into `prev` (the last op of its thread block) where allowed."""
+    if (prev.kind == "reduce" and op.kind == "put" and channel_types[op.channel] == "memory"
+            and op.srcs[0] == prev.dst and op.tb_group is None):
+        out[-1] = Op("reduce_put", op.rank, op.tb, dst=op.dst, srcs=[prev.dst, *prev.srcs], channel=op.channel,
+                     reduce_op=prev.reduce_op, line=op.line)
+        return True
+    if (prev.kind == "put" and op.kind == "signal" and prev.channel == op.channel
+            and channel_types[op.channel] == "port"):
+        out[-1] = Op("put_with_signal", op.rank, op.tb, dst=prev.dst, srcs=prev.srcs, channel=op.channel,
+                     line=prev.line)
+        return True
+    if (op.kind == "put" and channel_types[op.channel] == "memory" and op.tb_group is None
+            and prev.kind in ("put", "multi_put") and prev.tb_group is None and prev.srcs == op.srcs
+            and (prev.kind == "multi_put" or channel_types[prev.channel] == "memory")):
+        if prev.kind == "put":
+            prev = Op("multi_put", prev.rank, prev.tb, srcs=prev.srcs, line=prev.line)
+            prev.channels, prev.dsts = [out[-1].channel], [out[-1].dst]
+            out[-1] = prev
+        prev.channels.append(op.channel)
+        prev.dsts.append(op.dst)
+        return True
+    for single, multi in (("signal", "multi_signal"), ("wait", "multi_wait")):
+        if op.kind == single and prev.kind in (single, multi) and channel_types[op.channel] == "memory":
+            if prev.kind == single:
+                if channel_types[prev.channel] != "memory":
+                    return False
+                prev = Op(multi, prev.rank, prev.tb, line=prev.line)
+                prev.channels = [out[-1].channel]
+                out[-1] = prev
+            prev.channels.append(op.channel)
+            return True
+    return False
+
+
+def _chunks_of(op: Op) -> Tuple[List[ChunkRange], List[ChunkRange]]:
+    reads = op.reads()
+    writes = op.writes() + list(getattr(op, "dsts", []) or [])
+    if op.kind == "reduce_put":
+        writes.append(op.srcs[0])  # the local result is stored too
+    return reads, writes
+
+
+def _insert_syncs(ops: List[Op]) -> List[Op]:
+    out: List[Op] = []
+    written: List[ChunkRange] = []
+    read: List[ChunkRange] = []
+    for op in ops:
+        if op.kind in _SYNCS_ITSELF:
+            if out and out[-1].kind == "sync":
+                out.pop()  # the op synchronizes the block itself
+            out.append(op)
+            written, read = [], []
+            continue
+        reads, writes = _chunks_of(op)
+        conflict = any(r.overlaps(w) for r in reads for w in written) or \
+            any(w.overlaps(x) for w in writes for x in written + read)
+        if conflict and out and out[-1].kind not in ("sync", "wait", "barrier", "multi_wait"):
+            out.append(Op("sync", op.rank, op.tb, line=op.line))
+            written, read = [], []
+        out.append(op)
+        written += writes
+        read += reads
+    return out
+
+
+def _chunk_json(c: ChunkRange) -> list:
+    return [c.rank, c.buffer, c.index, c.count]
+
+
+def _op_json(op: Op) -> dict:
+    d = {"op": op.kind}
+    if op.dst is not None:
+        d["dst"] = _chunk_json(op.dst)
+    if op.srcs:
+        d["srcs"] = [_chunk_json(s) for s in op.srcs]
+    if op.channel is not None:
+        d["channel"] = op.channel
+    if getattr(op, "channels", None):
+        d["channels"] = list(op.channels)
+    if getattr(op, "dsts", None):
+        d["dsts"] = [_chunk_json(c) for c in op.dsts]
+    if op.reduce_op is not None:
+        d["reduce_op"] = op.reduce_op
+    if op.tb_group is not None:
+        d["tb_group"] = list(op.tb_group)
+    if op.barrier_tbs is not None:
+        d["tbs"] = list(op.barrier_tbs)
+    d["line"] = op.line
+    return d
+
+
+def lower(prog: Program, sizes: Optional[Tuple[int, int]] = None) -> Plan:
+    """The plan of `prog`. `sizes` (min, max bytes) records the message sizes
+    the plan is meant for; chunks are sizes / chunk count at run time."""
+    _check(prog)
+    ops, num_channels = _replicate(prog)
+    k = prog.instances
+    channels = []
+    for cid in range(num_channels):
+        ch = prog.channels[cid // k]
+        if ch.kind == "switch":
+            channels.append({"id": cid, "type": "switch", "ranks": list(ch.ranks), "buffer": ch.buffer})
+        else:
+            channels.append({"id": cid, "type": ch.kind, "src": ch.src, "dst": ch.dst})
+    types = [c["type"] for c in channels]
+    per_tb: Dict[Tuple[int, int], List[Op]] = defaultdict(list)
+    for op in ops:
+        per_tb[(op.rank, op.tb)].append(op)
+    ranks = []
+    for r in range(prog.num_ranks):
+        num_tbs = 1 + max((tb for (rr, tb) in per_tb if rr == r), default=-1)
+        tbs = [{"id": t, "ops": [_op_json(o) for o in _insert_syncs(_fuse(per_tb.get((r, t), []), types))]}
+               for t in range(num_tbs)]
+        ranks.append({"rank": r, "threadblocks": tbs})
+    buffers = {kind: n * k for kind, n in prog.buffer_sizes().items()}
+    coll = prog.collective.to_dict()
+    plan = Plan(prog.name, coll, prog.protocol, k, buffers, channels, ranks,
+                None if sizes is None else [int(sizes[0]), int(sizes[1])])
+    return Plan.from_dict(plan.to_dict(), where=f"plan of {prog.name!r}")

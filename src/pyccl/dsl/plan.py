@@ -1,0 +1,300 @@
+"""Execution plans: what lowering produces and the interpreter runs.
+
+A plan is JSON (schema in ``docs/plans.md``, ``"version": 1``)::
+
+    {"version": 1, "name": "...", "protocol": "hb", "instances": 1,
+     "collective": {"name": "allreduce", "num_ranks": 4, "chunks": 4, "in_place": true},
+     "buffers": {"input": 4, "output": 4, "scratch": 8},
+     "channels": [{"id": 0, "type": "memory", "src": 0, "dst": 1}, ...],
+     "ranks": [{"rank": 0, "threadblocks": [{"id": 0, "ops": [{"op": "put", ...}]}]}, ...]}
+
+Chunks are ``[rank, buffer, index, count]``. :func:`load_plan` checks every
+field and raises :class:`PlanError` naming the first bad one: a malformed
+file never reaches the interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from .collectives import collective_from
+from .program import BUFFER_KINDS, PROTOCOLS, DSLError
+
+__all__ = ["OP_KINDS", "PLAN_VERSION", "Plan", "PlanError", "load_plan"]
+
+PLAN_VERSION = 1
+# op kind -> (has dst, number of srcs (None: one or more), needs a channel)
+OP_KINDS: Dict[str, tuple] = {
+    "copy": (True, 1, False),
+    "reduce": (True, None, False),
+    "unpack": (True, 1, False),
+    "reduce_packets": (True, 1, False),
+    "put": (True, 1, True),
+    "put_packets": (True, 1, True),
+    "put_with_signal": (True, 1, True),
+    "channel_reduce": (True, 1, True),
+    "reduce_put": (True, None, True),
+    "multi_put": (False, 1, False),  # "dsts" and "channels" lists
+    "signal": (False, 0, True),
+    "wait": (False, 0, True),
+    "multi_signal": (False, 0, False),  # "channels" list
+    "multi_wait": (False, 0, False),
+    "flush": (False, 0, True),
+    "switch_reduce": (True, None, True),
+    "switch_broadcast": (True, 1, True),
+    "barrier": (False, 0, False),
+    "sync": (False, 0, False),
+}
+CHANNEL_TYPES = ("memory", "port", "switch")
+
+
+class PlanError(DSLError):
+    """A plan file or object is malformed."""
+
+
+@dataclass
+class Plan:
+    """A lowered program: per rank, per thread block, a list of op dicts."""
+
+    name: str
+    collective: Dict[str, Any]
+    protocol: str
+    instances: int
+    buffers: Dict[str, int]
+    channels: List[Dict[str, Any]]
+    ranks: List[Dict[str, Any]]
+    sizes: Optional[List[int]] = None  # [min, max] message bytes the plan is meant for
+
+    @property
+    def num_ranks(self) -> int:
+        return self.collective["num_ranks"]
+
+    def threadblocks(self, rank: int) -> List[Dict[str, Any]]:
+        return self.ranks[rank]["threadblocks"]
+
+    def to_dict(self) -> dict:
+        return {"version": PLAN_VERSION, "name": self.name, "protocol": self.protocol, "instances": self.instances,
+                "collective": self.collective, "buffers": self.buffers, "channels": self.channels,
+                "ranks": self.ranks, "sizes": self.sizes}
+
+    def to_json(self, indent=None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json(indent=1))
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "plan") -> "Plan":
+        _validate(d, where)
+        collective = collective_from(d["collective"]).to_dict()  # defaults filled in
+        return cls(d["name"], collective, d["protocol"], d["instances"], d["buffers"], d["channels"],
+                   d["ranks"], d.get("sizes"))
+
+    def count_ops(self, kind: str) -> int:
+        return sum(1 for r in self.ranks for tb in r["threadblocks"] for op in tb["ops"] if op["op"] == kind)
+
+    def plot(self, path: str) -> None:
+        """Draws the op timeline per rank and thread block as a PNG (needs matplotlib)."""
+        from .plot import plot_plan
+
+        plot_plan(self, path)
+
+
+def load_plan(path: str) -> Plan:
+    """Reads and checks a plan file; raises PlanError naming what is wrong."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise PlanError(f"plan {path!r}: {e.strerror}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PlanError(f"plan {path!r}: not JSON ({e})") from e
+    return Plan.from_dict(data, where=f"plan {path!r}")
+
+
+def _fail(where: str, what: str) -> None:
+    raise PlanError(f"{where}: {what}")
+
+
+def _int(value, where: str, what: str, lo: int = 0, hi: int = 1 << 40) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value < hi:
+        _fail(where, f"{what} must be an integer in [{lo}, {hi}), got {value!r}")
+    return value
+
+
+def _int_list(value, where: str, what: str, hi: int, min_len: int) -> list:
+    """A list of at least `min_len` distinct integers in [0, hi)."""
+    if not isinstance(value, list) or len(value) < min_len:
+        _fail(where, f"{what} must be a list of at least {min_len} integers, got {value!r}")
+    for x in value:
+        _int(x, where, what, 0, hi)
+    if len(set(value)) != len(value):
+        _fail(where, f"{what} lists a value twice: {value}")
+    return value
+
+
+def _chunk(c, where: str, buffers: Dict[str, int], num_ranks: int) -> None:
+    if not isinstance(c, list) or len(c) != 4:
+        _fail(where, f"a chunk is [rank, buffer, index, count], got {c!r}")
+    rank, buf, index, count = c
+    _int(rank, where, "chunk rank", 0, num_ranks)
+    if buf not in BUFFER_KINDS:
+        _fail(where, f"chunk buffer must be one of {BUFFER_KINDS}, got {buf!r}")
+    _int(count, where, "chunk count", 1)
+    _int(index, where, "chunk index", 0)
+    if index + count > buffers[buf]:
+        _fail(where, f"chunks [{index}:{index + count}] are out of range for the {buf} buffer of {buffers[buf]} chunks")
+
+
+def _validate(d: Any, where: str) -> None:
+    if not isinstance(d, dict):
+        _fail(where, f"expected a JSON object, got {type(d).__name__}")
+    if d.get("version") != PLAN_VERSION:
+        _fail(where, f"version must be {PLAN_VERSION}, got {d.get('version')!r}")
+    for key in ("name", "collective", "protocol", "instances", "buffers", "channels", "ranks"):
+        if key not in d:
+            _fail(where, f"missing {key!r}")
+    sizes = d.get("sizes")
+    if sizes is not None and (not isinstance(sizes, list) or len(sizes) != 2):
+        _fail(where, f"sizes must be [min, max] bytes or null, got {sizes!r}")
+    if sizes is not None:
+        _int(sizes[0], where, "sizes[0]")
+        _int(sizes[1], where, "sizes[1]", sizes[0])
+    if not isinstance(d["name"], str):
+        _fail(where, "name must be a string")
+    if d["protocol"] not in PROTOCOLS:
+        _fail(where, f"protocol must be one of {PROTOCOLS}, got {d['protocol']!r}")
+    _int(d["instances"], where, "instances", 1, 1 << 16)
+    if not isinstance(d["collective"], dict):
+        _fail(where, "collective must be an object")
+    try:
+        coll = collective_from(d["collective"])
+    except DSLError as e:
+        _fail(where, f"collective: {e}")
+    n = coll.num_ranks
+    buffers = d["buffers"]
+    if not isinstance(buffers, dict) or set(buffers) != set(BUFFER_KINDS):
+        _fail(where, f"buffers must give chunk counts for {BUFFER_KINDS}, got {buffers!r}")
+    for k in BUFFER_KINDS:
+        _int(buffers[k], where, f"buffers.{k}", 0, 1 << 32)
+    k = d["instances"]
+    if buffers["input"] < coll.input_chunks * k or buffers["output"] < coll.output_chunks * k:
+        _fail(where, f"buffers {buffers} are smaller than the collective's ({coll.input_chunks * k} input and "
+                     f"{coll.output_chunks * k} output chunks for {k} instance(s))")
+    channels = d["channels"]
+    if not isinstance(channels, list):
+        _fail(where, "channels must be a list")
+    for i, ch in enumerate(channels):
+        w = f"{where}: channel {i}"
+        if not isinstance(ch, dict) or ch.get("id") != i:
+            _fail(w, "must be an object whose id is its index")
+        if ch.get("type") not in CHANNEL_TYPES:
+            _fail(w, f"type must be one of {CHANNEL_TYPES}, got {ch.get('type')!r}")
+        if ch["type"] == "switch":
+            _int_list(ch.get("ranks"), w, "switch channel ranks", n, 2)
+            if ch.get("buffer") not in BUFFER_KINDS:
+                _fail(w, f"buffer must be one of {BUFFER_KINDS}")
+        else:
+            src, dst = _int(ch.get("src"), w, "src", 0, n), _int(ch.get("dst"), w, "dst", 0, n)
+            if src == dst:
+                _fail(w, "src and dst must differ")
+    ranks = d["ranks"]
+    if not isinstance(ranks, list) or len(ranks) != n:
+        _fail(where, f"ranks must list all {n} ranks")
+    for r, entry in enumerate(ranks):
+        w = f"{where}: rank {r}"
+        if not isinstance(entry, dict) or entry.get("rank") != r or not isinstance(entry.get("threadblocks"), list):
+            _fail(w, "must be {'rank': r, 'threadblocks': [...]} in rank order")
+        for t, tb in enumerate(entry["threadblocks"]):
+            wt = f"{w} thread block {t}"
+            if not isinstance(tb, dict) or tb.get("id") != t or not isinstance(tb.get("ops"), list):
+                _fail(wt, "must be {'id': t, 'ops': [...]} in id order")
+            for k, op in enumerate(tb["ops"]):
+                _validate_op(op, f"{wt} op {k}", buffers, n, channels, len(entry["threadblocks"]), r, t)
+
+
+_LOCAL = ("copy", "reduce", "unpack", "reduce_packets")
+_PUTS = ("put", "put_packets", "put_with_signal")
+
+
+def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tbs: int, rank: int,
+                 tb: int) -> None:
+    num_channels = len(channels)
+    if not isinstance(op, dict) or not isinstance(op.get("op"), str) or op.get("op") not in OP_KINDS:
+        _fail(where, f"op must be one of {sorted(OP_KINDS)}, got {op.get('op') if isinstance(op, dict) else op!r}")
+    has_dst, nsrcs, needs_channel = OP_KINDS[op["op"]]
+    if has_dst:
+        _chunk(op.get("dst"), where, buffers, num_ranks)
+    srcs = op.get("srcs", [])
+    if not isinstance(srcs, list) or (nsrcs is not None and len(srcs) != nsrcs) or (nsrcs is None and not srcs):
+        _fail(where, f"{op['op']} takes {nsrcs if nsrcs is not None else 'one or more'} source chunk(s)")
+    for s in srcs:
+        _chunk(s, where, buffers, num_ranks)
+    if needs_channel:
+        _int(op.get("channel"), where, "channel", 0, num_channels)
+    if op["op"] in ("multi_put", "multi_signal", "multi_wait"):
+        chans = _int_list(op.get("channels"), where, f"{op['op']} channels", num_channels, 1)
+        if op["op"] == "multi_put":
+            dsts = op.get("dsts")
+            if not isinstance(dsts, list) or len(dsts) != len(chans):
+                _fail(where, "multi_put needs one dst per channel")
+            for c in dsts:
+                _chunk(c, where, buffers, num_ranks)
+    if op["op"] == "barrier":
+        tbs = _int_list(op.get("tbs"), where, "barrier thread blocks", num_tbs, 2)
+        if tb not in tbs:
+            _fail(where, f"barrier thread blocks {tbs} must include thread block {tb}")
+    reduce_op = op.get("reduce_op")
+    if reduce_op is not None and (not isinstance(reduce_op, str) or reduce_op not in ("sum", "min", "max", "prod")):
+        _fail(where, f"reduce_op must be sum, min, max or prod, got {reduce_op!r}")
+    _validate_endpoints(op, where, channels, rank)
+
+
+def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
+    """Chunks on the ranks the op can reach, of matching sizes."""
+    kind = op["op"]
+    dst, srcs = op.get("dst"), op.get("srcs", [])
+    counts = {c[3] for c in srcs} | ({dst[3]} if dst else set())
+    if kind == "multi_put":
+        counts |= {c[3] for c in op["dsts"]}
+    if len(counts) > 1:
+        _fail(where, f"{kind} moves chunks of different sizes {sorted(counts)}")
+    if kind in _LOCAL:
+        if any(c[0] != rank for c in srcs + [dst]):
+            _fail(where, f"{kind} on rank {rank} may only touch rank {rank}'s chunks")
+        return
+    chans = [op["channel"]] if "channel" in op else op.get("channels", [])
+    for cid in chans:
+        ch = channels[cid]
+        if ch["type"] == "switch":
+            if kind not in ("switch_reduce", "switch_broadcast") or rank not in ch["ranks"]:
+                _fail(where, f"{kind} on rank {rank} cannot use switch channel {cid}")
+            continue
+        if kind in ("switch_reduce", "switch_broadcast"):
+            _fail(where, f"{kind} needs a switch channel, channel {cid} is {ch['type']}")
+        side = ch["dst"] if kind in ("wait", "multi_wait") else ch["src"]
+        if side != rank:
+            _fail(where, f"{kind} on rank {rank} uses channel {cid} ({ch['src']} -> {ch['dst']}) from the wrong side")
+    if kind in _PUTS or kind == "reduce_put":
+        if dst[0] != channels[op["channel"]]["dst"] or any(c[0] != rank for c in srcs):
+            _fail(where, f"{kind} must read rank {rank}'s chunks and write the channel's destination")
+    if kind == "channel_reduce":
+        if dst[0] != rank or srcs[0][0] != channels[op["channel"]]["dst"]:
+            _fail(where, "channel_reduce must write this rank's chunks and read the channel's destination")
+    if kind == "multi_put":
+        if srcs[0][0] != rank:
+            _fail(where, "multi_put must read this rank's chunks")
+        for cid, d in zip(op["channels"], op["dsts"]):
+            if channels[cid]["type"] != "memory" or d[0] != channels[cid]["dst"]:
+                _fail(where, f"multi_put destination {d} does not match memory channel {cid}")
+    if kind in ("multi_signal", "multi_wait") and any(channels[c]["type"] != "memory" for c in chans):
+        _fail(where, f"{kind} takes memory channels")
+    if kind == "switch_reduce":
+        ch = channels[op["channel"]]
+        if dst[0] != rank or sorted(c[0] for c in srcs) != sorted(ch["ranks"]):
+            _fail(where, "switch_reduce reads every member rank's chunks into this rank's")
+    if kind == "switch_broadcast" and (srcs[0][0] != rank or dst[0] not in channels[op["channel"]]["ranks"]):
+        _fail(where, "switch_broadcast writes a member rank's chunks from this rank's")

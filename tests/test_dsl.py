@@ -1,0 +1,263 @@
+"""The DSL: lowering (fusion, synchronization, checks), plans (JSON, fuzzed
+files), and the simulator on every library algorithm and on broken programs."""
+
+import copy
+import json
+import random
+
+import pytest
+
+import pyccl.algorithms as algorithms
+from pyccl.dsl import (AllGather, AllReduce, DSLError, MemoryChannel, Plan, PlanError, PortChannel, Program,
+                       ReduceScatter, SendRecv, SimulationError, load_plan, simulate, verify)
+
+
+@pytest.mark.parametrize("name", sorted(algorithms.LIBRARY))
+@pytest.mark.parametrize("world", range(2, 9))
+def test_library_algorithms_pass_the_simulator(name, world):
+    plan = algorithms.LIBRARY[name](world).lower()
+    verify(plan, interleavings=12 if world <= 4 else 4, seed=random.randrange(1 << 20))
+
+
+@pytest.mark.parametrize("name", sorted(algorithms.LIBRARY))
+def test_replicated_instances_pass_the_simulator(name):
+    one = algorithms.LIBRARY[name](3).lower()
+    two = algorithms.LIBRARY[name](3, instances=2).lower()
+    assert len(two.channels) == 2 * len(one.channels)
+    assert len(two.threadblocks(0)) == 2 * len(one.threadblocks(0))
+    assert two.buffers["input"] == 2 * one.buffers["input"]
+    verify(two, interleavings=6, seed=random.randrange(1 << 20))
+
+
+def test_other_reduce_ops_pass_the_simulator():
+    plan = algorithms.allreduce_allpairs_hb(4).lower()
+    for op in ("max", "min", "prod"):
+        verify(plan, interleavings=3, reduce_op=op)
+
+
+def _kinds(plan, rank=0, tb=0):
+    return [op["op"] for op in plan.threadblocks(rank)[tb]["ops"]]
+
+
+def test_fusion_and_synchronization():
+    hb = algorithms.allreduce_allpairs_hb(4).lower()
+    kinds = _kinds(hb)
+    # Puts of one chunk to every peer become one op; signals and waits too; the
+    # last reduce and the put of its result become reduce_put.
+    assert kinds.count("multi_signal") == 2 and kinds.count("multi_wait") == 2
+    assert "reduce_put" in kinds and "multi_put" in kinds
+    ring = algorithms.allgather_ring(4).lower()
+    assert "put_with_signal" in _kinds(ring) and "signal" not in _kinds(ring)
+    for plan in (hb, ring, algorithms.reduce_scatter_ring(4).lower(), algorithms.allreduce_allpairs_ll(4).lower()):
+        for r in range(plan.num_ranks):
+            for tb in plan.threadblocks(r):
+                ks = [op["op"] for op in tb["ops"]]
+                for a, b in zip(ks, ks[1:]):
+                    assert not (a == "sync" and b in ("sync", "signal", "multi_signal", "barrier")), ks
+                    assert not (a in ("wait", "multi_wait", "barrier") and b == "sync"), ks
+    # A reduce that reads what the packets' unpacking wrote needs a sync between.
+    ll = _kinds(algorithms.allreduce_allpairs_ll(3).lower())
+    assert ll.index("sync") < ll.index("reduce_packets") + 2
+
+
+def _line_of(marker: str) -> str:
+    with open(__file__) as f:
+        for i, text in enumerate(f, 1):
+            if marker in text and "_line_of" not in text:
+                return f"test_dsl.py:{i}"
+    raise AssertionError(marker)
+
+
+def test_errors_point_at_the_users_line():
+    with Program("unmatched", AllReduce(2)) as p:
+        ch = MemoryChannel(1, 0)
+        ch.signal(tb=0)  # marker:unmatched
+    with pytest.raises(DSLError, match="signal has no matching wait") as e:
+        p.lower()
+    assert _line_of("marker:unmatched") in str(e.value)
+
+    with Program("two tbs", AllReduce(2)) as p:
+        ch = MemoryChannel(1, 0)
+        ch.put(p.scratch(1, 2)[0], p.input(0)[0], tb=0)
+        ch.put(p.scratch(1, 2)[1], p.input(0)[1], tb=1)  # marker:twotbs
+    with pytest.raises(DSLError, match="one thread block") as e:
+        p.lower()
+    assert _line_of("marker:twotbs") in str(e.value)
+
+    with Program("overlap", AllReduce(2, chunks=4)) as p:
+        with pytest.raises(DSLError, match="overlapping"):
+            p.input(0)[0:2].copy(p.input(0)[1:3], tb=0)
+            p.lower()
+    with Program("range", AllReduce(2, chunks=4)) as p:
+        with pytest.raises(DSLError, match="out of range") as e:
+            p.input(0)[3:5]  # marker:range
+        assert _line_of("marker:range") in str(e.value)
+        with pytest.raises(DSLError, match="not a rank"):
+            MemoryChannel(2, 0)
+        with pytest.raises(DSLError, match="own rank"):
+            p.input(0)[0].copy(p.input(1)[0], tb=0)
+        with pytest.raises(DSLError, match="must be on rank 1"):
+            MemoryChannel(1, 0).put(p.input(0)[0], p.input(0)[1], tb=0)
+    with Program("barrier", AllReduce(2)) as p:
+        p.barrier(0, [0, 1])
+        p.barrier(0, [0, 1])
+        p.input(0)[0].copy(p.scratch(0, 1)[0], tb=1)
+    plan = p.lower()
+    assert plan.count_ops("barrier") == 4
+    with pytest.raises(DSLError, match="do not nest"):
+        with Program("a", AllReduce(2)):
+            with Program("b", AllReduce(2)):
+                pass
+    with pytest.raises(DSLError, match="no DSL program is active"):
+        MemoryChannel(1, 0)
+
+
+def _two_rank_exchange(wait_first: bool, reduce_before_wait: bool):
+    with Program("exchange", AllReduce(2, chunks=2)) as p:
+        ch = {(0, 1): MemoryChannel(0, 1), (1, 0): MemoryChannel(1, 0)}
+        for r in range(2):
+            q = 1 - r
+            if wait_first:
+                ch[(r, q)].wait(tb=0)
+            ch[(q, r)].put(p.scratch(q, 2)[r], p.input(r)[q], tb=0)
+            ch[(q, r)].signal(tb=0)
+            if reduce_before_wait:
+                p.input(r)[r].reduce(p.scratch(r, 2)[q], tb=0)
+            if not wait_first:
+                ch[(r, q)].wait(tb=0)
+            if not reduce_before_wait:
+                p.input(r)[r].reduce(p.scratch(r, 2)[q], tb=0)
+            ch[(q, r)].put(p.output(q)[r], p.input(r)[r], tb=0)
+            ch[(q, r)].signal(tb=0)
+            ch[(r, q)].wait(tb=0)
+    return p.lower()
+
+
+def test_simulator_finds_races_deadlocks_and_wrong_results():
+    verify(_two_rank_exchange(False, False), interleavings=20)
+    racy = _two_rank_exchange(False, True)
+    reports = [simulate(racy, s) for s in range(10)]
+    assert all(r.races for r in reports)
+    assert any("reads rank 1 scratch[0]" in x for r in reports for x in r.races)
+    with pytest.raises(SimulationError, match="race"):
+        verify(racy, interleavings=3)
+    stuck = simulate(_two_rank_exchange(True, False), 0)
+    assert len(stuck.deadlock) == 2 and "wait" in stuck.deadlock[0]
+    # A PortChannel source overwritten before its flush.
+    with Program("no flush", SendRecv(2)) as p:
+        ch = {r: PortChannel(1 - r, r) for r in range(2)}
+        for r in range(2):
+            ch[r].put(p.output(1 - r)[0], p.input(r)[0], tb=0)
+            ch[r].signal(tb=0)
+            p.input(r)[0].copy(p.scratch(r, 1)[0], tb=0)
+            ch[1 - r].wait(tb=0)
+    reports = [simulate(p.lower(), s) for s in range(10)]
+    assert all(r.races for r in reports) and any(r.wrong for r in reports)
+    assert any("proxy" in x for r in reports for x in r.races)
+    # Packets never sent: the unpack blocks.
+    with Program("no packets", AllGather(2)) as p:
+        p.output(0)[0].unpack(p.scratch(0, 1)[0], tb=0)
+    assert "unpack" in simulate(p.lower(), 0).deadlock[0]
+
+
+def test_plan_json_round_trip(tmp_path):
+    plan = algorithms.reduce_scatter_ring(4, instances=2).lower(sizes=(1024, 1 << 20))
+    path = tmp_path / "rs.json"
+    plan.save(str(path))
+    back = load_plan(str(path))
+    assert back.to_dict() == plan.to_dict() and back.sizes == [1024, 1 << 20]
+    verify(back, interleavings=2)
+
+
+def _mutate(d, rng):
+    """One random change somewhere in the JSON tree."""
+    node, path = d, []
+    while isinstance(node, (dict, list)) and node and rng.random() < 0.8:
+        key = rng.choice(list(node.keys()) if isinstance(node, dict) else range(len(node)))
+        path.append((node, key))
+        node = node[key]
+    if not path:
+        return
+    parent, key = path[-1]
+    choice = rng.randrange(6)
+    if choice == 0:
+        del parent[key]
+    elif choice == 1:
+        parent[key] = rng.choice([None, -1, 1 << 50, "x", [], {}, 2.5, True])
+    elif choice == 2 and isinstance(parent[key], int):
+        parent[key] += rng.choice([-1, 1, 1000])
+    elif choice == 3:
+        parent[key] = [parent[key]]
+    elif choice == 4 and isinstance(parent, list):
+        parent.append(copy.deepcopy(parent[key]))
+    else:
+        parent[key] = "put"
+
+
+def test_fuzzed_plan_files_give_clear_errors(tmp_path):
+    good = algorithms.allreduce_allpairs_hb(3).lower().to_dict()
+    rng = random.Random(random.randrange(1 << 20))
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(400):
+        d = copy.deepcopy(good)
+        for _ in range(rng.randrange(1, 4)):
+            _mutate(d, rng)
+        path = tmp_path / f"p{i}.json"
+        path.write_text(json.dumps(d))
+        try:
+            plan = load_plan(str(path))
+        except PlanError as e:
+            assert str(e).startswith(f"plan {str(path)!r}"), e
+            outcomes["error"] += 1
+            continue
+        outcomes["ok"] += 1
+        simulate(plan, 0)  # a valid plan, even if wrong, runs to a report
+    assert outcomes["error"] > 100
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(PlanError, match="not JSON"):
+        load_plan(str(tmp_path / "bad.json"))
+    with pytest.raises(PlanError, match="version"):
+        Plan.from_dict({"version": 99})
+
+
+def test_collective_definitions():
+    import numpy as np
+
+    x = [np.full((4, 1), float(r + 1)) for r in range(4)]
+    assert ReduceScatter(4).reference(x)[2].tolist() == [[10.0]]
+    assert AllGather(2, chunks=2).output_chunks == 4
+    with pytest.raises(DSLError, match="num_ranks"):
+        AllReduce(1)
+
+
+def test_notebook_example_runs_on_cpu():
+    import os
+    import runpy
+    import time
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "notebooks", "ring_allreduce.py")
+    start = time.monotonic()
+    ring = runpy.run_path(path)["ring_allreduce"]
+    for n in (2, 3, 5, 8):
+        verify(ring(n).lower(), interleavings=5)
+    assert time.monotonic() - start < 60
+
+
+def test_switch_channel_all_reduce():
+    # NVLink SHARP style (never run on the device machines): rank r reduces
+    # chunk r of every rank through the switch and broadcasts the result back.
+    from pyccl.dsl import SwitchChannel
+
+    n = 4
+    with Program("switch", AllReduce(n, chunks=n)) as p:
+        switch = SwitchChannel(range(n), buffer="input")
+        for r in range(n):
+            switch.reduce(p.scratch(r, 1)[0], r, tb=0)
+            switch.broadcast(r, p.scratch(r, 1)[0], tb=0)
+    plan = p.lower()
+    assert plan.count_ops("switch_reduce") == n and plan.count_ops("switch_broadcast") == n * n
+    verify(plan, interleavings=10)
+    with Program("not a member", AllReduce(n, chunks=n)) as p:
+        switch = SwitchChannel([0, 1], buffer="input")
+        with pytest.raises(DSLError, match="not a member"):
+            switch.reduce(p.scratch(2, 1)[0], 0, tb=0)
