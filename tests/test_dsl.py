@@ -249,14 +249,28 @@ def test_switch_channel_all_reduce():
     from pyccl.dsl import SwitchChannel
 
     n = 4
-    with Program("switch", AllReduce(n, chunks=n)) as p:
-        switch = SwitchChannel(range(n), buffer="input")
-        for r in range(n):
-            switch.reduce(p.scratch(r, 1)[0], r, tb=0)
-            switch.broadcast(r, p.scratch(r, 1)[0], tb=0)
-    plan = p.lower()
+    def program(wait_for_peers: bool):
+        with Program("switch", AllReduce(n, chunks=n)) as p:
+            switch = SwitchChannel(range(n), buffer="input")
+            done = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+            for r in range(n):
+                switch.reduce(p.scratch(r, 1)[0], r, tb=0)
+                switch.broadcast(r, p.scratch(r, 1)[0], tb=0)
+                if wait_for_peers:  # every rank's chunk has landed here before this rank returns
+                    for q in range(n):
+                        if q != r:
+                            done[(q, r)].signal(tb=0)
+                    for q in range(n):
+                        if q != r:
+                            done[(r, q)].wait(tb=0)
+        return p.lower()
+
+    plan = program(True)
     assert plan.count_ops("switch_reduce") == n and plan.count_ops("switch_broadcast") == n * n
     verify(plan, interleavings=10)
+    # Without the final signals a rank may return before its peers' broadcasts land.
+    reports = [simulate(program(False), s) for s in range(10)]
+    assert any("finished" in x for r in reports for x in r.races)
     with Program("not a member", AllReduce(n, chunks=n)) as p:
         switch = SwitchChannel([0, 1], buffer="input")
         with pytest.raises(DSLError, match="not a member"):

@@ -251,17 +251,7 @@ void CollectiveEngine::checkUsable(const char* op) const {
   raiseIfWaitFailed(op);
 }
 
-void CollectiveEngine::raiseIfWaitFailed(const char* op) const {
-  const DeviceErrorRecord rec = comm_.deviceError();
-  if (rec.status == 0) return;
-  const std::string what = strCat(
-      op, " (call ", calls_, " of communicator '", comm_.name(), "', rank ", comm_.rank(), "): a wait for rank ",
-      rec.peer, rec.status == static_cast<uint32_t>(WaitStatus::kTimeout) ? " timed out after " : " was aborted after ",
-      comm_.timeout().count(), " ms (expected ", rec.expected, ", saw ", rec.observed,
-      "); the communicator is broken, every later call fails: make a new one");
-  if (rec.status == static_cast<uint32_t>(WaitStatus::kTimeout)) throw TimeoutError(what);
-  throw AbortedError(what);
-}
+void CollectiveEngine::raiseIfWaitFailed(const char* op) const { comm_.raiseIfWaitFailed(op, calls_); }
 
 void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
                                  std::optional<AllReduceAlgorithm> algorithm, void* stream) {

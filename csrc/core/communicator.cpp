@@ -501,6 +501,18 @@ AbortState Communicator::abortState() const {
   return s;
 }
 
+void Communicator::raiseIfWaitFailed(const char* op, uint64_t call) const {
+  const DeviceErrorRecord rec = deviceError();
+  if (rec.status == 0) return;
+  const std::string what = strCat(
+      op, " (call ", call, " of communicator '", name(), "', rank ", rank(), "): a wait for rank ", rec.peer,
+      rec.status == static_cast<uint32_t>(WaitStatus::kTimeout) ? " timed out after " : " was aborted after ",
+      timeout().count(), " ms (expected ", rec.expected, ", saw ", rec.observed,
+      "); the communicator is broken, every later call fails: make a new one");
+  if (rec.status == static_cast<uint32_t>(WaitStatus::kTimeout)) throw TimeoutError(what);
+  throw AbortedError(what);
+}
+
 DeviceErrorRecord Communicator::deviceError() const {
   DeviceErrorRecord rec{};
   if (errorRecordHost_ != nullptr) {

@@ -94,6 +94,9 @@ class Communicator {
   AbortState abortState() const;
   /// The first failure a device-side wait recorded, if any (status 0: none).
   DeviceErrorRecord deviceError() const;
+  /// Throws TimeoutError / AbortedError naming `op`, its call number and the
+  /// peer if a device-side wait of this communicator gave up.
+  void raiseIfWaitFailed(const char* op, uint64_t call) const;
   /// Marks a host-mode "kernel" (CPU threads using this communicator's
   /// channels) as running; close() waits for them after raising the abort flag.
   class HostKernelScope {

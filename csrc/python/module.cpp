@@ -90,5 +90,6 @@ PYBIND11_MODULE(_C, m) {
   bindTensors(m);
   bindSelftest(m);
   bindCollectives(m);
+  bindExecutor(m);
   bindBackend(m);
 }

@@ -5,10 +5,11 @@
 - a deadlock: no thread block can go on (a wait whose signal never comes, a
   barrier not every member reaches, packets that never arrive), naming each
   blocked op and its source line;
-- a race: a read of data whose write no synchronization orders before it, or a
+- a race: a read of data whose write no synchronization orders before it, a
   write over data that another thread block or a proxy may still read
   (vector clocks; signal/wait, barriers, LL packet flags and flush are the
-  synchronization).
+  synchronization), or a write into a rank whose thread blocks have all
+  finished (that rank returned without waiting for the data).
 
 Semantics (see :mod:`pyccl.dsl.channels`): MemoryChannel operations complete
 within the op; a PortChannel's puts and signals go to its proxy, which runs
@@ -114,8 +115,15 @@ class _Sim:
         buf = "input" if buf == "output" and self.coll.in_place else buf
         return self.bufs[(rank, buf)][index:index + count].copy()
 
+    def _finished(self, rank: int) -> bool:
+        return all(self.pc[i] >= len(self.plan.threadblocks(r)[t]["ops"])
+                   for i, (r, t) in enumerate(self.threads) if r == rank)
+
     def _write(self, tid: int, c, value: np.ndarray, where: str) -> None:
         clock = self.clock[tid]
+        if c[0] != self._rank_of(tid) and self._finished(c[0]):
+            self._race(f"{where} writes rank {c[0]}'s {c[1]} after every thread block of rank {c[0]} finished: "
+                       f"rank {c[0]} returns from the call without waiting for this data")
         for slot in self._slots(c):
             w = self.last_write.get(slot)
             if w is not None and w[0] != tid and clock[w[0]] < w[1]:
@@ -130,6 +138,12 @@ class _Sim:
         rank, buf, index, count = c
         buf = "input" if buf == "output" and self.coll.in_place else buf
         self.bufs[(rank, buf)][index:index + count] = value
+
+    def _rank_of(self, tid: int) -> int:
+        if tid < len(self.threads):
+            return self.threads[tid][0]
+        cid = [c for c, p in self.proxy_tid.items() if p == tid][0]
+        return self.plan.channels[cid]["src"]
 
     def _race(self, text: str) -> None:
         if text not in self.report.races:

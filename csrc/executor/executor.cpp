@@ -1,0 +1,202 @@
+#include "executor/executor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "collectives/collective_launch.hpp"  // dispatchReduction
+#include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
+#include "core/host_memory.hpp"
+#include "core/logging.hpp"
+#include "executor/interpreter.hpp"
+
+namespace pyccl {
+namespace {
+
+uint64_t roundUp(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
+
+void checkProgram(const PlanProgram& p, int world) {
+  const int numTbs = static_cast<int>(p.tbOffsets.size()) - 1;
+  PYCCL_CHECK_ARG(numTbs >= 1 && numTbs <= 1024, "plan", "needs 1 to 1024 thread blocks per rank, has ", numTbs);
+  PYCCL_CHECK_ARG(p.tbOffsets.front() == 0 && p.tbOffsets.back() == static_cast<int32_t>(p.ops.size()), "plan",
+                  "thread block offsets do not cover its ops");
+  const int channels = static_cast<int>(p.channelDst.size());
+  PYCCL_CHECK_ARG(static_cast<int>(p.channelSrc.size()) == channels &&
+                      static_cast<int>(p.signalsPerCall.size()) >= channels,
+                  "plan", "channel tables disagree");
+  const int counters = static_cast<int>(p.signalsPerCall.size());
+  auto chunkOk = [&](const PlanChunk& c) {
+    const int32_t limit[3] = {p.inputChunks, p.inPlace ? p.inputChunks : p.outputChunks, p.scratchChunks};
+    return c.rank >= 0 && c.rank < world && c.buffer >= 0 && c.buffer < 3 && c.index >= 0 && c.count > 0 &&
+           static_cast<int64_t>(c.index) + c.count <= limit[c.buffer];
+  };
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const PlanOp& op = p.ops[i];
+    const bool ok = op.kind >= 0 && op.kind < static_cast<int32_t>(PlanOpKind::kCount) && op.numSrcs >= 0 &&
+                    op.numSrcs <= kPlanMaxOperands && op.numDsts >= 0 && op.numDsts <= kPlanMaxOperands &&
+                    op.numChannels >= 0 && op.numChannels <= kPlanMaxOperands;
+    PYCCL_CHECK_ARG(ok, "plan", "op ", i, " is malformed");
+    for (int s = 0; s < op.numSrcs; ++s) PYCCL_CHECK_ARG(chunkOk(op.srcs[s]), "plan", "op ", i, " reads out of range");
+    for (int d = 0; d < op.numDsts; ++d) PYCCL_CHECK_ARG(chunkOk(op.dsts[d]), "plan", "op ", i, " writes out of range");
+    for (int k = 0; k < op.numChannels; ++k) {
+      PYCCL_CHECK_ARG(op.channels[k] >= 0 && op.channels[k] < channels, "plan", "op ", i, " names no channel");
+    }
+    if (static_cast<PlanOpKind>(op.kind) == PlanOpKind::kBarrier) {
+      PYCCL_CHECK_ARG(op.ordinals[0] >= 0 && channels + op.ordinals[0] < counters, "plan", "op ", i,
+                      " names no barrier group");
+    }
+  }
+  for (int ch = 0; ch < channels; ++ch) {
+    PYCCL_CHECK_ARG(p.channelDst[ch] >= -1 && p.channelDst[ch] < world, "plan", "channel ", ch, " has no rank");
+  }
+}
+
+}  // namespace
+
+PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t maxChunkBytes, uint32_t threadsPerBlock)
+    : comm_(comm), program_(std::move(program)), maxChunkBytes_(roundUp(maxChunkBytes, 16)), threads_(threadsPerBlock) {
+  const int world = comm.worldSize();
+  PYCCL_CHECK_ARG(world <= kPlanMaxRanks, "comm", "plans run on up to ", kPlanMaxRanks, " ranks in one node, the "
+                  "communicator has ", world);
+  PYCCL_CHECK_ARG(maxChunkBytes_ >= 16, "max_chunk_bytes", "must be at least 16");
+  PYCCL_CHECK_ARG(threads_ >= 32 && threads_ <= 1024 && threads_ % 32 == 0, "threads",
+                  "must be a multiple of 32 in [32, 1024], got ", threads_);
+  checkProgram(program_, world);
+  const bool host = comm.hostMode();
+  const uint64_t c = maxChunkBytes_;
+  const uint64_t scratch = std::max<int32_t>(program_.scratchChunks, 1);
+  const uint64_t inputPhase = roundUp(program_.inputChunks * c, 256);
+  const uint64_t counterCount = program_.signalsPerCall.size() + world + 2;
+  const uint64_t sizes[5] = {2 * inputPhase, program_.inPlace ? 16 : program_.outputChunks * c, scratch * c,
+                             2 * 2 * scratch * c, counterCount * 8};
+  uint64_t total = 0;
+  for (int k = 0; k < 5; ++k) {
+    offsets_[k] = total;
+    total += roundUp(sizes[k], 256);
+  }
+  void* region = nullptr;
+  if (host) {
+    auto mapping = allocateHostShared(total);  // zero-filled
+    region = mapping->base();
+    regionOwner_ = mapping;
+  } else {
+    const int dev = comm.device();
+    region = gpu::deviceMalloc(dev, total);  // zero-filled
+    regionOwner_ = std::shared_ptr<void>(region, [dev](void* p) { gpu::deviceFree(dev, p); });
+  }
+  region_ = comm.registerMemory(region, total, regionOwner_);
+  peers_ = comm.exchangeMemory(region_);
+
+  // Op and channel tables, and the per-thread-block call counters, where the kernel reads them.
+  const auto& p = program_;
+  const uint64_t opBytes = p.ops.size() * sizeof(PlanOp);
+  const uint64_t intCount = p.tbOffsets.size() + 3 * p.channelDst.size() + p.signalsPerCall.size();
+  const uint64_t tablesBytes = roundUp(opBytes, 16) + intCount * 4 + 16 + (p.tbOffsets.size()) * 8;
+  std::vector<char> staging(tablesBytes, 0);
+  std::memcpy(staging.data(), p.ops.data(), opBytes);
+  uint64_t at = roundUp(opBytes, 16);
+  auto put = [&](const std::vector<int32_t>& v) {
+    std::memcpy(staging.data() + at, v.data(), v.size() * 4);
+    const uint64_t start = at;
+    at += v.size() * 4;
+    return start;
+  };
+  const uint64_t offTb = put(p.tbOffsets), offSrc = put(p.channelSrc), offDst = put(p.channelDst),
+                 offSig = put(p.signalsPerCall);
+  const uint64_t offCalls = roundUp(at, 8);
+  char* tables = nullptr;
+  if (host) {
+    tables = static_cast<char*>(std::calloc(1, tablesBytes + 8));
+    if (tables == nullptr) throw SystemError("out of host memory for a plan");
+    std::memcpy(tables, staging.data(), tablesBytes);
+    tablesOwner_ = std::shared_ptr<void>(tables, [](void* q) { std::free(q); });
+  } else {
+    const int dev = comm.device();
+    tables = static_cast<char*>(gpu::deviceMalloc(dev, tablesBytes + 8));
+    tablesOwner_ = std::shared_ptr<void>(tables, [dev](void* q) { gpu::deviceFree(dev, q); });
+    gpu::copyToDevice(dev, tables, staging.data(), offCalls);  // the call counters stay zero
+  }
+  context_.rank = comm.rank();
+  context_.worldSize = world;
+  for (int q = 0; q < world; ++q) {
+    PYCCL_CHECK_ARG(peers_[q].has_value(), "comm", "plans need P2P between all ranks; rank ", q, " is unreachable");
+    char* base = static_cast<char*>(peers_[q]->data());
+    context_.buffers[q][0] = base + offsets_[0];
+    context_.buffers[q][1] = program_.inPlace ? base + offsets_[0] : base + offsets_[1];
+    context_.buffers[q][2] = base + offsets_[2];
+    context_.packets[q] = base + offsets_[3];
+    context_.counters[q] = reinterpret_cast<uint64_t*>(base + offsets_[4]);
+  }
+  context_.packetPhaseBytes = 2 * scratch * c;
+  context_.ops = reinterpret_cast<const PlanOp*>(tables);
+  context_.tbOffsets = reinterpret_cast<const int32_t*>(tables + offTb);
+  context_.channelSrc = reinterpret_cast<const int32_t*>(tables + offSrc);
+  context_.channelDst = reinterpret_cast<const int32_t*>(tables + offDst);
+  context_.signalsPerCall = reinterpret_cast<const int32_t*>(tables + offSig);
+  context_.numChannels = static_cast<int32_t>(p.channelDst.size());
+  context_.numThreadBlocks = numThreadBlocks();
+  context_.entryBase = static_cast<int32_t>(p.signalsPerCall.size());
+  context_.inputPhaseBytes = inputPhase;
+  context_.inPlace = p.inPlace;
+  context_.calls = reinterpret_cast<uint64_t*>(tables + offCalls);
+  context_.abort = comm.abortState();
+  PYCCL_LOG(Info, "plan executor: " << p.ops.size() << " ops on " << numThreadBlocks() << " thread blocks, "
+                                    << (total >> 10) << " KiB of buffers for chunks up to " << c << " B");
+}
+
+PlanExecutor::~PlanExecutor() { close(); }
+
+void PlanExecutor::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& p : peers_) {
+    if (p) p->release();
+  }
+  peers_.clear();
+  region_.release();
+}
+
+void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uint64_t outputBytes, DataType dtype,
+                       uint64_t elementSize, ReduceOp op, void* stream) {
+  if (closed_ || comm_.closed()) throw ClosedError(strCat("plan: communicator '", comm_.name(), "' is closed"));
+  if (comm_.aborted()) throw AbortedError(strCat("plan: communicator '", comm_.name(), "' was aborted"));
+  comm_.raiseIfWaitFailed("plan", calls_);
+  PYCCL_CHECK_ARG(op != ReduceOp::kAvg, "op", "avg is not supported by plans (use sum and divide)");
+  const uint64_t unit = static_cast<uint64_t>(program_.inputChunks) * elementSize;
+  PYCCL_CHECK_ARG(inputBytes > 0 && inputBytes % unit == 0, "tensor", "has ", inputBytes,
+                  " bytes; this plan splits its input into ", program_.inputChunks,
+                  " chunks of whole elements, so the size must be a multiple of ", unit);
+  const uint64_t chunk = inputBytes / program_.inputChunks;
+  PYCCL_CHECK_ARG(chunk <= maxChunkBytes_, "tensor", "needs chunks of ", chunk, " bytes, this executor holds up to ",
+                  maxChunkBytes_);
+  const uint64_t outChunks = program_.inPlace ? program_.inputChunks : program_.outputChunks;
+  PYCCL_CHECK_ARG(outputBytes == outChunks * chunk, "out", "has ", outputBytes, " bytes, the plan writes ",
+                  outChunks * chunk);
+  ++calls_;
+  PlanContext ctx = context_;
+  ctx.chunkBytes = chunk;
+  ctx.userInput = static_cast<const char*>(input);
+  ctx.userOutput = static_cast<char*>(output);
+  ctx.inputBytes = inputBytes;
+  ctx.outputBytes = outputBytes;
+  const int tbs = numThreadBlocks();
+#ifdef PYCCL_WITH_CUDA
+  if (!comm_.hostMode()) {
+    runPlanDevice(ctx, tbs, threads_, dtype, op, stream);
+    return;
+  }
+#endif
+  (void)stream;
+  Communicator::HostKernelScope active(comm_);
+  dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < tbs; ++t) {
+      threads.emplace_back([&ctx, op, t] { runPlanThreadBlock<T>(ctx, static_cast<int>(op), t, 0, 1); });
+    }
+    for (auto& th : threads) th.join();
+  });
+  comm_.raiseIfWaitFailed("plan", calls_);
+}
+
+}  // namespace pyccl

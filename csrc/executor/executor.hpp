@@ -1,0 +1,72 @@
+// The plan executor: owns one plan's buffers on this rank (input, output and
+// scratch staging, LL packet region, semaphore counters), maps every peer's,
+// and runs the plan on a stream (or, in host mode, on CPU threads). Create it
+// collectively (every rank, the same plan); call run() from one stream at a
+// time with the same calls in the same order on every rank.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "collectives/reduce_types.hpp"
+#include "core/communicator.hpp"
+#include "executor/plan_format.hpp"
+
+namespace pyccl {
+
+/// A plan in binary form (pyccl/plans.py builds it from the JSON plan).
+struct PlanProgram {
+  std::vector<PlanOp> ops;
+  std::vector<int32_t> tbOffsets;       ///< numThreadBlocks + 1 entries
+  std::vector<int32_t> channelSrc;      ///< per channel (-1 for switch channels)
+  std::vector<int32_t> channelDst;
+  std::vector<int32_t> signalsPerCall;  ///< per channel, then arrivals per call per barrier group
+  int32_t inputChunks = 0;
+  int32_t outputChunks = 0;
+  int32_t scratchChunks = 0;
+  bool inPlace = false;  ///< the output buffer is the input buffer
+};
+
+class PlanExecutor {
+ public:
+  /// Collective. `maxChunkBytes` bounds the chunk size of any call.
+  PlanExecutor(Communicator& comm, PlanProgram program, uint64_t maxChunkBytes, uint32_t threadsPerBlock);
+  ~PlanExecutor();
+  PlanExecutor(const PlanExecutor&) = delete;
+  PlanExecutor& operator=(const PlanExecutor&) = delete;
+
+  /// Runs the plan on `inputBytes` of `input` (a whole number of chunks per
+  /// input chunk count) into `output` (outputChunks chunks of the same size);
+  /// elements of `elementSize` bytes; `dtype` and `op` reduce where the plan
+  /// reduces (`op` where the plan names no reduction). Enqueued on `stream`
+  /// (host mode: returns when done, raising if a wait gave up).
+  void run(const void* input, uint64_t inputBytes, void* output, uint64_t outputBytes, DataType dtype,
+           uint64_t elementSize, ReduceOp op, void* stream);
+  uint64_t maxChunkBytes() const { return maxChunkBytes_; }
+  int numThreadBlocks() const { return static_cast<int>(program_.tbOffsets.size()) - 1; }
+  void close();
+
+ private:
+  Communicator& comm_;
+  PlanProgram program_;
+  uint64_t maxChunkBytes_;
+  uint32_t threads_;
+  PlanContext context_{};
+  std::shared_ptr<void> regionOwner_;
+  std::shared_ptr<void> tablesOwner_;
+  RegisteredMemory region_;
+  std::vector<std::optional<RegisteredMemory>> peers_;
+  uint64_t offsets_[5] = {};  ///< input, output, scratch, packets, counters within the region
+  bool closed_ = false;
+  uint64_t calls_ = 0;
+};
+
+#ifdef PYCCL_WITH_CUDA
+/// Enqueues the interpreter kernel (one block per thread block of the plan;
+/// it copies the input in and the output out itself) on `stream`.
+void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, DataType dtype, ReduceOp op,
+                   void* stream);
+#endif
+
+}  // namespace pyccl

@@ -1,0 +1,95 @@
+// The binary form of an execution plan that the interpreter runs: one
+// fixed-size PlanOp per op (pyccl/plans.py packs the JSON plan into int32
+// words in this layout), and the context of one call.
+#pragma once
+
+#include <cstdint>
+
+#include "channels/device_common.hpp"
+
+namespace pyccl {
+
+constexpr int kPlanMaxOperands = 8;   ///< sources, destinations or channels of one op
+constexpr int kPlanMaxRanks = 8;      ///< ranks of a plan run in one node
+
+/// Op kinds, in pyccl/plans.py's order.
+enum class PlanOpKind : int32_t {
+  kCopy = 0,
+  kReduce,
+  kUnpack,
+  kReducePackets,
+  kPut,            ///< to every dst (multi_put too); port puts complete in the op here
+  kPutPackets,
+  kChannelReduce,
+  kReducePut,      ///< srcs[0] = reduce(srcs); to srcs[0] and every dst
+  kSignal,         ///< one signal per channel (multi_signal too)
+  kWait,           ///< one wait per channel (multi_wait too)
+  kFlush,
+  kSwitchReduce,
+  kBarrier,
+  kSync,
+  kCount
+};
+
+/// Buffers of a rank, in plan order.
+enum class PlanBuffer : int32_t { kInput = 0, kOutput = 1, kScratch = 2 };
+
+struct PlanChunk {
+  int32_t rank;
+  int32_t buffer;  ///< PlanBuffer
+  int32_t index;
+  int32_t count;
+};
+
+struct PlanOp {
+  int32_t kind;      ///< PlanOpKind
+  int32_t reduceOp;  ///< -1: the call's reduction, else ReduceOp
+  int32_t numSrcs;
+  int32_t numDsts;
+  int32_t numChannels;
+  /// kSignal / kWait: the semaphore count to add or reach in this call,
+  /// per channel (the ordinal of the signal/wait within one call, plus one).
+  /// kBarrier: [group, ordinal + 1, group size].
+  int32_t ordinals[kPlanMaxOperands];
+  int32_t channels[kPlanMaxOperands];
+  PlanChunk srcs[kPlanMaxOperands];
+  PlanChunk dsts[kPlanMaxOperands];
+};
+static_assert(sizeof(PlanOp) == 4 * (5 + 2 * kPlanMaxOperands + 8 * kPlanMaxOperands), "PlanOp is packed int32s");
+
+/// What one call of a plan needs; plain data, passed by value.
+struct PlanContext {
+  int rank;
+  int worldSize;
+  uint64_t chunkBytes;  ///< bytes per chunk in this call
+  /// Every rank's buffers, mapped here: [rank][PlanBuffer].
+  char* buffers[kPlanMaxRanks][3];
+  /// Every rank's LL packet region (2 phases x scratch chunks x 2 x chunk bytes).
+  char* packets[kPlanMaxRanks];
+  uint64_t packetPhaseBytes;
+  /// Every rank's semaphore counters: [channel] then [barrier group].
+  uint64_t* counters[kPlanMaxRanks];
+  const PlanOp* ops;
+  const int32_t* tbOffsets;     ///< ops of thread block t: [tbOffsets[t], tbOffsets[t + 1])
+  const int32_t* channelDst;    ///< the rank whose counter a channel's signal adds to
+  const int32_t* channelSrc;    ///< the rank that signals a channel (named when a wait gives up)
+  const int32_t* signalsPerCall;  ///< per channel; then barrier arrivals per call per group
+  int32_t numChannels;
+  int32_t numThreadBlocks;
+  /// Counters from here: one per rank (call entries, added by that rank), then
+  /// this rank's "entry passed" and "input staged" counters.
+  int32_t entryBase;
+  /// Input staging is double-buffered by call parity (buffers[q][0] is phase
+  /// 0; phase 1 is inputPhaseBytes further): a peer still finishing the
+  /// previous call may read the other phase.
+  uint64_t inputPhaseBytes;
+  bool inPlace;  ///< the output buffer is the input buffer
+  const char* userInput;  ///< this call's tensors
+  char* userOutput;
+  uint64_t inputBytes;
+  uint64_t outputBytes;
+  uint64_t* calls;  ///< [thread block] calls completed (this rank's memory)
+  AbortState abort;
+};
+
+}  // namespace pyccl

@@ -1,0 +1,61 @@
+// Python bindings of the plan executor (pyccl/plans.py builds its arguments
+// from a JSON plan).
+#include <torch/extension.h>
+
+#include "core/errors.hpp"
+#include "executor/executor.hpp"
+#include "python/bindings.hpp"
+#include "torch/tensor_collectives.hpp"
+
+namespace py = pybind11;
+
+namespace pyccl {
+
+void bindExecutor(py::module_& m) {
+  m.attr("PLAN_OP_WORDS") = static_cast<int>(sizeof(PlanOp) / 4);
+  py::class_<PlanExecutor, std::shared_ptr<PlanExecutor>>(m, "PlanExecutor")
+      .def(py::init([](Communicator& comm, const at::Tensor& ops, std::vector<int32_t> tbOffsets,
+                       std::vector<int32_t> channelSrc, std::vector<int32_t> channelDst,
+                       std::vector<int32_t> signalsPerCall, int32_t inputChunks, int32_t outputChunks,
+                       int32_t scratchChunks, bool inPlace, uint64_t maxChunkBytes, uint32_t threads) {
+             constexpr int64_t kWords = sizeof(PlanOp) / 4;
+             PYCCL_CHECK_ARG(ops.device().is_cpu() && ops.scalar_type() == at::kInt && ops.is_contiguous() &&
+                                 ops.dim() == 2 && ops.size(1) == kWords,
+                             "ops", "must be a contiguous int32 CPU tensor of shape (n, ", kWords, ")");
+             PlanProgram p;
+             p.ops.resize(ops.size(0));
+             std::memcpy(p.ops.data(), ops.data_ptr<int32_t>(), ops.numel() * 4);
+             p.tbOffsets = std::move(tbOffsets);
+             p.channelSrc = std::move(channelSrc);
+             p.channelDst = std::move(channelDst);
+             p.signalsPerCall = std::move(signalsPerCall);
+             p.inputChunks = inputChunks;
+             p.outputChunks = outputChunks;
+             p.scratchChunks = scratchChunks;
+             p.inPlace = inPlace;
+             py::gil_scoped_release release;
+             return std::make_shared<PlanExecutor>(comm, std::move(p), maxChunkBytes, threads);
+           }),
+           py::arg("comm"), py::arg("ops"), py::arg("tb_offsets"), py::arg("channel_src"), py::arg("channel_dst"),
+           py::arg("signals_per_call"), py::arg("input_chunks"), py::arg("output_chunks"), py::arg("scratch_chunks"),
+           py::arg("in_place"), py::arg("max_chunk_bytes"), py::arg("threads") = 512, py::keep_alive<1, 2>())
+      .def("run",
+           [](PlanExecutor& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
+              const std::string& op, bool reduces) {
+             checkTensorFor(comm, input, "tensor");
+             checkTensorFor(comm, output, "out");
+             PYCCL_CHECK_ARG(input.scalar_type() == output.scalar_type(), "out", "has dtype ",
+                             dtypeName(output.scalar_type()), ", the input ", dtypeName(input.scalar_type()));
+             const DataType dtype = reduces ? reductionTypeOf(input, "tensor") : DataType::kFloat32;
+             const ReduceOp rop = reduceOpOf(op);
+             py::gil_scoped_release release;
+             e.run(input.data_ptr(), input.nbytes(), output.data_ptr(), output.nbytes(), dtype,
+                   input.element_size(), rop, currentStream(comm));
+           },
+           py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum", py::arg("reduces") = true)
+      .def_property_readonly("max_chunk_bytes", &PlanExecutor::maxChunkBytes)
+      .def_property_readonly("num_thread_blocks", &PlanExecutor::numThreadBlocks)
+      .def("close", &PlanExecutor::close);
+}
+
+}  // namespace pyccl

@@ -1,0 +1,163 @@
+"""Running DSL plans: :class:`PlanRunner` packs a plan (``pyccl.dsl.Plan``)
+into the interpreter's binary form (``csrc/executor/plan_format.hpp``) and
+runs it on torch tensors, on GPUs or in host mode on CPU processes::
+
+    plan = pyccl.algorithms.allreduce_allpairs_hb(world).lower()
+    run = PlanRunner(plan, comm, max_bytes=1 << 20)   # collective
+    y = run(x)                                         # on the current stream
+
+Each call copies the input into the executor's registered staging buffer,
+runs one interpreter kernel (one CUDA block per plan thread block) and copies
+the output out. The input size must be a multiple of the plan's input chunk
+count times the element size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from . import _C
+from .communicator import Communicator
+from .dsl.plan import Plan
+from .errors import InvalidArgumentError
+
+__all__ = ["PlanRunner", "pack_plan"]
+
+_KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "put_packets": 5,
+          "channel_reduce": 6, "reduce_put": 7, "signal": 8, "wait": 9, "flush": 10, "switch_reduce": 11,
+          "barrier": 12, "sync": 13}
+_BUFFERS = {"input": 0, "output": 1, "scratch": 2}
+_REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
+_MAX = 8  # kPlanMaxOperands
+_REDUCING = ("reduce", "reduce_packets", "channel_reduce", "reduce_put", "switch_reduce")
+
+
+def _op_words(kind: str, reduce_op=None, srcs=(), dsts=(), channels=(), ordinals=()) -> List[int]:
+    for what, items in (("sources", srcs), ("destinations", dsts), ("channels", channels)):
+        if len(items) > _MAX:
+            raise InvalidArgumentError(f"invalid argument 'plan': an op has {len(items)} {what}; the interpreter "
+                                       f"takes up to {_MAX}")
+    words = [_KINDS[kind], _REDUCE_OPS[reduce_op], len(srcs), len(dsts), len(channels)]
+    words += list(ordinals) + [0] * (_MAX - len(ordinals))
+    words += list(channels) + [0] * (_MAX - len(channels))
+    for chunks in (srcs, dsts):
+        for c in chunks:
+            words += [c[0], _BUFFERS[c[1]], c[2], c[3]]
+        words += [0, 0, 0, 0] * (_MAX - len(chunks))
+    return words
+
+
+def pack_plan(plan: Plan, rank: int) -> dict:
+    """The PlanExecutor arguments of `rank`'s part of `plan`."""
+    signals: Dict[int, int] = defaultdict(int)
+    for r in plan.ranks:
+        for tb in r["threadblocks"]:
+            for op in tb["ops"]:
+                if op["op"] in ("signal", "put_with_signal"):
+                    signals[op["channel"]] += 1
+                elif op["op"] == "multi_signal":
+                    for c in op["channels"]:
+                        signals[c] += 1
+    groups: Dict[tuple, int] = {}
+    per_tb_barriers: Dict[Tuple[tuple, int], int] = defaultdict(int)
+    tbs = plan.threadblocks(rank)
+    for t, tb in enumerate(tbs):
+        for op in tb["ops"]:
+            if op["op"] == "barrier":
+                key = tuple(op["tbs"])
+                groups.setdefault(key, len(groups))
+                per_tb_barriers[(key, t)] += 1
+    words: List[int] = []
+    offsets = [0]
+    reduces = False
+    for t, tb in enumerate(tbs):
+        waits: Dict[int, int] = defaultdict(int)
+        barriers: Dict[tuple, int] = defaultdict(int)
+        count = 0
+        for op in tb["ops"]:
+            kind = op["op"]
+            reduces = reduces or kind in _REDUCING
+            srcs, red = op.get("srcs", []), op.get("reduce_op")
+            dst = [op["dst"]] if "dst" in op else []
+            out: List[List[int]] = []
+            if kind in ("copy", "put", "switch_broadcast", "put_with_signal"):
+                out.append(_op_words("put", srcs=srcs, dsts=dst))
+                if kind == "put_with_signal":
+                    out.append(_op_words("signal", channels=[op["channel"]]))
+            elif kind == "multi_put":
+                out.append(_op_words("put", srcs=srcs, dsts=op["dsts"]))
+            elif kind in ("reduce", "channel_reduce"):
+                out.append(_op_words("reduce", red, srcs=srcs, dsts=dst))
+            elif kind in ("unpack", "reduce_packets", "put_packets", "reduce_put", "switch_reduce"):
+                out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
+            elif kind in ("signal", "multi_signal"):
+                out.append(_op_words("signal", channels=op.get("channels") or [op["channel"]]))
+            elif kind in ("wait", "multi_wait"):
+                chans = op.get("channels") or [op["channel"]]
+                ords = []
+                for c in chans:
+                    waits[c] += 1
+                    ords.append(waits[c])
+                out.append(_op_words("wait", channels=chans, ordinals=ords))
+            elif kind == "barrier":
+                key = tuple(op["tbs"])
+                barriers[key] += 1
+                out.append(_op_words("barrier", ordinals=[groups[key], barriers[key], len(key)]))
+            else:  # flush, sync
+                out.append(_op_words(kind))
+            for w in out:
+                words += w
+            count += len(out)
+        offsets.append(offsets[-1] + count)
+    num_channels = len(plan.channels)
+    signals_per_call = [signals[c] for c in range(num_channels)]
+    for key in sorted(groups, key=groups.get):
+        signals_per_call.append(per_tb_barriers[(key, key[0])] * len(key))
+    width = _C.PLAN_OP_WORDS
+    ops = torch.tensor(words, dtype=torch.int32).reshape(-1, width) if words else torch.zeros((0, width),
+                                                                                               dtype=torch.int32)
+    return {
+        "ops": ops, "tb_offsets": offsets,
+        "channel_src": [c.get("src", -1) for c in plan.channels],
+        "channel_dst": [c.get("dst", -1) for c in plan.channels],
+        "signals_per_call": signals_per_call,
+        "input_chunks": plan.buffers["input"], "output_chunks": plan.buffers["output"],
+        "scratch_chunks": plan.buffers["scratch"], "in_place": bool(plan.collective.get("in_place")),
+        "reduces": reduces,
+    }
+
+
+class PlanRunner:
+    """A plan set up on a communicator (collective: every rank, the same plan
+    and max_bytes), callable on tensors."""
+
+    def __init__(self, plan: Plan, comm: Communicator, max_bytes: int, threads: int = 512) -> None:
+        if not isinstance(plan, Plan):
+            raise InvalidArgumentError(f"invalid argument 'plan': expected a pyccl.dsl.Plan, got {type(plan).__name__}")
+        if plan.num_ranks != comm.world_size:
+            raise InvalidArgumentError(f"invalid argument 'plan': it is for {plan.num_ranks} ranks, the communicator "
+                                       f"has {comm.world_size}")
+        if not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise InvalidArgumentError(f"invalid argument 'max_bytes': a positive byte count, got {max_bytes!r}")
+        args = pack_plan(plan, comm.rank)
+        self.plan, self.comm = plan, comm
+        self._reduces = args.pop("reduces")
+        self._out_chunks = args["input_chunks"] if args["in_place"] else args["output_chunks"]
+        self._in_chunks = args["input_chunks"]
+        max_chunk = -(-max_bytes // args["input_chunks"])
+        self._executor = _C.PlanExecutor(comm._comm, max_chunk_bytes=max_chunk, threads=threads, **args)
+
+    def __call__(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None, op: str = "sum") -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
+        if out is None:
+            n = tensor.numel() // self._in_chunks * self._out_chunks
+            out = torch.empty(n, dtype=tensor.dtype, device=tensor.device)
+        self._executor.run(self.comm._comm, tensor, out, op, self._reduces)
+        return out
+
+    def close(self) -> None:
+        self._executor.close()

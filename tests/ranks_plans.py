@@ -1,0 +1,123 @@
+"""Per-rank bodies of the plan-interpreter tests; host mode or GPUs."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+import pyccl
+import pyccl.algorithms as algorithms
+from pyccl.plans import PlanRunner
+from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _expected(collective, inputs, op: str, rank: int) -> torch.Tensor:
+    """The float64 result of the plan's collective on `rank` (inputs flattened)."""
+    stack = torch.stack([x.to(torch.float64) for x in inputs])
+    red = {"sum": stack.sum(0), "max": stack.max(0).values, "min": stack.min(0).values,
+           "prod": stack.prod(0)}.get(op)
+    n, world = inputs[0].numel(), len(inputs)
+    name = collective["name"]
+    if name == "allreduce":
+        return red
+    if name == "reducescatter":
+        return red.reshape(world, -1)[rank]
+    if name == "allgather":
+        return torch.cat([x.to(torch.float64) for x in inputs])
+    if name == "alltoall":
+        return torch.cat([x.to(torch.float64).reshape(world, -1)[rank] for x in inputs])
+    raise AssertionError(name)
+
+
+def library_plans(rank, world, store, on_gpu, seed, calls, max_elems):
+    """Every library plan run by the interpreter on random sizes, dtypes and
+    ops, back to back, checked against float64. Returns the failures."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    rng = random.Random(seed)
+    bad = []
+    for name, build in sorted(algorithms.LIBRARY.items()):
+        for instances in (1, 2):
+            plan = build(world, instances=instances).lower()
+            unit = plan.buffers["input"]
+            runner = PlanRunner(plan, comm, max_bytes=max_elems * 4 + unit * 4)
+            reduces = plan.collective["name"] in ("allreduce", "reducescatter")
+            for i in range(calls):
+                dtype = rng.choice(_FLOATS) if reduces else rng.choice(_FLOATS + (torch.int32, torch.uint8))
+                op = rng.choice(["sum", "sum", "max", "min", "prod"]) if reduces else "sum"
+                n = unit * rng.randrange(1, max(2, max_elems // unit))
+                case = (name, instances, i, str(dtype), op, n)
+                if dtype in _FLOATS:
+                    inputs = [rank_input(seed, i, r, n, dtype, op) for r in range(world)]
+                else:
+                    gen = torch.Generator().manual_seed(seed * 7 + i)
+                    inputs = [torch.randint(0, 100, (n,), generator=gen, dtype=dtype) for _ in range(world)]
+                y = runner(inputs[rank].to(device), op=op).cpu()
+                want = _expected(plan.collective, inputs, op, rank)
+                if y.numel() != want.numel():
+                    bad.append(case + ("size", y.numel(), want.numel()))
+                    continue
+                if dtype in _FLOATS:
+                    rtol, atol = TOLERANCE[dtype]
+                    ok = torch.allclose(y.to(torch.float64), want, rtol=rtol, atol=atol * error_scale(inputs))
+                else:
+                    ok = torch.equal(y.to(torch.float64), want)
+                if not ok:
+                    bad.append(case + ("wrong",))
+            runner.close()
+    record = comm.device_error()
+    comm.close()
+    return bad, record
+
+
+def plan_errors(rank, world, store):
+    """Bad calls give clear errors; a plan for another world size is refused."""
+    comm, device = _setup(store, rank, world, False)
+    plan = algorithms.allreduce_allpairs_hb(world).lower()
+    runner = PlanRunner(plan, comm, max_bytes=4096)
+    messages = {}
+    for key, call in (("size", lambda: runner(torch.ones(world * 2 + 1))),
+                      ("too big", lambda: runner(torch.ones(world * 4096))),
+                      ("avg", lambda: runner(torch.ones(world * 4), op="avg")),
+                      ("out", lambda: runner(torch.ones(world * 4), out=torch.ones(3)))):
+        try:
+            call()
+        except pyccl.PycclError as e:
+            messages[key] = str(e)
+    try:
+        PlanRunner(algorithms.allreduce_allpairs_hb(world + 1).lower(), comm, max_bytes=4096)
+    except pyccl.InvalidArgumentError as e:
+        messages["world"] = str(e)
+    y = runner(torch.full((world * 4,), float(rank + 1)))  # still works
+    messages["sum_ok"] = bool(torch.all(y == world * (world + 1) / 2))
+    runner.close()
+    comm.close()
+    return messages
+
+
+def missing_peer(rank, world, store):
+    """Rank 1 skips a call: rank 0's call raises a timeout naming the plan within
+    the communicator's timeout (2 s), and the communicator is broken after."""
+    import time
+
+    comm, _ = _setup(store, rank, world, False, timeout_s=2.0)
+    runner = PlanRunner(algorithms.allreduce_allpairs_hb(world).lower(), comm, max_bytes=4096)
+    runner(torch.ones(world * 4))  # both ranks: set up and one good call
+    result = None
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            runner(torch.ones(world * 4))
+            result = ("completed",)
+        except pyccl.PycclTimeoutError as e:
+            result = ("timeout", time.monotonic() - start, str(e))
+        try:
+            runner(torch.ones(world * 4))
+            result += ("later call completed",)
+        except pyccl.PycclError as e:
+            result += (type(e).__name__,)
+    store.set(f"plan_done{rank}", "1")
+    store.wait([f"plan_done{q}" for q in range(world)])
+    return result

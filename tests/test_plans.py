@@ -1,0 +1,38 @@
+"""The plan interpreter in host mode (CPU processes): every library plan, run."""
+
+import random
+
+import pytest
+
+import ranks_plans as rp
+from pyccl._spawn import run_ranks
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_library_plans_run_in_host_mode(world):
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rp.library_plans, world, args=(False, seed, 6, 3000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_library_plans_on_eight_ranks():
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rp.library_plans, 8, args=(False, seed, 2, 800), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_plan_calls_reject_bad_arguments():
+    for m in run_ranks(rp.plan_errors, 2, timeout=120):
+        assert "'tensor'" in m["size"] and "multiple of" in m["size"]
+        assert "'tensor'" in m["too big"]
+        assert "'op'" in m["avg"]
+        assert "'out'" in m["out"]
+        assert "'plan'" in m["world"]
+        assert m["sum_ok"]
+
+
+def test_a_missing_peer_times_out_and_breaks_the_communicator():
+    result = run_ranks(rp.missing_peer, 2, timeout=120)[0]
+    assert result[0] == "timeout", result
+    assert result[1] < 10 and "plan (call 2" in result[2] and "rank 1" in result[2]
+    assert result[3] == "PycclTimeoutError"  # fails fast: the communicator is broken
