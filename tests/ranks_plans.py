@@ -121,3 +121,70 @@ def missing_peer(rank, world, store):
     store.set(f"plan_done{rank}", "1")
     store.wait([f"plan_done{q}" for q in range(world)])
     return result
+
+
+def registered(rank, world, store):
+    """pyccl.register_algorithm: the plan takes its size range (whole chunks
+    only), sum/avg/max, all-gather too; unregistered, the kernels take over."""
+    comm, device = _setup(store, rank, world, False)
+    ring = pyccl.register_algorithm(algorithms.allreduce_ring(world), "all_reduce", 4096, 1 << 20, world)
+    pyccl.register_algorithm(algorithms.allgather_ring(world).lower(), "all_gather", 0, 1 << 20, world)
+    bad = []
+    unit = 2 * world  # the ring's chunks
+    for i, (n, op) in enumerate([(unit * 500, "sum"), (unit * 500, "avg"), (unit * 700, "max"),
+                                 (unit * 500 + 1, "sum"), (100, "sum")]):
+        inputs = [rank_input(5, i, r, n, torch.float32, op) for r in range(world)]
+        before = sum(r.calls for r in getattr(comm, "_plan_runners", {}).values())
+        y = pyccl.all_reduce(inputs[rank], op=op, comm=comm)
+        used = sum(r.calls for r in getattr(comm, "_plan_runners", {}).values()) - before
+        stack = torch.stack([x.double() for x in inputs])
+        want = {"sum": stack.sum(0), "avg": stack.mean(0), "max": stack.max(0).values}[op]
+        if not torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5 * error_scale(inputs)):
+            bad.append((n, op, "wrong"))
+        expect_plan = n % unit == 0 and 4096 <= n * 4 <= (1 << 20)
+        if used != int(expect_plan):
+            bad.append((n, op, "plan used", used))
+    g = pyccl.all_gather(torch.full((7,), float(rank)), comm=comm)
+    if g.tolist() != [float(q) for q in range(world) for _ in range(7)]:
+        bad.append(("all_gather", g.tolist()))
+    pyccl.unregister_algorithm(ring)
+    before = sum(r.calls for r in comm._plan_runners.values())
+    pyccl.all_reduce(torch.ones(unit * 500), comm=comm)
+    if sum(r.calls for r in comm._plan_runners.values()) != before:
+        bad.append("unregistered plan still used")
+    messages = {}
+    for key, call in (("collective", lambda: pyccl.register_algorithm(algorithms.allgather_ring(world),
+                                                                      "all_reduce", 0, 10, world)),
+                      ("world", lambda: pyccl.register_algorithm(algorithms.allreduce_ring(world), "all_reduce",
+                                                                 0, 10, world + 1)),
+                      ("range", lambda: pyccl.register_algorithm(algorithms.allreduce_ring(world), "all_reduce",
+                                                                 10, 5, world))):
+        try:
+            call()
+        except pyccl.InvalidArgumentError as e:
+            messages[key] = str(e)
+    for e in pyccl.registered_algorithms():
+        pyccl.unregister_algorithm(e)
+    comm.close()
+    return bad, messages
+
+
+def notebook_example(rank, world, store):
+    """examples/notebooks/oneshot_allreduce.py, lowered and run in host mode."""
+    import os
+    import runpy
+
+    comm, device = _setup(store, rank, world, False)
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "notebooks", "oneshot_allreduce.py")
+    plan = runpy.run_path(path)["oneshot_allreduce"](world, 3).lower()
+    runner = PlanRunner(plan, comm, max_bytes=1 << 16)
+    bad = []
+    for i, n in enumerate((3, 300, 3 * 4001)):
+        inputs = [rank_input(9, i, r, n, torch.float32, "sum") for r in range(world)]
+        y = runner(inputs[rank].to(device))
+        want = torch.stack([x.double() for x in inputs]).sum(0)
+        if not torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5 * error_scale(inputs)):
+            bad.append(n)
+    runner.close()
+    comm.close()
+    return bad

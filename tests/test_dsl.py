@@ -230,17 +230,14 @@ def test_collective_definitions():
         AllReduce(1)
 
 
-def test_notebook_example_runs_on_cpu():
+def test_notebook_example_passes_the_simulator():
     import os
     import runpy
-    import time
 
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", "notebooks", "ring_allreduce.py")
-    start = time.monotonic()
-    ring = runpy.run_path(path)["ring_allreduce"]
-    for n in (2, 3, 5, 8):
-        verify(ring(n).lower(), interleavings=5)
-    assert time.monotonic() - start < 60
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "notebooks", "oneshot_allreduce.py")
+    oneshot = runpy.run_path(path)["oneshot_allreduce"]
+    for n, tbs in ((2, 1), (3, 2), (5, 3), (8, 2)):
+        verify(oneshot(n, tbs).lower(), interleavings=5)
 
 
 def test_switch_channel_all_reduce():

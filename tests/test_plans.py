@@ -36,3 +36,20 @@ def test_a_missing_peer_times_out_and_breaks_the_communicator():
     assert result[0] == "timeout", result
     assert result[1] < 10 and "plan (call 2" in result[2] and "rank 1" in result[2]
     assert result[3] == "PycclTimeoutError"  # fails fast: the communicator is broken
+
+
+def test_registered_algorithms_join_the_automatic_choice():
+    for bad, messages in run_ranks(rp.registered, 3, timeout=120):
+        assert bad == []
+        assert "'collective'" in messages["collective"] and "allgather" in messages["collective"]
+        assert "'world_size'" in messages["world"]
+        assert "'max_bytes'" in messages["range"]
+
+
+def test_notebook_algorithm_runs_in_host_mode_within_a_minute():
+    import time
+
+    start = time.monotonic()
+    for bad in run_ranks(rp.notebook_example, 4, timeout=60):
+        assert bad == []
+    assert time.monotonic() - start < 60

@@ -37,6 +37,7 @@ _register_backend()
 
 from . import ops  # noqa: E402  (torch.ops.pyccl.*)
 from .symmetric import is_symmetric, register_symmetric, symmetric_empty  # noqa: E402
+from .registry import register_algorithm, registered_algorithms, unregister_algorithm  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -64,8 +65,11 @@ __all__ = [
     "get_include",
     "is_symmetric",
     "logger",
+    "register_algorithm",
     "register_symmetric",
+    "registered_algorithms",
     "symmetric_empty",
+    "unregister_algorithm",
 ]
 
 

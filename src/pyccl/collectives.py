@@ -222,6 +222,25 @@ class _Call:
         return None if self.algorithm == "nccl" else self.algorithm
 
 
+def _run_registered(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> bool:
+    """Runs the call with a plan from pyccl.register_algorithm, if one applies
+    (never when the call forces an algorithm)."""
+    if call.forced:
+        return False
+    from . import registry
+
+    nbytes = max(tensor.numel(), out.numel()) * tensor.element_size()
+    runner = registry.find(collective, call.comm, nbytes, tensor)
+    if runner is None:
+        return False
+    if op == "avg":
+        runner(tensor, out=out, op="sum")
+        out.div_(call.comm.world_size)
+    else:
+        runner(tensor, out=out, op=op)
+    return True
+
+
 def _choose_symmetric(call: _Call, engine, tensor: torch.Tensor) -> None:
     """The automatic choice for an all-reduce whose input and output lie in
     symmetric buffers, where 2PA HB runs zero-copy: the table's
@@ -267,6 +286,8 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     op_name = _op_name(op)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if _run_registered(call, "all_reduce", tensor, out, op_name):
+        return out
     engine = getattr(call.comm, "_engine", None)
     if not call.forced and engine is not None and engine.is_symmetric(tensor) and engine.is_symmetric(out):
         _choose_symmetric(call, engine, tensor)
@@ -308,6 +329,8 @@ def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
     if out is None:
         shape = (world * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() > 0 else (world,)
         out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    if _run_registered(call, "all_gather", tensor, out):
+        return out
     if call.use_nccl:
         dist.all_gather_into_tensor(out, tensor, group=group)
         return out
@@ -340,6 +363,8 @@ def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessG
         else:
             shape = (tensor.numel() // world,)
         out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    if _run_registered(call, "reduce_scatter", tensor, out, op_name):
+        return out
     if call.use_nccl:
         dist.reduce_scatter_tensor(out, tensor, op=_DIST_OPS[op_name], group=group)
         return out
@@ -361,6 +386,8 @@ def all_to_all(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
     call = _Call("all_to_all", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if _run_registered(call, "all_to_all", tensor, out):
+        return out
     if call.use_nccl:
         if out.data_ptr() == tensor.data_ptr():
             tensor = tensor.clone()

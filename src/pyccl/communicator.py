@@ -255,6 +255,8 @@ class Communicator:
 
     def close(self) -> None:
         """Releases every registration, mapping, semaphore, fd and thread. Idempotent."""
+        for runner in self.__dict__.pop("_plan_runners", {}).values():  # pyccl.register_algorithm's plans
+            runner.close()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close()

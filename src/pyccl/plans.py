@@ -149,6 +149,7 @@ class PlanRunner:
         self._in_chunks = args["input_chunks"]
         max_chunk = -(-max_bytes // args["input_chunks"])
         self._executor = _C.PlanExecutor(comm._comm, max_chunk_bytes=max_chunk, threads=threads, **args)
+        self.calls = 0  # calls made (for tests and logs)
 
     def __call__(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None, op: str = "sum") -> torch.Tensor:
         if not isinstance(tensor, torch.Tensor):
@@ -157,6 +158,7 @@ class PlanRunner:
             n = tensor.numel() // self._in_chunks * self._out_chunks
             out = torch.empty(n, dtype=tensor.dtype, device=tensor.device)
         self._executor.run(self.comm._comm, tensor, out, op, self._reduces)
+        self.calls += 1
         return out
 
     def close(self) -> None:

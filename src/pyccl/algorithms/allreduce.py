@@ -1,10 +1,11 @@
-"""All-reduce in the DSL: one-phase all-pairs with LL packets (1PA) and
-two-phase all-pairs with HB (2PA), as the hand-written kernels of the same
-names (csrc/collectives/allreduce_device.hpp)."""
+"""All-reduce in the DSL: one-phase all-pairs with LL packets (1PA), two-phase
+all-pairs with LL packets and with HB (2PA), as the hand-written kernels of the
+same names (csrc/collectives/allreduce_device.hpp), and the two-phase ring
+with overlapped reduction (2PR)."""
 
 from __future__ import annotations
 
-from ..dsl import AllReduce, MemoryChannel, Program
+from ..dsl import AllReduce, MemoryChannel, PortChannel, Program
 
 
 def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
@@ -47,4 +48,64 @@ def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
                 chans[(q, r)].signal(tb=0)
             for q in peers:
                 chans[(r, q)].wait(tb=0)
+    return p
+
+
+def allreduce_allpairs_ll2(num_ranks: int, instances: int = 1) -> Program:
+    """2PA LL: chunk q of every input goes to rank q as LL packets (scratch slot
+    = sender), rank q reduces them into its chunk q and sends the result to
+    every rank as packets (second scratch region); every rank unpacks the
+    other ranks' results. Half the traffic of 1PA, one more hop, no signals."""
+    n = num_ranks
+    with Program("allreduce_allpairs_ll2", AllReduce(n, chunks=n), protocol="ll", instances=instances) as p:
+        chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        for r in range(n):
+            peers = [(r + k) % n for k in range(1, n)]
+            mine = p.scratch(r, 2 * n)
+            for q in peers:
+                chans[(q, r)].put_packets(p.scratch(q, 2 * n)[r], p.input(r)[q], tb=0)
+            for q in peers:
+                p.input(r)[r].reduce_packets(mine[q], tb=0)
+            for q in peers:
+                chans[(q, r)].put_packets(p.scratch(q, 2 * n)[n + r], p.input(r)[r], tb=0)
+            for q in peers:
+                p.output(r)[q].unpack(mine[n + q], tb=0)
+    return p
+
+
+def allreduce_ring(num_ranks: int, instances: int = 1) -> Program:
+    """2PR with overlap: a ring reduce-scatter then a ring all-gather over
+    PortChannels, each chunk in two halves so that the reduction (or copy) of
+    one half overlaps the transfer of the other (MSCCL++ paper, Figure 6)."""
+    n = num_ranks
+    with Program("allreduce_ring", AllReduce(n, chunks=2 * n), protocol="hb", instances=instances) as p:
+        send = {r: PortChannel((r + 1) % n, r) for r in range(n)}
+        for r in range(n):
+            prev, inp = (r - 1) % n, p.input(r)
+            mine, theirs = p.scratch(r, 4 * n), p.scratch((r + 1) % n, 4 * n)
+            # Reduce-scatter: at step s forward chunk (r - s - 1), each half once it is reduced.
+            for s in range(n - 1):
+                c = (r - s - 1) % n
+                for h in (0, 1):
+                    if s > 0:
+                        send[prev].wait(tb=0)
+                        inp[2 * c + h].reduce(mine[2 * c + h], tb=0)
+                    send[r].put(theirs[2 * c + h], inp[2 * c + h], tb=0)
+                    send[r].signal(tb=0)
+            # All-gather: chunk r completes here, then every complete chunk goes around.
+            for s in range(n - 1):
+                c = (r - s) % n
+                for h in (0, 1):
+                    send[prev].wait(tb=0)
+                    if s == 0:
+                        inp[2 * c + h].reduce(mine[2 * c + h], tb=0)
+                    else:
+                        inp[2 * c + h].copy(mine[2 * n + 2 * c + h], tb=0)
+                    send[r].put(theirs[2 * n + 2 * c + h], inp[2 * c + h], tb=0)
+                    send[r].signal(tb=0)
+            last = (r + 1) % n
+            for h in (0, 1):
+                send[prev].wait(tb=0)
+                inp[2 * last + h].copy(mine[2 * n + 2 * last + h], tb=0)
+            send[r].flush(tb=0)
     return p

@@ -1,0 +1,117 @@
+"""User algorithms in the automatic choice: ``pyccl.register_algorithm``.
+
+    prog = pyccl.algorithms.allreduce_ring(4)         # any pyccl.dsl.Program (or its Plan)
+    pyccl.register_algorithm(prog, "all_reduce", min_bytes=1 << 20, max_bytes=64 << 20, world_size=4)
+    y = pyccl.all_reduce(x)                           # 1-64 MiB on 4 ranks: the plan
+
+A registered plan takes precedence over pyccl's kernels, the tuning table and
+NCCL for its collective, world size and byte range (the whole buffer, as
+nccl-tests counts it), unless the call forces an algorithm. The plan runs
+through the interpreter (:class:`pyccl.plans.PlanRunner`), set up on the
+communicator at the first call that takes it. Every rank must register the
+same algorithms in the same order, as every rank must make the same calls.
+Sizes that the plan cannot split into whole chunks fall back to the usual
+choice. So does a first use during CUDA-graph capture, because setting up a
+plan allocates: make one eager call first.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Dict, List
+
+import torch
+
+from .dsl import Plan, Program
+from .errors import InvalidArgumentError
+
+__all__ = ["RegisteredAlgorithm", "find", "register_algorithm", "registered_algorithms", "unregister_algorithm"]
+
+# pyccl function -> the DSL collective's name
+_COLLECTIVES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+                "all_to_all": "alltoall"}
+
+
+@dataclass(frozen=True)
+class RegisteredAlgorithm:
+    plan: Plan
+    collective: str
+    min_bytes: int
+    max_bytes: int
+    world_size: int
+
+
+_lock = threading.Lock()
+_registry: List[RegisteredAlgorithm] = []
+
+
+def register_algorithm(program, collective: str, min_bytes: int, max_bytes: int,
+                       world_size: int) -> RegisteredAlgorithm:
+    """Puts a DSL program (lowered here) or plan into the automatic choice of
+    `collective` ("all_reduce", "all_gather", "reduce_scatter" or
+    "all_to_all") for messages of [min_bytes, max_bytes] on `world_size` ranks.
+    Returns a handle for :func:`unregister_algorithm`."""
+    for name, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes), ("world_size", world_size)):
+        if not isinstance(value, int) or value < (1 if name != "min_bytes" else 0):
+            raise InvalidArgumentError(f"invalid argument '{name}': expected a positive integer, got {value!r}")
+    if max_bytes < min_bytes:
+        raise InvalidArgumentError(f"invalid argument 'max_bytes': {max_bytes} is below min_bytes {min_bytes}")
+    if isinstance(program, Program):
+        plan = program.lower(sizes=(min_bytes, max_bytes))
+    elif isinstance(program, Plan):
+        plan = program
+    else:
+        raise InvalidArgumentError(f"invalid argument 'program': expected a pyccl.dsl.Program or Plan, got "
+                                   f"{type(program).__name__}")
+    if collective not in _COLLECTIVES:
+        raise InvalidArgumentError(f"invalid argument 'collective': {collective!r} (expected one of "
+                                   f"{', '.join(_COLLECTIVES)})")
+    if plan.collective["name"] != _COLLECTIVES[collective]:
+        raise InvalidArgumentError(f"invalid argument 'collective': the plan implements "
+                                   f"{plan.collective['name']}, not {collective}")
+    if plan.num_ranks != world_size:
+        raise InvalidArgumentError(f"invalid argument 'world_size': the plan is for {plan.num_ranks} ranks, "
+                                   f"not {world_size}")
+    entry = RegisteredAlgorithm(plan, collective, min_bytes, max_bytes, world_size)
+    with _lock:
+        _registry.append(entry)
+    return entry
+
+
+def unregister_algorithm(entry: RegisteredAlgorithm) -> None:
+    """Takes a registered algorithm out of the choice (communicators keep their
+    set-up runners until they close)."""
+    with _lock:
+        if entry not in _registry:
+            raise InvalidArgumentError("invalid argument 'entry': not a registered algorithm")
+        _registry.remove(entry)
+
+
+def registered_algorithms() -> List[RegisteredAlgorithm]:
+    with _lock:
+        return list(_registry)
+
+
+def find(collective: str, comm, nbytes: int, tensor: torch.Tensor):
+    """The plan runner to use for this call, or None: the first registered
+    algorithm for the collective, world size and size whose chunks divide the
+    input, set up on `comm` at first use."""
+    with _lock:
+        entries = [e for e in _registry if e.collective == collective and e.world_size == comm.world_size
+                   and e.min_bytes <= nbytes <= e.max_bytes]
+    for e in entries:
+        unit = e.plan.buffers["input"] * tensor.element_size()
+        if tensor.numel() * tensor.element_size() % unit != 0:
+            continue
+        runners: Dict[int, object] = comm.__dict__.setdefault("_plan_runners", {})
+        runner = runners.get(id(e))
+        if runner is None:
+            if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+                return None
+            from .plans import PlanRunner
+
+            runner = PlanRunner(e.plan, comm, max_bytes=e.max_bytes)
+            runners[id(e)] = runner
+        return runner
+    return None
