@@ -17,6 +17,8 @@
 // host reset; the per-thread-block call counter lives in device memory.
 #pragma once
 
+#include <cstring>
+
 #include "channels/copy_device.hpp"
 #include "channels/memory_channel_device.hpp"  // syncBlock
 #include "channels/packet_device.hpp"
@@ -66,15 +68,66 @@ PYCCL_HOST_DEVICE T elementAt(const char* base, uint64_t i) {
   return v;
 }
 
+/// 16-byte vector `v` of `base`. Host code goes through memcpy (which may
+/// alias anything), so the optimizer cannot drop or reorder it under strict
+/// aliasing; device code loads and stores the vector directly.
+PYCCL_HOST_DEVICE detail::Vec16 loadVec(const char* base, uint64_t v) {
+#if PYCCL_ON_DEVICE
+  return reinterpret_cast<const detail::Vec16*>(base)[v];
+#else
+  detail::Vec16 x;
+  std::memcpy(&x, base + v * 16, 16);
+  return x;
+#endif
+}
+
+PYCCL_HOST_DEVICE void storeVec(char* base, uint64_t v, const detail::Vec16& x) {
+#if PYCCL_ON_DEVICE
+  reinterpret_cast<detail::Vec16*>(base)[v] = x;
+#else
+  std::memcpy(base + v * 16, &x, 16);
+#endif
+}
+
 /// dst[i] = reduce(dst[i] if withDst, srcs...) for the op's elements; also
 /// stores the result into extra destinations.
 template <typename T>
 PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, int redOp, bool withDst, char* dst,
                                       char* const* extra, int numExtra, uint32_t tid, uint32_t numThreads) {
+  constexpr uint32_t kVec = 16 / sizeof(T);
   const uint64_t n = static_cast<uint64_t>(op.srcs[0].count) * c.chunkBytes / sizeof(T);
   const char* srcs[kPlanMaxOperands];
-  for (int s = 0; s < op.numSrcs; ++s) srcs[s] = chunkPtr(c, op.srcs[s]);
-  for (uint64_t i = tid; i < n; i += numThreads) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(dst);
+  for (int s = 0; s < op.numSrcs; ++s) {
+    srcs[s] = chunkPtr(c, op.srcs[s]);
+    bits |= reinterpret_cast<uintptr_t>(srcs[s]);
+  }
+  for (int e = 0; e < numExtra; ++e) bits |= reinterpret_cast<uintptr_t>(extra[e]);
+  // 16-byte vectors where every pointer allows them, element by element after.
+  const uint64_t vectors = (bits & 15) == 0 ? n / kVec : 0;
+  for (uint64_t v = tid; v < vectors; v += numThreads) {
+    float acc[kVec];
+    auto accumulate = [&](const char* base, bool first) {
+      const detail::Vec16 raw = loadVec(base, v);
+      for (uint32_t l = 0; l < kVec; ++l) {
+        // Byte copies, not a cast: reading the vector's ints as T breaks strict aliasing.
+        const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(&raw), l));
+        acc[l] = first ? x : applyReduce(redOp, acc[l], x);
+      }
+    };
+    accumulate(withDst ? dst : srcs[0], true);
+    for (int s = withDst ? 0 : 1; s < op.numSrcs; ++s) accumulate(srcs[s], false);
+    detail::Vec16 packed;
+    for (uint32_t l = 0; l < kVec; ++l) {
+      const T r = ElementTraits<T>::fromFloat(acc[l]);
+      const char* from = reinterpret_cast<const char*>(&r);
+      char* to = reinterpret_cast<char*>(&packed) + l * sizeof(T);
+      for (uint32_t k = 0; k < sizeof(T); ++k) to[k] = from[k];
+    }
+    storeVec(dst, v, packed);
+    for (int e = 0; e < numExtra; ++e) storeVec(extra[e], v, packed);
+  }
+  for (uint64_t i = vectors * kVec + tid; i < n; i += numThreads) {
     float acc = withDst ? ElementTraits<T>::toFloat(reinterpret_cast<const T*>(dst)[i])
                         : ElementTraits<T>::toFloat(elementAt<T>(srcs[0], i));
     for (int s = withDst ? 0 : 1; s < op.numSrcs; ++s) {
