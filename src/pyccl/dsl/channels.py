@@ -29,7 +29,10 @@ __all__ = ["MemoryChannel", "PortChannel", "SwitchChannel", "ThreadBlockGroup"]
 
 
 class ThreadBlockGroup:
-    """Thread blocks that share one MemoryChannel operation (each does a part)."""
+    """Thread blocks meant to share one MemoryChannel operation, each doing a
+    part. The plan records the group, but the simulator and the interpreter
+    still run the op whole on the thread block that issued it
+    (docs/plans.md, "Not yet")."""
 
     def __init__(self, tbs: Iterable[int]) -> None:
         self.tbs = tuple(sorted(set(int(t) for t in tbs)))
