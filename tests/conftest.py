@@ -14,6 +14,13 @@ def gpu_count() -> int:
     return pyccl._C.device_count() if pyccl._C.cuda_built() else 0
 
 
+def gpu_worlds(*worlds: int, least: int = 2) -> list:
+    """The world sizes of `worlds` that the visible GPUs can run. With fewer
+    than `least` GPUs it is [least], which @requires_gpus(least) then skips
+    with the reason, so a parametrized GPU test needs no skip of its own."""
+    return [w for w in worlds if w <= max(gpu_count(), least)]
+
+
 def requires_gpus(n: int):
     """Skips (saying why) unless this build has CUDA and at least n GPUs are visible."""
     if not pyccl._C.cuda_built():

@@ -19,7 +19,7 @@ def _expected(collective, inputs, op: str, rank: int) -> torch.Tensor:
     stack = torch.stack([x.to(torch.float64) for x in inputs])
     red = {"sum": stack.sum(0), "max": stack.max(0).values, "min": stack.min(0).values,
            "prod": stack.prod(0)}.get(op)
-    n, world = inputs[0].numel(), len(inputs)
+    world = len(inputs)
     name = collective["name"]
     if name == "allreduce":
         return red

@@ -10,10 +10,10 @@ import pytest
 
 import ranks
 import ranks_gpu
-from conftest import gpu_count, requires_gpus
+from conftest import gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
-WORLDS = [w for w in (2, 3, 4) if w <= max(gpu_count(), 2)]
+WORLDS = gpu_worlds(2, 3, 4)
 EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
@@ -25,8 +25,6 @@ EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     ("pyccl.empty", {}, "cumem"),
 ])
 def test_peer_writes_into_registered_gpu_memory(world, allocator, env, kind):
-    if world > gpu_count():
-        pytest.skip(f"needs {world} GPUs")
     words = 16 << 20 if allocator == "expandable" else (1 << 20) + 7  # 64 MiB per rank slot
     infos = run_ranks(ranks_gpu.peer_writes, world, args=(words, allocator, random.randrange(1 << 30)),
                       env=env, timeout=240)
@@ -43,8 +41,6 @@ def test_peer_writes_into_registered_gpu_memory(world, allocator, env, kind):
 @requires_gpus(2)
 @pytest.mark.parametrize("world", WORLDS)
 def test_device_semaphores_order_peer_writes(world):
-    if world > gpu_count():
-        pytest.skip(f"needs {world} GPUs")
     seeds = [random.randrange(1 << 31) for _ in range(20)]
     for per_seed in run_ranks(ranks_gpu.device_selftest, world, args=((1 << 18) + 3, seeds), timeout=240):
         assert [(m, f) for m, f, _ in per_seed] == [(0, 0)] * len(seeds)

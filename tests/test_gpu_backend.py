@@ -5,15 +5,13 @@ import random
 import pytest
 
 import ranks_backend as rb
-from conftest import gpu_count, requires_gpus
+from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", [w for w in (2, 4) if w <= max(gpu_count(), 2)])
+@pytest.mark.parametrize("world", gpu_worlds(2, 4))
 def test_every_op_through_the_backend_on_gpus(world):
-    if world > gpu_count():
-        pytest.skip(f"needs {world} GPUs")
     seed = random.randrange(1 << 20)
     for bad in run_ranks(rb.every_op, world, args=("cuda:pyccl,cpu:pyccl", True, seed), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"

@@ -5,7 +5,7 @@ import random
 import pytest
 
 import ranks_channels as rc
-from conftest import gpu_count, requires_gpus
+from conftest import gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
@@ -68,10 +68,8 @@ def test_waits_on_a_silent_peer_give_up_at_the_timeout():
 
 
 @requires_gpus(3)
-@pytest.mark.parametrize("world", [w for w in (3, 4) if w <= max(gpu_count(), 3)])
+@pytest.mark.parametrize("world", gpu_worlds(3, 4, least=3))
 def test_all_pairs_at_once(world):
-    if world > gpu_count():
-        pytest.skip(f"needs {world} GPUs")
     for wrong in run_ranks(rc.all_pairs, world, args=(True, (1 << 20) + 3, random.randrange(1 << 20)),
                            timeout=150):
         assert wrong == 0

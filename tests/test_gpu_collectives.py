@@ -6,15 +6,13 @@ import random
 import pytest
 
 import ranks_collectives as rcol
-from conftest import gpu_count, requires_gpus
+from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", [w for w in (2, 3, 4) if w <= max(gpu_count(), 2)])
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
 def test_all_reduce_random_cases_match_float64_reference(world):
-    if world > gpu_count():
-        pytest.skip(f"needs {world} GPUs")
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rcol.all_reduce_cases, world, args=(True, seed, 60, 3_000_000), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
@@ -51,10 +49,8 @@ def test_all_reduce_on_a_torch_nccl_group():
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", [w for w in (2, 3, 4) if w <= max(gpu_count(), 2)])
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
 def test_exchanges_random_cases(world):
-    if world > gpu_count():
-        pytest.skip(f"needs {world} GPUs")
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rcol.exchange_cases, world, args=(True, seed, 80, 2_000_000), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"

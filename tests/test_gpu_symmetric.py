@@ -6,15 +6,13 @@ import random
 import pytest
 
 import ranks_symmetric as rsym
-from conftest import gpu_count, requires_gpus
+from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", [w for w in (2, 3, 4) if w <= max(gpu_count(), 2)])
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
 def test_zero_copy_all_reduce_matches_float64_reference(world):
-    if world > gpu_count():
-        pytest.skip(f"needs {world} GPUs")
     seed = random.randrange(1 << 20)
     # No tuning table: the engine's zero-copy threshold decides, so the test knows the count.
     for bad, calls, expected, record in run_ranks(rsym.symmetric_cases, world,

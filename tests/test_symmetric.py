@@ -42,7 +42,7 @@ def test_symmetric_choice_follows_the_table(monkeypatch, nccl_here):
 
     def choose(nbytes):
         call = SimpleNamespace(comm=SimpleNamespace(world_size=4), nccl_here=nccl_here, algorithm=None,
-                               use_nccl=None)
+                               use_nccl=None, nbytes=nbytes)
         collectives._choose_symmetric(call, engine, torch.empty(nbytes // 4))
         return call.algorithm, call.use_nccl
 

@@ -5,8 +5,6 @@
 #include <utility>
 
 #include "core/errors.hpp"
-#include "core/gpu_runtime.hpp"
-#include "core/host_memory.hpp"
 #include "core/logging.hpp"
 
 namespace pyccl {
@@ -110,33 +108,17 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   const uint64_t barrierBytes = (static_cast<uint64_t>(options_.hbBlocks) * world * 8 + 15) / 16 * 16;
   const uint64_t total = 2 * llBytes + stagingBytes + resultBytes + barrierBytes;
 
-  void* scratch = nullptr;
-  if (host) {
-    auto mapping = allocateHostShared(total);
-    scratch = mapping->base();
-    scratchOwner_ = mapping;
-  } else {
-    const int dev = comm.device();
-    scratch = gpu::deviceMalloc(dev, total);
-    scratchOwner_ = std::shared_ptr<void>(scratch, [dev](void* p) { gpu::deviceFree(dev, p); });
-  }
+  scratchOwner_ = comm.allocateShareable(total);
+  void* scratch = scratchOwner_.get();
   const uint64_t counterBytes = options_.llBlocks * sizeof(uint32_t) + options_.hbBlocks * sizeof(uint64_t) + 8;
-  void* counters = nullptr;
-  if (host) {
-    counters = std::calloc(1, counterBytes);
-    if (counters == nullptr) throw SystemError("out of host memory for collective counters");
-    countersOwner_ = std::shared_ptr<void>(counters, [](void* p) { std::free(p); });
-  } else {
-    const int dev = comm.device();
-    counters = gpu::deviceMalloc(dev, counterBytes);
-    countersOwner_ = std::shared_ptr<void>(counters, [dev](void* p) { gpu::deviceFree(dev, p); });
-  }
-  scratch_ = comm.registerMemory(scratch, total, scratchOwner_);
-  peers_ = comm.exchangeMemory(scratch_);
+  countersOwner_ = comm.allocateLocal(counterBytes);
+  void* counters = countersOwner_.get();
+  scratch_.local = comm.registerMemory(scratch, total, scratchOwner_);
+  scratch_.peers = comm.exchangeMemory(scratch_.local);
 
   context_.rank = comm.rank();
   context_.worldSize = world;
-  for (int p = 0; p < world; ++p) context_.scratch[p] = static_cast<char*>(peers_[p]->data());
+  for (int p = 0; p < world; ++p) context_.scratch[p] = static_cast<char*>(scratch_.peers[p]->data());
   context_.llOffset = 0;
   context_.llBlockPackets = llBlockPackets;
   context_.llBlocks = options_.llBlocks;
@@ -162,17 +144,8 @@ CollectiveEngine::~CollectiveEngine() { close(); }
 void CollectiveEngine::close() {
   if (closed_) return;
   closed_ = true;
-  for (auto& p : peers_) {
-    if (p) p->release();
-  }
-  peers_.clear();
   scratch_.release();
-  for (auto& [start, buffer] : symmetric_) {
-    for (auto& p : buffer.peers) {
-      if (p) p->release();
-    }
-    buffer.local.release();
-  }
+  for (auto& [start, buffer] : symmetric_) buffer.release();
   symmetric_.clear();
 }
 
@@ -214,10 +187,9 @@ bool CollectiveEngine::isSymmetric(const void* ptr, uint64_t bytes) const {
   return findSymmetric(ptr, bytes) != nullptr;
 }
 
-void CollectiveEngine::peerPointers(const SymmetricBuffer& buffer, const void* ptr,
-                                    char* (&out)[kMaxCollectiveRanks]) const {
+char* CollectiveEngine::peerPointer(const SymmetricBuffer& buffer, const void* ptr, int q) const {
   const uint64_t offset = static_cast<const char*>(ptr) - static_cast<const char*>(buffer.local.data());
-  for (int q = 0; q < comm_.worldSize(); ++q) out[q] = static_cast<char*>(buffer.peers[q]->data()) + offset;
+  return static_cast<char*>(buffer.peers[q]->data()) + offset;
 }
 
 AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes, bool symmetric) const {
@@ -268,10 +240,10 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     // Zero-copy: the whole message in one call, no scratch.
     ++zeroCopyCalls_;
     SymmetricPointers pointers{};
-    char* inputs[kMaxCollectiveRanks] = {};
-    peerPointers(*symIn, input, inputs);
-    for (int q = 0; q < kMaxCollectiveRanks; ++q) pointers.inputs[q] = inputs[q];
-    peerPointers(*symOut, output, pointers.outputs);
+    for (int q = 0; q < comm_.worldSize(); ++q) {
+      pointers.inputs[q] = peerPointer(*symIn, input, q);
+      pointers.outputs[q] = peerPointer(*symOut, output, q);
+    }
     AllReduceCall call{input, output, count, dtype, op, algo, &pointers};
     // The body uses no HB scratch: its grid may be smaller than the layout's.
     CollectiveContext ctx = context_;

@@ -110,16 +110,12 @@ class CollectiveEngine {
   CollectiveContext context_{};
   std::shared_ptr<void> scratchOwner_;
   std::shared_ptr<void> countersOwner_;
-  RegisteredMemory scratch_;
-  std::vector<std::optional<RegisteredMemory>> peers_;
-  struct SymmetricBuffer {
-    RegisteredMemory local;
-    std::vector<std::optional<RegisteredMemory>> peers;
-  };
+  ExchangedMemory scratch_;
+  using SymmetricBuffer = ExchangedMemory;
   /// The symmetric buffer holding [ptr, ptr + bytes), or null.
   const SymmetricBuffer* findSymmetric(const void* ptr, uint64_t bytes) const;
-  /// Every rank's copy of [ptr, ...) of a symmetric buffer, mapped here.
-  void peerPointers(const SymmetricBuffer& buffer, const void* ptr, char* (&out)[kMaxCollectiveRanks]) const;
+  /// Rank q's copy of `ptr` (within a symmetric buffer), mapped here.
+  char* peerPointer(const SymmetricBuffer& buffer, const void* ptr, int q) const;
   std::map<uintptr_t, SymmetricBuffer> symmetric_;  ///< by local start address
   bool closed_ = false;
   uint64_t calls_ = 0;  ///< collective calls made, for error messages

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -300,22 +301,32 @@ std::vector<std::optional<RegisteredMemory>> Communicator::exchangeMemory(
   return out;
 }
 
+std::shared_ptr<void> Communicator::allocateShareable(size_t size) const {
+  if (hostMode()) {
+    auto mapping = allocateHostShared(size);
+    return std::shared_ptr<void>(mapping, mapping->base());  // owns the mapping, points at its bytes
+  }
+  const int dev = device_;
+  return std::shared_ptr<void>(gpu::deviceMalloc(dev, size), [dev](void* p) { gpu::deviceFree(dev, p); });
+}
+
+std::shared_ptr<void> Communicator::allocateLocal(size_t size) const {
+  if (hostMode()) {
+    void* p = std::calloc(1, size);
+    if (p == nullptr) throw SystemError(strCat("out of host memory (", size, " bytes)"));
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  }
+  const int dev = device_;
+  return std::shared_ptr<void>(gpu::deviceMalloc(dev, size), [dev](void* p) { gpu::deviceFree(dev, p); });
+}
+
 void Communicator::probePeers() {
   const int n = worldSize_;
   std::vector<bool> reached(n, false);  // reached[p]: this rank wrote into p's probe slot
   reached[rank_] = true;
   const size_t probeBytes = static_cast<size_t>(n) * sizeof(uint64_t);
-  std::shared_ptr<void> probeAlloc;
-  void* probePtr = nullptr;
-  if (hostMode()) {
-    auto mapping = allocateHostShared(probeBytes);
-    probePtr = mapping->base();
-    probeAlloc = mapping;
-  } else {
-    const int dev = device_;
-    probePtr = gpu::deviceMalloc(dev, probeBytes);
-    probeAlloc = std::shared_ptr<void>(probePtr, [dev](void* p) { gpu::deviceFree(dev, p); });
-  }
+  std::shared_ptr<void> probeAlloc = allocateShareable(probeBytes);
+  void* probePtr = probeAlloc.get();
   RegisteredMemory probe = registerMemory(probePtr, probeBytes);
   auto descs = bootstrap_->allGather(probe.serialize());
 
@@ -406,16 +417,8 @@ SemaphoreSlot* Communicator::allocateSemaphoreSlot(RegisteredMemory* page) {
   constexpr size_t kSlotsPerPage = kSemaphorePageBytes / sizeof(SemaphoreSlot);
   std::unique_lock<std::mutex> lock(mu_);
   if (!semaphorePage_.valid() || semaphoreSlotsUsed_ == kSlotsPerPage) {
-    void* ptr;
-    if (hostMode()) {
-      auto mapping = allocateHostShared(kSemaphorePageBytes);
-      ptr = mapping->base();
-      ownedAllocations_.push_back(mapping);
-    } else {
-      const int dev = device_;
-      ptr = gpu::deviceMalloc(dev, kSemaphorePageBytes);
-      ownedAllocations_.emplace_back(ptr, [dev](void* p) { gpu::deviceFree(dev, p); });
-    }
+    ownedAllocations_.push_back(allocateShareable(kSemaphorePageBytes));
+    void* ptr = ownedAllocations_.back().get();
     lock.unlock();  // registerMemory takes mu_ itself
     RegisteredMemory reg = registerMemory(ptr, kSemaphorePageBytes);
     lock.lock();

@@ -63,6 +63,12 @@ class Communicator {
   /// memory from allocateHostShared. The caller keeps the memory alive.
   /// `owner`, if given, is held until the registration is released.
   RegisteredMemory registerMemory(void* ptr, size_t size, std::shared_ptr<void> owner = nullptr);
+  /// Zero-filled memory that peers can map once it is registered: shared host
+  /// memory in host mode, device memory on GPUs. The pointer owns it.
+  std::shared_ptr<void> allocateShareable(size_t size) const;
+  /// Zero-filled memory for this rank's own kernels: heap memory in host
+  /// mode, device memory on GPUs. The pointer owns it.
+  std::shared_ptr<void> allocateLocal(size_t size) const;
   /// Maps memory a peer registered (from RegisteredMemory::serialize).
   RegisteredMemory importMemory(const Bytes& descriptor);
   /// Collective: returns every rank's registration of `local`, mapped here,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,23 @@ struct RegisteredMemory::Impl {
 
   void release();
   ~Impl() { release(); }
+};
+
+/// A registration of this rank's memory and every rank's counterpart, mapped
+/// here (this rank's own included; nullopt for ranks without P2P), as
+/// Communicator::exchangeMemory makes them.
+struct ExchangedMemory {
+  RegisteredMemory local;
+  std::vector<std::optional<RegisteredMemory>> peers;
+
+  /// Releases the peers' mappings and then the local registration. Idempotent.
+  void release() {
+    for (auto& p : peers) {
+      if (p) p->release();
+    }
+    peers.clear();
+    local.release();
+  }
 };
 
 }  // namespace pyccl

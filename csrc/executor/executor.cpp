@@ -1,13 +1,11 @@
 #include "executor/executor.hpp"
 
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include "collectives/collective_launch.hpp"  // dispatchReduction
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
-#include "core/host_memory.hpp"
 #include "core/logging.hpp"
 #include "executor/interpreter.hpp"
 
@@ -70,63 +68,47 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   const uint64_t counterCount = program_.signalsPerCall.size() + world + 2;
   const uint64_t sizes[5] = {2 * inputPhase, program_.inPlace ? 16 : program_.outputChunks * c, scratch * c,
                              2 * 2 * scratch * c, counterCount * 8};
+  uint64_t offsets[5] = {};  // input, output, scratch, packets, counters within the region
   uint64_t total = 0;
   for (int k = 0; k < 5; ++k) {
-    offsets_[k] = total;
+    offsets[k] = total;
     total += roundUp(sizes[k], 256);
   }
-  void* region = nullptr;
-  if (host) {
-    auto mapping = allocateHostShared(total);  // zero-filled
-    region = mapping->base();
-    regionOwner_ = mapping;
-  } else {
-    const int dev = comm.device();
-    region = gpu::deviceMalloc(dev, total);  // zero-filled
-    regionOwner_ = std::shared_ptr<void>(region, [dev](void* p) { gpu::deviceFree(dev, p); });
-  }
-  region_ = comm.registerMemory(region, total, regionOwner_);
-  peers_ = comm.exchangeMemory(region_);
+  regionOwner_ = comm.allocateShareable(total);
+  region_.local = comm.registerMemory(regionOwner_.get(), total, regionOwner_);
+  region_.peers = comm.exchangeMemory(region_.local);
 
-  // Op and channel tables, and the per-thread-block call counters, where the kernel reads them.
+  // Op and channel tables, then the per-thread-block call counters (zero),
+  // where the interpreter reads them.
   const auto& p = program_;
-  const uint64_t opBytes = p.ops.size() * sizeof(PlanOp);
-  const uint64_t intCount = p.tbOffsets.size() + 3 * p.channelDst.size() + p.signalsPerCall.size();
-  const uint64_t tablesBytes = roundUp(opBytes, 16) + intCount * 4 + 16 + (p.tbOffsets.size()) * 8;
-  std::vector<char> staging(tablesBytes, 0);
-  std::memcpy(staging.data(), p.ops.data(), opBytes);
-  uint64_t at = roundUp(opBytes, 16);
-  auto put = [&](const std::vector<int32_t>& v) {
-    std::memcpy(staging.data() + at, v.data(), v.size() * 4);
-    const uint64_t start = at;
-    at += v.size() * 4;
+  std::vector<char> tablesImage(p.ops.size() * sizeof(PlanOp));
+  std::memcpy(tablesImage.data(), p.ops.data(), tablesImage.size());
+  auto append = [&](const std::vector<int32_t>& v) {
+    const uint64_t start = tablesImage.size();
+    tablesImage.resize(start + v.size() * 4);
+    std::memcpy(tablesImage.data() + start, v.data(), v.size() * 4);
     return start;
   };
-  const uint64_t offTb = put(p.tbOffsets), offSrc = put(p.channelSrc), offDst = put(p.channelDst),
-                 offSig = put(p.signalsPerCall);
-  const uint64_t offCalls = roundUp(at, 8);
-  char* tables = nullptr;
+  const uint64_t offTb = append(p.tbOffsets), offSrc = append(p.channelSrc), offDst = append(p.channelDst),
+                 offSig = append(p.signalsPerCall);
+  const uint64_t offCalls = roundUp(tablesImage.size(), 8);
+  tablesOwner_ = comm.allocateLocal(offCalls + static_cast<uint64_t>(numThreadBlocks()) * 8);
+  char* tables = static_cast<char*>(tablesOwner_.get());
   if (host) {
-    tables = static_cast<char*>(std::calloc(1, tablesBytes + 8));
-    if (tables == nullptr) throw SystemError("out of host memory for a plan");
-    std::memcpy(tables, staging.data(), tablesBytes);
-    tablesOwner_ = std::shared_ptr<void>(tables, [](void* q) { std::free(q); });
+    std::memcpy(tables, tablesImage.data(), tablesImage.size());
   } else {
-    const int dev = comm.device();
-    tables = static_cast<char*>(gpu::deviceMalloc(dev, tablesBytes + 8));
-    tablesOwner_ = std::shared_ptr<void>(tables, [dev](void* q) { gpu::deviceFree(dev, q); });
-    gpu::copyToDevice(dev, tables, staging.data(), offCalls);  // the call counters stay zero
+    gpu::copyToDevice(comm.device(), tables, tablesImage.data(), tablesImage.size());
   }
   context_.rank = comm.rank();
   context_.worldSize = world;
   for (int q = 0; q < world; ++q) {
-    PYCCL_CHECK_ARG(peers_[q].has_value(), "comm", "plans need P2P between all ranks; rank ", q, " is unreachable");
-    char* base = static_cast<char*>(peers_[q]->data());
-    context_.buffers[q][0] = base + offsets_[0];
-    context_.buffers[q][1] = program_.inPlace ? base + offsets_[0] : base + offsets_[1];
-    context_.buffers[q][2] = base + offsets_[2];
-    context_.packets[q] = base + offsets_[3];
-    context_.counters[q] = reinterpret_cast<uint64_t*>(base + offsets_[4]);
+    PYCCL_CHECK_ARG(region_.peers[q].has_value(), "comm", "plans need P2P between all ranks; rank ", q, " is unreachable");
+    char* base = static_cast<char*>(region_.peers[q]->data());
+    context_.buffers[q][0] = base + offsets[0];
+    context_.buffers[q][1] = program_.inPlace ? base + offsets[0] : base + offsets[1];
+    context_.buffers[q][2] = base + offsets[2];
+    context_.packets[q] = base + offsets[3];
+    context_.counters[q] = reinterpret_cast<uint64_t*>(base + offsets[4]);
   }
   context_.packetPhaseBytes = 2 * scratch * c;
   context_.ops = reinterpret_cast<const PlanOp*>(tables);
@@ -150,10 +132,6 @@ PlanExecutor::~PlanExecutor() { close(); }
 void PlanExecutor::close() {
   if (closed_) return;
   closed_ = true;
-  for (auto& p : peers_) {
-    if (p) p->release();
-  }
-  peers_.clear();
   region_.release();
 }
 

@@ -55,9 +55,7 @@ class PlanExecutor {
   PlanContext context_{};
   std::shared_ptr<void> regionOwner_;
   std::shared_ptr<void> tablesOwner_;
-  RegisteredMemory region_;
-  std::vector<std::optional<RegisteredMemory>> peers_;
-  uint64_t offsets_[5] = {};  ///< input, output, scratch, packets, counters within the region
+  ExchangedMemory region_;
   bool closed_ = false;
   uint64_t calls_ = 0;
 };

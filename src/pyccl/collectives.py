@@ -27,7 +27,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _C, tuning
+from . import _C, registry, tuning
 from ._logging import logger
 from .communicator import Communicator
 from .errors import ClosedError, InvalidArgumentError, UnsupportedError
@@ -201,7 +201,7 @@ class _Call:
         self.group = group
         self.algorithm = _forced_algorithm(collective, algorithm)
         self.forced = self.algorithm is not None
-        nbytes = nbytes_of(self.comm.world_size)
+        self.nbytes = nbytes = nbytes_of(self.comm.world_size)
         nccl_here = self.from_group and tensor.is_cuda and _has_nccl(group)
         if self.algorithm is None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
             # The measured table for this GPU and world size, where there is one.
@@ -227,10 +227,7 @@ def _run_registered(call: _Call, collective: str, tensor: torch.Tensor, out: tor
     (never when the call forces an algorithm)."""
     if call.forced:
         return False
-    from . import registry
-
-    nbytes = max(tensor.numel(), out.numel()) * tensor.element_size()
-    runner = registry.find(collective, call.comm, nbytes, tensor)
+    runner = registry.find(collective, call.comm, call.nbytes, tensor)
     if runner is None:
         return False
     if op == "avg":
@@ -246,7 +243,7 @@ def _choose_symmetric(call: _Call, engine, tensor: torch.Tensor) -> None:
     symmetric buffers, where 2PA HB runs zero-copy: the table's
     ``all_reduce_symmetric`` entries where it has them, else zero-copy from the
     engine's threshold (and NCCL from PYCCL_NCCL_MIN_BYTES, if set)."""
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = call.nbytes
     chosen = None
     if not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
         chosen = tuning.select(table_for(tensor.device, call.comm.world_size, tensor.dtype),

@@ -97,6 +97,8 @@ def find(collective: str, comm, nbytes: int, tensor: torch.Tensor):
     """The plan runner to use for this call, or None: the first registered
     algorithm for the collective, world size and size whose chunks divide the
     input, set up on `comm` at first use."""
+    if not _registry:  # every collective call asks: no lock while nothing is registered
+        return None
     with _lock:
         entries = [e for e in _registry if e.collective == collective and e.world_size == comm.world_size
                    and e.min_bytes <= nbytes <= e.max_bytes]

@@ -57,8 +57,7 @@ def symmetric_empty(*size, dtype: torch.dtype = torch.float32, group: Optional[d
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     if comm is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        comm = communicator_for(group, device)
+        comm = communicator_for(group)  # on the current CUDA device, or the CPU
     from . import empty
 
     return register_symmetric(empty(*size, dtype=dtype, device=comm.device), comm=comm)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -80,11 +80,15 @@ class _Sim:
         self.tid = {rt: i for i, rt in enumerate(self.threads)}
         ports = [c["id"] for c in plan.channels if c["type"] == "port"]
         self.proxy_tid = {cid: len(self.threads) + i for i, cid in enumerate(ports)}
+        self.proxy_channel = {tid: cid for cid, tid in self.proxy_tid.items()}
         size = len(self.threads) + len(ports)
         self.clock = [np.zeros(size, dtype=np.int64) for _ in range(size)]
         for i in range(size):
             self.clock[i][i] = 1
         self.pc = [0] * len(self.threads)
+        self.unfinished = [0] * n  # per rank: thread blocks with ops left
+        for r, t in self.threads:
+            self.unfinished[r] += bool(plan.threadblocks(r)[t]["ops"])
         self.signals: Dict[int, List[np.ndarray]] = {}
         self.waited: Dict[int, int] = {}
         self.queues: Dict[int, List[tuple]] = {cid: [] for cid in ports}
@@ -115,13 +119,9 @@ class _Sim:
         buf = "input" if buf == "output" and self.coll.in_place else buf
         return self.bufs[(rank, buf)][index:index + count].copy()
 
-    def _finished(self, rank: int) -> bool:
-        return all(self.pc[i] >= len(self.plan.threadblocks(r)[t]["ops"])
-                   for i, (r, t) in enumerate(self.threads) if r == rank)
-
     def _write(self, tid: int, c, value: np.ndarray, where: str) -> None:
         clock = self.clock[tid]
-        if c[0] != self._rank_of(tid) and self._finished(c[0]):
+        if c[0] != self._rank_of(tid) and self.unfinished[c[0]] == 0:
             self._race(f"{where} writes rank {c[0]}'s {c[1]} after every thread block of rank {c[0]} finished: "
                        f"rank {c[0]} returns from the call without waiting for this data")
         for slot in self._slots(c):
@@ -142,8 +142,7 @@ class _Sim:
     def _rank_of(self, tid: int) -> int:
         if tid < len(self.threads):
             return self.threads[tid][0]
-        cid = [c for c, p in self.proxy_tid.items() if p == tid][0]
-        return self.plan.channels[cid]["src"]
+        return self.plan.channels[self.proxy_channel[tid]]["src"]
 
     def _race(self, text: str) -> None:
         if text not in self.report.races:
@@ -156,8 +155,7 @@ class _Sim:
         if tid < len(self.threads):
             r, t = self.threads[tid]
             return f"rank {r} tb {t}"
-        cid = [c for c, p in self.proxy_tid.items() if p == tid][0]
-        return f"the proxy of channel {cid}"
+        return f"the proxy of channel {self.proxy_channel[tid]}"
 
     def _tick(self, tid: int) -> None:
         self.clock[tid][tid] += 1
@@ -252,7 +250,8 @@ class _Sim:
                 self._acquire(i, self.signals[c][n])
                 self.waited[c] = n + 1
         elif kind == "flush":
-            self._acquire(i, self.clock[self.proxy_tid[op["channel"]]]) if op["channel"] in self.proxy_tid else None
+            if op["channel"] in self.proxy_tid:  # a memory channel's puts are complete already
+                self._acquire(i, self.clock[self.proxy_tid[op["channel"]]])
         elif kind == "barrier":
             key = (r, tuple(op["tbs"]))
             gen = self._barrier_generation(i, key)
@@ -264,6 +263,8 @@ class _Sim:
             self.barrier_gen[(i, key)] = gen + 1
         self._tick(i)
         self.pc[i] += 1
+        if self.pc[i] == len(self.plan.threadblocks(r)[t]["ops"]):
+            self.unfinished[r] -= 1
 
     def _proxy_step(self, cid: int) -> None:
         p = self.proxy_tid[cid]
