@@ -1,8 +1,16 @@
 """The DSL plan interpreter against the hand-written kernel of the same
-algorithm: all-reduce, bf16, CUDA graph of 10 calls, median of 5, on 4 GPUs.
+algorithm: all-reduce, bf16, CUDA graph of 20 calls, median of 7, on 4 GPUs.
 
-    python benchmarks/plan_bench.py
+Each plan runs at several instance counts (thread blocks) and block sizes;
+the table shows the best of them beside the kernel, and every row goes to
+the JSON file if one is named.
+
+    python benchmarks/plan_bench.py [--world 4] [--json rows.json]
 """
+
+import argparse
+import json
+import math
 
 import torch
 
@@ -12,8 +20,13 @@ from pyccl._spawn import run_ranks
 from pyccl.bench import _time_graph
 from pyccl.plans import PlanRunner
 
-CASES = (("allreduce_allpairs_ll", "1pa_ll", (4096, 65536)),
-         ("allreduce_allpairs_hb", "2pa_hb", (4096, 65536, 1 << 20, 16 << 20)))
+K = 1 << 10
+M = 1 << 20
+# plan, hand-written twin, sizes, instance counts, threads per block
+CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 4, 8, 16, 32), (512, 1024)),
+         ("allreduce_allpairs_ll2", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64), (512, 1024)),
+         ("allreduce_allpairs_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
+ITERS, TRIALS = 20, 7
 
 
 def body(rank, world, store):
@@ -21,20 +34,57 @@ def body(rank, world, store):
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="plan_bench")
     rows = []
-    for name, algo, sizes in CASES:
-        run = PlanRunner(algorithms.LIBRARY[name](world).lower(), comm, max_bytes=16 << 20)
-        for nbytes in sizes:
-            x = torch.randn(nbytes // 2, device=device).to(torch.bfloat16)
-            y = torch.empty_like(x)
-            t_plan = _time_graph(lambda: run(x, out=y), 10, 5)
-            t_kernel = _time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo), 10, 5)
-            rows.append((name, algo, nbytes, t_plan, t_kernel))
-        run.close()
+    for name, algo, sizes, instance_counts, thread_counts in CASES:
+        inputs = {n: torch.randn(n // 2, device=device).to(torch.bfloat16) for n in sizes}
+        outputs = {n: torch.empty_like(x) for n, x in inputs.items()}
+        for n in sizes:
+            x, y = inputs[n], outputs[n]
+            t = _time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo), ITERS, TRIALS)
+            rows.append({"plan": name, "kernel": algo, "bytes": n, "instances": 0, "threads": 0, "us": t})
+        for k in instance_counts:
+            plan = algorithms.LIBRARY[name](world, instances=k).lower()
+            unit = plan.buffers["input"] * 2  # bf16
+            for threads in thread_counts:
+                run = PlanRunner(plan, comm, max_bytes=max(sizes), threads=threads)
+                for n in sizes:
+                    if n % unit:
+                        continue
+                    x, y = inputs[n], outputs[n]
+                    t = _time_graph(lambda: run(x, out=y), ITERS, TRIALS)
+                    rows.append({"plan": name, "kernel": algo, "bytes": n, "instances": k, "threads": threads, "us": t})
+                run.close()
     comm.close()
     return rows if rank == 0 else None
 
 
+def _size(n: int) -> str:
+    return f"{n // M} MiB" if n >= M else f"{n // K} KiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args()
+    rows = run_ranks(body, args.world, timeout=600)[0]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"| plan (kernel) | size | kernel µs | plan µs (instances x threads) | plan / kernel |")
+    print("|---|---:|---:|---:|---:|")
+    ratios = {}
+    for name, algo, sizes, _, _ in CASES:
+        for n in sizes:
+            kernel = next(r["us"] for r in rows if r["plan"] == name and r["bytes"] == n and r["instances"] == 0)
+            best = min((r for r in rows if r["plan"] == name and r["bytes"] == n and r["instances"]),
+                       key=lambda r: r["us"])
+            ratios.setdefault(name, []).append(best["us"] / kernel)
+            print(f"| {name} ({algo}) | {_size(n)} | {kernel:.2f} | {best['us']:.2f} ({best['instances']} x "
+                  f"{best['threads']}) | {best['us'] / kernel:.2f} |")
+    for name, rs in ratios.items():
+        print(f"{name}: geometric mean plan / kernel {math.exp(sum(map(math.log, rs)) / len(rs)):.3f}, "
+              f"worst {max(rs):.2f}")
+
+
 if __name__ == "__main__":
-    print(f"{'plan':<24} {'kernel':<7} {'bytes':>10} {'plan us':>10} {'kernel us':>10}")
-    for name, algo, nbytes, t_plan, t_kernel in run_ranks(body, 4, timeout=120)[0]:
-        print(f"{name:<24} {algo:<7} {nbytes:>10} {t_plan:>10.2f} {t_kernel:>10.2f}")
+    main()

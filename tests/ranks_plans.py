@@ -54,8 +54,14 @@ def library_plans(rank, world, store, on_gpu, seed, calls, max_elems):
                 else:
                     gen = torch.Generator().manual_seed(seed * 7 + i)
                     inputs = [torch.randint(0, 100, (n,), generator=gen, dtype=dtype) for _ in range(world)]
-                y = runner(inputs[rank].to(device), op=op).cpu()
                 want = _expected(plan.collective, inputs, op, rank)
+                # The output: a new tensor, the input itself (all-reduce) or a given one.
+                x = inputs[rank].clone().to(device)
+                mode = rng.choice(("new", "same", "given") if name.startswith("allreduce") else ("new", "given"))
+                out = None if mode == "new" else x if mode == "same" else torch.empty(
+                    n // unit * plan.buffers["output"], dtype=dtype, device=device)
+                y = runner(x, out=out, op=op).cpu()
+                case += (mode,)
                 if y.numel() != want.numel():
                     bad.append(case + ("size", y.numel(), want.numel()))
                     continue
@@ -90,6 +96,14 @@ def plan_errors(rank, world, store):
         PlanRunner(algorithms.allreduce_allpairs_hb(world + 1).lower(), comm, max_bytes=4096)
     except pyccl.InvalidArgumentError as e:
         messages["world"] = str(e)
+    # An in-place plan works on the output: a partly overlapping one is refused.
+    ring = PlanRunner(algorithms.allreduce_ring(world).lower(), comm, max_bytes=4096)
+    both = torch.ones(world * 8 + 2)
+    try:
+        ring(both[:world * 8], out=both[2:])
+    except pyccl.InvalidArgumentError as e:
+        messages["overlap"] = str(e)
+    ring.close()
     y = runner(torch.full((world * 4,), float(rank + 1)))  # still works
     messages["sum_ok"] = bool(torch.all(y == world * (world + 1) / 2))
     runner.close()

@@ -39,25 +39,87 @@ def _kinds(plan, rank=0, tb=0):
     return [op["op"] for op in plan.threadblocks(rank)[tb]["ops"]]
 
 
+def _push_allreduce(n: int) -> Program:
+    """2PA HB pushing instead of pulling: reduce-scatter by puts into the
+    owners' scratch, all-gather by puts of the result into every output."""
+    with Program("push", AllReduce(n, chunks=n), protocol="hb") as p:
+        chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        for r in range(n):
+            peers = [(r + k) % n for k in range(1, n)]
+            for q in peers:
+                chans[(q, r)].put(p.scratch(q, n)[r], p.input(r)[q], tb=0)
+            for q in peers:
+                chans[(q, r)].signal(tb=0)
+            for q in peers:
+                chans[(r, q)].wait(tb=0)
+            p.input(r)[r].reduce(*[p.scratch(r, n)[q] for q in peers], tb=0)
+            for q in peers:
+                chans[(q, r)].put(p.output(q)[r], p.input(r)[r], tb=0)
+            for q in peers:
+                chans[(q, r)].signal(tb=0)
+            for q in peers:
+                chans[(r, q)].wait(tb=0)
+    return p
+
+
 def test_fusion_and_synchronization():
     hb = algorithms.allreduce_allpairs_hb(4).lower()
     kinds = _kinds(hb)
-    # Puts of one chunk to every peer become one op; signals and waits too; the
-    # last reduce and the put of its result become reduce_put.
+    # Signals and waits on every peer become one op each; reductions reading
+    # the three peers become one multi_reduce; the pulls stay one op per peer.
     assert kinds.count("multi_signal") == 2 and kinds.count("multi_wait") == 2
-    assert "reduce_put" in kinds and "multi_put" in kinds
+    assert kinds.count("multi_reduce") == 1 and kinds.count("get") == 3
+    reduce_op = hb.threadblocks(0)[0]["ops"][kinds.index("multi_reduce")]
+    assert sorted(c[0] for c in reduce_op["srcs"]) == [1, 2, 3] and len(reduce_op["channels"]) == 3
+    # A reduce whose result is put next becomes reduce_put; puts of one chunk
+    # to several peers become multi_put.
+    push = _push_allreduce(4).lower()
+    verify(push, interleavings=4)
+    assert "reduce_put" in _kinds(push) and "multi_put" in _kinds(push)
     ring = algorithms.allgather_ring(4).lower()
     assert "put_with_signal" in _kinds(ring) and "signal" not in _kinds(ring)
-    for plan in (hb, ring, algorithms.reduce_scatter_ring(4).lower(), algorithms.allreduce_allpairs_ll(4).lower()):
+    # The first put sends the chunk the copy before it wrote: the block syncs
+    # between (put_with_signal syncs only before its signal).
+    assert _kinds(ring)[:3] == ["copy", "sync", "put_with_signal"]
+    # 1PA LL: one packet put to every peer, and one reduction of every peer's packets.
+    ll = algorithms.allreduce_allpairs_ll(4).lower()
+    assert _kinds(ll) == ["multi_put_packets", "copy", "sync", "reduce_packets"]
+    assert len(ll.threadblocks(0)[0]["ops"][-1]["srcs"]) == 3
+    for plan in (hb, push, ring, ll, algorithms.reduce_scatter_ring(4).lower()):
         for r in range(plan.num_ranks):
             for tb in plan.threadblocks(r):
                 ks = [op["op"] for op in tb["ops"]]
                 for a, b in zip(ks, ks[1:]):
                     assert not (a == "sync" and b in ("sync", "signal", "multi_signal", "barrier")), ks
                     assert not (a in ("wait", "multi_wait", "barrier") and b == "sync"), ks
-    # A reduce that reads what the packets' unpacking wrote needs a sync between.
-    ll = _kinds(algorithms.allreduce_allpairs_ll(3).lower())
-    assert ll.index("sync") < ll.index("reduce_packets") + 2
+
+
+def test_buffer_placement():
+    from pyccl.plans import buffer_placement
+
+    def place(plan):
+        p = buffer_placement(plan)
+        return p["stage_input"][0], p["stage_output"][0], p["entry_barrier"]
+
+    # All-pairs all-reduce: only scratch is shared, every rank waits on every peer.
+    for name in ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb"):
+        assert place(algorithms.LIBRARY[name](4, instances=2).lower()) == (False, False, False), name
+    # Peers write the output: it is staged. A ring waits on one neighbour only.
+    assert place(algorithms.allgather_allpairs(4).lower()) == (False, True, False)
+    assert place(algorithms.allgather_ring(4).lower()) == (False, True, True)
+    assert place(algorithms.allgather_ring(2).lower()) == (False, True, False)
+    # An out-of-place plan that reduces into its input stages it.
+    assert place(algorithms.reduce_scatter_ring(4).lower()) == (True, False, True)
+    # In place, peers write the buffer: staged. Every such put follows a wait
+    # on its peer, so no barrier; moved before the waits, it needs one.
+    push = _push_allreduce(3).lower()
+    assert place(push) == (True, True, False)
+    d = push.to_dict()
+    ops = d["ranks"][0]["threadblocks"][0]["ops"]
+    late = next(i for i, op in enumerate(ops) if any(c[0] != 0 and c[1] == "input"
+                                                     for c in [op.get("dst", [0])] + op.get("dsts", [])))
+    ops.insert(0, ops.pop(late))
+    assert place(Plan.from_dict(d)) == (True, True, True)
 
 
 def _line_of(marker: str) -> str:

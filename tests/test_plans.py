@@ -28,6 +28,7 @@ def test_plan_calls_reject_bad_arguments():
         assert "'op'" in m["avg"]
         assert "'out'" in m["out"]
         assert "'plan'" in m["world"]
+        assert "'out'" in m["overlap"] and "partly overlaps" in m["overlap"]
         assert m["sum_ok"]
 
 

@@ -41,6 +41,8 @@ struct KernelLaunch {
   /// Programmatic dependent launch (sm_90+): the kernel may be scheduled
   /// before the previous one on the stream completes, and waits for it on the GPU.
   bool programmatic;
+  /// Dynamic shared memory per block.
+  uint32_t sharedBytes = 0;
 };
 
 /// Runs one call on CPU threads and returns when it is done.

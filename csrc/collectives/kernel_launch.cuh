@@ -53,7 +53,7 @@ void launchCollectiveKernel(void (*kernel)(Params...), uint32_t blocks, const Ke
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(blocks);
   config.blockDim = dim3(launch.threadsPerBlock);
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = launch.sharedBytes;
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = launch.programmatic ? 1 : 0;

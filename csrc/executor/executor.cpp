@@ -1,5 +1,6 @@
 #include "executor/executor.hpp"
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -37,8 +38,13 @@ void checkProgram(const PlanProgram& p, int world) {
     PYCCL_CHECK_ARG(ok, "plan", "op ", i, " is malformed");
     for (int s = 0; s < op.numSrcs; ++s) PYCCL_CHECK_ARG(chunkOk(op.srcs[s]), "plan", "op ", i, " reads out of range");
     for (int d = 0; d < op.numDsts; ++d) PYCCL_CHECK_ARG(chunkOk(op.dsts[d]), "plan", "op ", i, " writes out of range");
+    const auto kind = static_cast<PlanOpKind>(op.kind);
     for (int k = 0; k < op.numChannels; ++k) {
       PYCCL_CHECK_ARG(op.channels[k] >= 0 && op.channels[k] < channels, "plan", "op ", i, " names no channel");
+      const int32_t peer = kind == PlanOpKind::kSignal ? p.channelDst[op.channels[k]]
+                           : kind == PlanOpKind::kWait ? p.channelSrc[op.channels[k]]
+                                                       : 0;
+      PYCCL_CHECK_ARG(peer >= 0 && peer < world, "plan", "op ", i, " signals or waits on a channel without that side");
     }
     if (static_cast<PlanOpKind>(op.kind) == PlanOpKind::kBarrier) {
       PYCCL_CHECK_ARG(op.ordinals[0] >= 0 && channels + op.ordinals[0] < counters, "plan", "op ", i,
@@ -61,13 +67,32 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   PYCCL_CHECK_ARG(threads_ >= 32 && threads_ <= 1024 && threads_ % 32 == 0, "threads",
                   "must be a multiple of 32 in [32, 1024], got ", threads_);
   checkProgram(program_, world);
+  // Each signal, wait and barrier carries what it needs from the channel
+  // tables, so the interpreter reads no table in the op.
+  for (PlanOp& op : program_.ops) {
+    const auto kind = static_cast<PlanOpKind>(op.kind);
+    for (int k = 0; k < op.numChannels; ++k) {
+      const int ch = op.channels[k];
+      if (kind == PlanOpKind::kSignal) op.peers[k] = program_.channelDst[ch];
+      if (kind == PlanOpKind::kWait) {
+        op.peers[k] = program_.channelSrc[ch];
+        op.perCall[k] = program_.signalsPerCall[ch];
+      }
+    }
+    if (kind == PlanOpKind::kBarrier) op.perCall[0] = program_.signalsPerCall[program_.channelDst.size() + op.ordinals[0]];
+  }
   const bool host = comm.hostMode();
   const uint64_t c = maxChunkBytes_;
   const uint64_t scratch = std::max<int32_t>(program_.scratchChunks, 1);
-  const uint64_t inputPhase = roundUp(program_.inputChunks * c, 256);
+  // Every staging region has two phases (by call parity). The input staging
+  // exists even for plans that work on the user's input: a call whose output
+  // overlaps its input (out of place) stages the input.
+  const uint64_t phase[4] = {roundUp(program_.inputChunks * c, 256),
+                             program_.inPlace || !program_.stageOutput ? 0 : roundUp(program_.outputChunks * c, 256),
+                             roundUp(scratch * c, 256), 2 * scratch * c};
   const uint64_t counterCount = program_.signalsPerCall.size() + world + 2;
-  const uint64_t sizes[5] = {2 * inputPhase, program_.inPlace ? 16 : program_.outputChunks * c, scratch * c,
-                             2 * 2 * scratch * c, counterCount * 8};
+  const uint64_t sizes[5] = {2 * phase[0], std::max<uint64_t>(2 * phase[1], 16), 2 * phase[2], 2 * phase[3],
+                             counterCount * 8};
   uint64_t offsets[5] = {};  // input, output, scratch, packets, counters within the region
   uint64_t total = 0;
   for (int k = 0; k < 5; ++k) {
@@ -92,7 +117,9 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   const uint64_t offTb = append(p.tbOffsets), offSrc = append(p.channelSrc), offDst = append(p.channelDst),
                  offSig = append(p.signalsPerCall);
   const uint64_t offCalls = roundUp(tablesImage.size(), 8);
-  tablesOwner_ = comm.allocateLocal(offCalls + static_cast<uint64_t>(numThreadBlocks()) * 8);
+  const uint64_t offBarriers = offCalls + static_cast<uint64_t>(numThreadBlocks()) * 8;
+  const uint64_t offFailed = offBarriers + static_cast<uint64_t>(numThreadBlocks()) * 8;
+  tablesOwner_ = comm.allocateLocal(offFailed + 8);
   char* tables = static_cast<char*>(tablesOwner_.get());
   if (host) {
     std::memcpy(tables, tablesImage.data(), tablesImage.size());
@@ -110,7 +137,10 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
     context_.packets[q] = base + offsets[3];
     context_.counters[q] = reinterpret_cast<uint64_t*>(base + offsets[4]);
   }
-  context_.packetPhaseBytes = 2 * scratch * c;
+  context_.packetPhaseBytes = phase[3];
+  context_.phaseBytes[0] = phase[0];
+  context_.phaseBytes[1] = program_.inPlace ? phase[0] : phase[1];
+  context_.phaseBytes[2] = phase[2];
   context_.ops = reinterpret_cast<const PlanOp*>(tables);
   context_.tbOffsets = reinterpret_cast<const int32_t*>(tables + offTb);
   context_.channelSrc = reinterpret_cast<const int32_t*>(tables + offSrc);
@@ -119,12 +149,22 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   context_.numChannels = static_cast<int32_t>(p.channelDst.size());
   context_.numThreadBlocks = numThreadBlocks();
   context_.entryBase = static_cast<int32_t>(p.signalsPerCall.size());
-  context_.inputPhaseBytes = inputPhase;
   context_.inPlace = p.inPlace;
+  context_.entryBarrier = p.entryBarrier;
   context_.calls = reinterpret_cast<uint64_t*>(tables + offCalls);
+  context_.rankBarriers = reinterpret_cast<uint64_t*>(tables + offBarriers);
+  context_.failed = reinterpret_cast<uint64_t*>(tables + offFailed);
+  for (int t = 0; t < numThreadBlocks(); ++t) {
+    maxOpsPerBlock_ = std::max(maxOpsPerBlock_, p.tbOffsets[t + 1] - p.tbOffsets[t]);
+  }
+  // PYCCL_PDL=0 turns programmatic dependent launch off, as for the collective engine.
+  if (const char* pdl = std::getenv("PYCCL_PDL"); pdl != nullptr && std::strcmp(pdl, "0") == 0) programmatic_ = false;
   context_.abort = comm.abortState();
   PYCCL_LOG(Info, "plan executor: " << p.ops.size() << " ops on " << numThreadBlocks() << " thread blocks, "
-                                    << (total >> 10) << " KiB of buffers for chunks up to " << c << " B");
+                                    << (total >> 10) << " KiB of buffers for chunks up to " << c << " B; input "
+                                    << (p.stageInput ? "staged" : "in place") << ", output "
+                                    << (p.stageOutput ? "staged" : "in place") << ", entry barrier "
+                                    << (p.entryBarrier ? "on" : "off"));
 }
 
 PlanExecutor::~PlanExecutor() { close(); }
@@ -151,8 +191,21 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   const uint64_t outChunks = program_.inPlace ? program_.inputChunks : program_.outputChunks;
   PYCCL_CHECK_ARG(outputBytes == outChunks * chunk, "out", "has ", outputBytes, " bytes, the plan writes ",
                   outChunks * chunk);
+  // An out-of-place plan reads its input after writing output chunks, so an
+  // output that overlaps the input makes the call stage its input; an
+  // in-place plan works on the output after copying the input there, which
+  // is only meaningful for the same tensor or disjoint ones.
+  const auto* in = static_cast<const char*>(input);
+  auto* out = static_cast<char*>(output);
+  const bool overlap = in < out + outputBytes && out < in + inputBytes;
+  if (program_.inPlace && !program_.stageInput) {
+    PYCCL_CHECK_ARG(!overlap || in == out, "out", "partly overlaps the input tensor; pass the same tensor or a "
+                    "separate one");
+  }
   ++calls_;
   PlanContext ctx = context_;
+  ctx.inputStaged = program_.stageInput || (!program_.inPlace && overlap);
+  ctx.outputStaged = program_.inPlace ? ctx.inputStaged : program_.stageOutput;
   ctx.chunkBytes = chunk;
   ctx.userInput = static_cast<const char*>(input);
   ctx.userOutput = static_cast<char*>(output);
@@ -161,7 +214,7 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   const int tbs = numThreadBlocks();
 #ifdef PYCCL_WITH_CUDA
   if (!comm_.hostMode()) {
-    runPlanDevice(ctx, tbs, threads_, dtype, op, stream);
+    runPlanDevice(ctx, tbs, threads_, maxOpsPerBlock_, programmatic_, dtype, op, stream);
     return;
   }
 #endif
@@ -170,7 +223,11 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
     std::vector<std::thread> threads;
     for (int t = 0; t < tbs; ++t) {
-      threads.emplace_back([&ctx, op, t] { runPlanThreadBlock<T>(ctx, static_cast<int>(op), t, 0, 1); });
+      threads.emplace_back([&ctx, op, t] {
+        PlanContext call = ctx;
+        preparePlanCall(call, t);
+        runPlanCall<T>(call, call.ops + call.tbOffsets[t], static_cast<int>(op), t, 0, 1);
+      });
     }
     for (auto& th : threads) th.join();
   });

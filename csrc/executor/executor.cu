@@ -1,7 +1,9 @@
-// The plan interpreter kernel: block t runs thread block t's ops.
+// The plan interpreter kernel: block t runs thread block t's ops, staged in
+// shared memory where they fit, with the call's context in shared memory.
 #include <cuda_runtime.h>
 
 #include "collectives/collective_launch.hpp"  // dispatchReduction
+#include "collectives/kernel_launch.cuh"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "executor/executor.hpp"
@@ -10,20 +12,46 @@
 namespace pyccl {
 namespace {
 
+/// Shared memory for ops beyond which blocks read them from global memory
+/// (within the default per-block limit with the context, so no opt-in is needed).
+constexpr int kStagedOpsBytes = 44 << 10;
+
 template <typename T>
-__global__ void __launch_bounds__(1024) planKernel(PlanContext context, int callOp) {
-  runPlanThreadBlock<T>(context, callOp, blockIdx.x, threadIdx.x, blockDim.x);
+__global__ void __launch_bounds__(1024) planKernel(const __grid_constant__ PlanContext context, int callOp,
+                                                   bool staged) {
+  extern __shared__ int4 stagedOps[];
+  __shared__ PlanContext call;
+  const uint32_t tb = blockIdx.x;
+  const PlanOp* ops = context.ops + context.tbOffsets[tb];
+  if (staged) {
+    // The op tables never change, so this overlaps the previous kernel's tail under PDL.
+    const int words = (context.tbOffsets[tb + 1] - context.tbOffsets[tb]) * static_cast<int>(sizeof(PlanOp) / 4);
+    const auto* from = reinterpret_cast<const int32_t*>(ops);
+    auto* to = reinterpret_cast<int32_t*>(stagedOps);
+    for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = from[i];
+    ops = reinterpret_cast<const PlanOp*>(stagedOps);
+  }
+  collectiveKernelPrologue();  // the call counters and buffers are the previous kernel's after this
+  if (threadIdx.x == 0) {
+    call = context;
+    preparePlanCall(call, tb);
+  }
+  __syncthreads();
+  runPlanCall<T>(call, ops, callOp, tb, threadIdx.x, blockDim.x);
 }
 
 }  // namespace
 
-void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, DataType dtype, ReduceOp op,
-                   void* stream) {
+void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock,
+                   bool programmatic, DataType dtype, ReduceOp op, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
+  const uint64_t opBytes = static_cast<uint64_t>(maxOpsPerBlock) * sizeof(PlanOp);
+  const bool staged = opBytes <= kStagedOpsBytes;
+  const KernelLaunch launch{threads, programmatic, staged ? static_cast<uint32_t>(opBytes) : 0u};
   dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
-    planKernel<T><<<numThreadBlocks, threads, 0, s>>>(context, static_cast<int>(op));
+    launchCollectiveKernel(planKernel<T>, static_cast<uint32_t>(numThreadBlocks), launch, s, context,
+                           static_cast<int>(op), staged);
   });
-  PYCCL_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace pyccl

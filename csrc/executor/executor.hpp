@@ -26,6 +26,16 @@ struct PlanProgram {
   int32_t outputChunks = 0;
   int32_t scratchChunks = 0;
   bool inPlace = false;  ///< the output buffer is the input buffer
+  /// Where the plan's buffers live (pyccl/plans.py reads it off the plan):
+  /// a peer reaches this rank's input (or the plan writes the input of an
+  /// out-of-place collective), so calls copy it into registered staging; a
+  /// peer reaches the output, so the plan writes staging that is copied out.
+  /// Otherwise the plan works on the user's tensors.
+  bool stageInput = true;
+  bool stageOutput = true;
+  /// The ranks meet at the start of every call; false where every rank waits
+  /// on every peer it reaches within a call, which orders buffer reuse.
+  bool entryBarrier = true;
 };
 
 class PlanExecutor {
@@ -57,14 +67,18 @@ class PlanExecutor {
   std::shared_ptr<void> tablesOwner_;
   ExchangedMemory region_;
   bool closed_ = false;
+  bool programmatic_ = true;
+  int maxOpsPerBlock_ = 0;
   uint64_t calls_ = 0;
 };
 
 #ifdef PYCCL_WITH_CUDA
 /// Enqueues the interpreter kernel (one block per thread block of the plan;
 /// it copies the input in and the output out itself) on `stream`.
-void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, DataType dtype, ReduceOp op,
-                   void* stream);
+/// `maxOpsPerBlock` ops are staged in shared memory where they fit;
+/// `programmatic`: programmatic dependent launch (kernel_launch.cuh).
+void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock,
+                   bool programmatic, DataType dtype, ReduceOp op, void* stream);
 #endif
 
 }  // namespace pyccl

@@ -40,12 +40,43 @@ PYCCL_HOST_DEVICE LL16Packet* packetPtr(const PlanContext& c, int rank, int64_t 
                                        static_cast<uint64_t>(index) * slot);
 }
 
-/// Whether a wait of this communicator already gave up: later waits then
-/// return at once, so every thread still passes every block sync (uniform
-/// control flow) and the call ends quickly; the host raises the error.
+/// Whether a wait of this executor already gave up: later waits then return
+/// at once, so every thread still passes every block sync (uniform control
+/// flow) and the call ends quickly; the host raises the error (from the
+/// communicator's error record). The flag is in device memory: the error
+/// record is in host memory, a PCIe round trip per read.
 PYCCL_HOST_DEVICE bool failedAlready(const PlanContext& c) {
-  return c.abort.errorRecord != nullptr &&
-         loadFlagVolatile(reinterpret_cast<const volatile uint32_t*>(&c.abort.errorRecord->status)) != 0;
+  return loadFlagVolatile(reinterpret_cast<const volatile uint32_t*>(c.failed)) != 0;
+}
+
+/// `status` is kOk; otherwise later waits are told to give up at once.
+PYCCL_HOST_DEVICE bool waitSucceeded(const PlanContext& c, WaitStatus status) {
+  if (status == WaitStatus::kOk) return true;
+  atomicStoreRelaxed(c.failed, 1);
+  return false;
+}
+
+/// Polls until `ready()` (bounded, abortable); false if the wait gave up or
+/// an earlier one did. Something that is ready at once costs one load: the
+/// failure flag is read only on the slow path.
+template <typename Ready, typename LastSeen>
+PYCCL_HOST_DEVICE bool planPoll(const PlanContext& c, Ready&& ready, LastSeen&& lastSeen, int peer,
+                                uint64_t expected) {
+  if (ready()) return true;
+  if (failedAlready(c)) return false;
+  return waitSucceeded(c, boundedPoll(ready, lastSeen, c.abort, peer, expected));
+}
+
+/// Waits until `*counter >= target` (acquire), as planPoll.
+PYCCL_HOST_DEVICE bool planSpin(const PlanContext& c, const uint64_t* counter, uint64_t target, int peer) {
+  uint64_t value = 0;
+  return planPoll(
+      c,
+      [&] {
+        value = atomicLoadAcquire(counter);
+        return value >= target;
+      },
+      [&] { return value; }, peer, target);
 }
 
 PYCCL_HOST_DEVICE uint32_t packetFlag(uint64_t call) { return static_cast<uint32_t>(call % 0xfffffffeull) + 1; }
@@ -171,34 +202,49 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         const uint64_t j = p / perChunk, i = p % perChunk;
         uint32_t payload[2];
         packPayload<LL16Packet>(chunkPtr(c, op.srcs[0]) + j * c.chunkBytes, i, c.chunkBytes, payload);
-        packetPtr(c, op.dsts[0].rank, op.dsts[0].index + j, call)[i].write(payload, packetFlag(call));
+        for (int d = 0; d < op.numDsts; ++d) {
+          packetPtr(c, op.dsts[d].rank, op.dsts[d].index + j, call)[i].write(payload, packetFlag(call));
+        }
       }
       return true;
     }
     case PlanOpKind::kUnpack:
     case PlanOpKind::kReducePackets: {
+      // One packet index per thread: poll it in every source (the peers'
+      // packets land in several slots), reduce in fp32, store once.
+      const bool reducing = static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePackets;
+      constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
       const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
-      const uint64_t packets = perChunk * op.srcs[0].count;
+      const uint64_t packets = perChunk * op.dsts[0].count;
+      const uint64_t chunkElems = c.chunkBytes / sizeof(T);
+      const uint32_t flag = packetFlag(call);
       bool ok = true;
       for (uint64_t p = tid; ok && p < packets; p += numThreads) {
         const uint64_t j = p / perChunk, i = p % perChunk;
-        const LL16Packet* src = packetPtr(c, op.srcs[0].rank, op.srcs[0].index + j, call);
         char* dst = chunkPtr(c, op.dsts[0]) + j * c.chunkBytes;
-        uint32_t payload[2];
-        ok = !failedAlready(c) && boundedPoll([&] { return src[i].tryRead(packetFlag(call), payload); },
-                         [&] { return static_cast<uint64_t>(i); }, c.abort, op.srcs[0].rank, packetFlag(call)) ==
-             WaitStatus::kOk;
-        if (!ok) break;
-        if (static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePackets) {
-          constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
-          const auto* lanes = reinterpret_cast<const T*>(payload);
-          for (uint32_t l = 0; l < kLanes && i * kLanes + l < c.chunkBytes / sizeof(T); ++l) {
-            T* d = reinterpret_cast<T*>(dst) + i * kLanes + l;
-            *d = ElementTraits<T>::fromFloat(
-                applyReduce(redOp, ElementTraits<T>::toFloat(*d), ElementTraits<T>::toFloat(lanes[l])));
+        float acc[kLanes];
+        const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes)
+                                                                 : kLanes;
+        if (reducing) {
+          for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(reinterpret_cast<T*>(dst)[i * kLanes + l]);
+        }
+        for (int s = 0; ok && s < op.numSrcs; ++s) {
+          const LL16Packet* src = packetPtr(c, op.srcs[s].rank, op.srcs[s].index + j, call);
+          uint32_t payload[2];
+          ok = planPoll(c, [&] { return src[i].tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
+                        op.srcs[s].rank, flag);
+          if (!ok) break;
+          if (!reducing) {
+            unpackPayload<LL16Packet>(dst, i, c.chunkBytes, payload);
+            break;
           }
-        } else {
-          unpackPayload<LL16Packet>(dst, i, c.chunkBytes, payload);
+          for (uint32_t l = 0; l < lanes; ++l) {
+            const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payload), l));
+            acc[l] = applyReduce(redOp, acc[l], x);
+          }
+        }
+        if (ok && reducing) {
+          for (uint32_t l = 0; l < lanes; ++l) reinterpret_cast<T*>(dst)[i * kLanes + l] = ElementTraits<T>::fromFloat(acc[l]);
         }
       }
       return ok;
@@ -206,18 +252,14 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
     case PlanOpKind::kSignal:
       syncBlock();  // the block's writes happen before the releasing adds (cumulativity)
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {
-        const int ch = op.channels[k];
-        atomicAddRelease(&c.counters[c.channelDst[ch]][ch], 1);
+        atomicAddRelease(&c.counters[op.peers[k]][op.channels[k]], 1);
       }
       return true;
     case PlanOpKind::kWait: {
       bool ok = true;
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {
-        const int ch = op.channels[k];
-        const uint64_t target = call * static_cast<uint64_t>(c.signalsPerCall[ch]) + op.ordinals[k];
-        uint64_t seen = 0;
-        ok = ok && !failedAlready(c) &&
-             spinUntilAtLeast(&c.counters[c.rank][ch], target, c.abort, c.channelSrc[ch], &seen) == WaitStatus::kOk;
+        const uint64_t target = call * static_cast<uint64_t>(op.perCall[k]) + op.ordinals[k];
+        ok = ok && planSpin(c, &c.counters[c.rank][op.channels[k]], target, op.peers[k]);
       }
       syncBlock();
       return ok;
@@ -228,11 +270,10 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       if (tid == 0) {
         const int group = op.ordinals[0];
         uint64_t* counter = &c.counters[c.rank][c.numChannels + group];
-        const uint64_t target = call * static_cast<uint64_t>(c.signalsPerCall[c.numChannels + group]) +
+        const uint64_t target = call * static_cast<uint64_t>(op.perCall[0]) +
                                 static_cast<uint64_t>(op.ordinals[1]) * op.ordinals[2];
         atomicAddRelease(counter, 1);
-        uint64_t seen = 0;
-        ok = !failedAlready(c) && spinUntilAtLeast(counter, target, c.abort, c.rank, &seen) == WaitStatus::kOk;
+        ok = planSpin(c, counter, target, c.rank);
       }
       syncBlock();
       return ok;
@@ -250,52 +291,31 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
 
 namespace plan_detail {
 
-/// All thread blocks of this rank meet at `counter` (monotonic: `calls`
-/// meetings before this one).
-PYCCL_HOST_DEVICE void rankBarrier(const PlanContext& c, uint64_t* counter, uint64_t call, uint32_t tid) {
+/// All thread blocks of this rank meet at `counter` (monotonic: every block
+/// of the rank has passed `passed` such barriers before this one).
+PYCCL_HOST_DEVICE void rankBarrier(const PlanContext& c, uint64_t* counter, uint64_t passed, uint32_t tid) {
   syncBlock();
   if (tid == 0) {
     atomicAddRelease(counter, 1);
-    uint64_t seen = 0;
-    if (!failedAlready(c)) {
-      spinUntilAtLeast(counter, (call + 1) * static_cast<uint64_t>(c.numThreadBlocks), c.abort, c.rank, &seen);
-    }
+    planSpin(c, counter, (passed + 1) * static_cast<uint64_t>(c.numThreadBlocks), c.rank);
   }
   syncBlock();
 }
 
-}  // namespace plan_detail
+/// [begin, end) of `bytes`: thread block `tb`'s share of a copy made by all of them.
+PYCCL_HOST_DEVICE void blockShare(const PlanContext& c, uint32_t tb, uint64_t bytes, uint64_t* begin, uint64_t* end) {
+  const uint64_t per = (bytes / c.numThreadBlocks + 15) / 16 * 16;
+  *begin = tb * per < bytes ? tb * per : bytes;
+  *end = *begin + per < bytes ? *begin + per : bytes;
+}
 
-/// Runs one call of the plan on thread block `tb`:
-///  1. its share of the copy of the user's input into this call's input
-///     staging phase, then a barrier of this rank's thread blocks;
-///  2. thread block 0 tells every peer that this rank entered the call (so
-///     it finished the previous one, copy-out included) and waits until every
-///     peer has entered it; the other thread blocks wait for thread block 0;
-///  3. the plan's ops;
-///  4. a barrier of this rank's thread blocks, then its share of the copy of
-///     the output staging into the user's output.
-template <typename T>
-PYCCL_HOST_DEVICE void runPlanThreadBlock(const PlanContext& shared, int callOp, uint32_t tb, uint32_t tid,
-                                          uint32_t numThreads) {
-  const uint64_t call = shared.calls[tb];
-  PlanContext c = shared;
-  for (int q = 0; q < c.worldSize; ++q) {
-    c.buffers[q][0] += (call & 1) * c.inputPhaseBytes;
-    if (c.inPlace) c.buffers[q][1] = c.buffers[q][0];
-  }
+/// The ranks meet: thread block 0 tells every peer that this rank entered the
+/// call (so it finished the previous one, copy-out included) and waits until
+/// every peer has entered it; the other thread blocks wait for thread block 0.
+PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_t tb, uint32_t tid,
+                                    uint32_t numThreads) {
   uint64_t* counters = c.counters[c.rank];
   const int world = c.worldSize;
-  auto share = [&](uint64_t bytes, uint64_t* begin, uint64_t* end) {
-    const uint64_t per = (bytes / c.numThreadBlocks + 15) / 16 * 16;
-    *begin = tb * per < bytes ? tb * per : bytes;
-    *end = *begin + per < bytes ? *begin + per : bytes;
-  };
-  uint64_t b = 0, e = 0;
-  share(c.inputBytes, &b, &e);
-  if (e > b) copyBytes(c.buffers[c.rank][0] + b, c.userInput + b, e - b, tid, numThreads);
-  plan_detail::rankBarrier(c, &counters[c.entryBase + world + 1], 2 * call, tid);
-
   if (tb == 0) {
     syncBlock();
     if (tid == 0) {
@@ -304,31 +324,89 @@ PYCCL_HOST_DEVICE void runPlanThreadBlock(const PlanContext& shared, int callOp,
       }
     }
     for (int q = static_cast<int>(tid); q < world; q += static_cast<int>(numThreads)) {
-      uint64_t seen = 0;
-      if (q != c.rank && !plan_detail::failedAlready(c)) {
-        spinUntilAtLeast(&counters[c.entryBase + q], call + 1, c.abort, q, &seen);
-      }
+      if (q != c.rank) planSpin(c, &counters[c.entryBase + q], call + 1, q);
     }
     syncBlock();
     if (tid == 0) atomicAddRelease(&counters[c.entryBase + world], 1);
   } else {
-    if (tid == 0 && !plan_detail::failedAlready(c)) {
-      uint64_t seen = 0;
-      spinUntilAtLeast(&counters[c.entryBase + world], call + 1, c.abort, c.rank, &seen);
-    }
+    if (tid == 0) planSpin(c, &counters[c.entryBase + world], call + 1, c.rank);
     syncBlock();
   }
+}
+
+}  // namespace plan_detail
+
+/// Runs one call of the plan on thread block `tb`, whose ops start at `ops`:
+///  1. where the input is staged (or an in-place plan works on the user's
+///     output), its share of the input copy, then a barrier of this rank's
+///     thread blocks;
+///  2. where the plan needs it, the ranks meet (entry barrier);
+///  3. the plan's ops;
+///  4. where the output is staged, a barrier of this rank's thread blocks,
+///     then its share of the copy into the user's output.
+/// Without staging and entry barrier a call is only the plan's ops, which is
+/// what the hand-written kernels of the same algorithm do.
+/// Turns the executor's context into this call's: staging pointers in the
+/// call's phase, this rank's unstaged buffers pointing at the user's tensors
+/// (an in-place plan then works on the output, which first receives the
+/// input), and the call's ordinal. One thread does it (on the device, into
+/// shared memory that the block then reads).
+PYCCL_HOST_DEVICE void preparePlanCall(PlanContext& c, uint32_t tb) {
+  c.call = c.calls[tb];
+  c.passedRankBarriers = c.rankBarriers[tb];
+  const uint64_t parity = c.call & 1;
+  for (int q = 0; q < c.worldSize; ++q) {
+    for (int k = 0; k < 3; ++k) c.buffers[q][k] += parity * c.phaseBytes[k];
+  }
+  char* input = c.inputStaged ? c.buffers[c.rank][0] : (c.inPlace ? c.userOutput : const_cast<char*>(c.userInput));
+  c.buffers[c.rank][0] = input;
+  if (c.inPlace) {
+    c.buffers[c.rank][1] = input;
+  } else if (!c.outputStaged) {
+    c.buffers[c.rank][1] = c.userOutput;
+  }
+}
+
+/// Runs one call of the plan on thread block `tb` (context from
+/// preparePlanCall), whose ops start at `ops`:
+///  1. where the input is staged (or an in-place plan works on the user's
+///     output), its share of the input copy, then a barrier of this rank's
+///     thread blocks;
+///  2. where the plan needs it, the ranks meet (entry barrier);
+///  3. the plan's ops;
+///  4. where the output is staged, a barrier of this rank's thread blocks,
+///     then its share of the copy into the user's output.
+/// Without staging and entry barrier a call is only the plan's ops, which is
+/// what the hand-written kernels of the same algorithm do.
+template <typename T>
+PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int callOp, uint32_t tb, uint32_t tid,
+                                   uint32_t numThreads) {
+  const uint64_t call = c.call;
+  uint64_t barriers = c.passedRankBarriers;
+  char* input = c.buffers[c.rank][0];
+  uint64_t* rankCounter = &c.counters[c.rank][c.entryBase + c.worldSize + 1];
+  uint64_t b = 0, e = 0;
+  if (input != c.userInput) {
+    plan_detail::blockShare(c, tb, c.inputBytes, &b, &e);
+    if (e > b) copyBytes(input + b, c.userInput + b, e - b, tid, numThreads);
+    plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
+  }
+  if (c.entryBarrier) plan_detail::entryBarrier(c, call, tb, tid, numThreads);
 
   // No early exit on a failed wait: every thread must reach every block sync.
-  for (int32_t i = c.tbOffsets[tb]; i < c.tbOffsets[tb + 1]; ++i) {
-    plan_detail::runOp<T>(c, c.ops[i], callOp, call, tid, numThreads);
-  }
+  const int32_t count = c.tbOffsets[tb + 1] - c.tbOffsets[tb];
+  for (int32_t i = 0; i < count; ++i) plan_detail::runOp<T>(c, ops[i], callOp, call, tid, numThreads);
 
-  plan_detail::rankBarrier(c, &counters[c.entryBase + world + 1], 2 * call + 1, tid);
-  share(c.outputBytes, &b, &e);
-  if (e > b) copyBytes(c.userOutput + b, c.buffers[c.rank][1] + b, e - b, tid, numThreads);
+  if (c.outputStaged) {
+    plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
+    plan_detail::blockShare(c, tb, c.outputBytes, &b, &e);
+    if (e > b) copyBytes(c.userOutput + b, c.buffers[c.rank][1] + b, e - b, tid, numThreads);
+  }
   syncBlock();
-  if (tid == 0) shared.calls[tb] = call + 1;
+  if (tid == 0) {
+    c.calls[tb] = call + 1;
+    c.rankBarriers[tb] = barriers;
+  }
 }
 
 }  // namespace pyccl

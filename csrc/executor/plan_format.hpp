@@ -17,9 +17,9 @@ enum class PlanOpKind : int32_t {
   kCopy = 0,
   kReduce,
   kUnpack,
-  kReducePackets,
+  kReducePackets,  ///< dsts[0] reduced with the packets of every src
   kPut,            ///< to every dst (multi_put too); port puts complete in the op here
-  kPutPackets,
+  kPutPackets,     ///< to every dst (multi_put_packets too)
   kChannelReduce,
   kReducePut,      ///< srcs[0] = reduce(srcs); to srcs[0] and every dst
   kSignal,         ///< one signal per channel (multi_signal too)
@@ -52,10 +52,15 @@ struct PlanOp {
   /// kBarrier: [group, ordinal + 1, group size].
   int32_t ordinals[kPlanMaxOperands];
   int32_t channels[kPlanMaxOperands];
+  /// kSignal: the rank whose counter each channel's signal adds to; kWait:
+  /// the rank that signals it (named when the wait gives up).
+  int32_t peers[kPlanMaxOperands];
+  /// kWait: signals per call on each channel; kBarrier: [0] arrivals per call.
+  int32_t perCall[kPlanMaxOperands];
   PlanChunk srcs[kPlanMaxOperands];
   PlanChunk dsts[kPlanMaxOperands];
 };
-static_assert(sizeof(PlanOp) == 4 * (5 + 2 * kPlanMaxOperands + 8 * kPlanMaxOperands), "PlanOp is packed int32s");
+static_assert(sizeof(PlanOp) == 4 * (5 + 4 * kPlanMaxOperands + 8 * kPlanMaxOperands), "PlanOp is packed int32s");
 
 /// What one call of a plan needs; plain data, passed by value.
 struct PlanContext {
@@ -77,18 +82,25 @@ struct PlanContext {
   int32_t numChannels;
   int32_t numThreadBlocks;
   /// Counters from here: one per rank (call entries, added by that rank), then
-  /// this rank's "entry passed" and "input staged" counters.
+  /// this rank's "entry passed" and rank-barrier counters.
   int32_t entryBase;
-  /// Input staging is double-buffered by call parity (buffers[q][0] is phase
-  /// 0; phase 1 is inputPhaseBytes further): a peer still finishing the
-  /// previous call may read the other phase.
-  uint64_t inputPhaseBytes;
-  bool inPlace;  ///< the output buffer is the input buffer
+  /// Staging regions (input, output, scratch and so on) are double-buffered by
+  /// call parity: phase 1 of buffer kind k is phaseBytes[k] past buffers[q][k].
+  /// A peer may still be finishing the previous call in the other phase.
+  uint64_t phaseBytes[3];
+  bool inPlace;       ///< the output buffer is the input buffer
+  bool inputStaged;   ///< this call's input is copied into staging (else the plan works on the user's tensor)
+  bool outputStaged;  ///< the plan writes the output staging, copied out at the end (else the user's tensor)
+  bool entryBarrier;  ///< the ranks meet before the ops (plans.py decides when the plan's own waits suffice)
   const char* userInput;  ///< this call's tensors
   char* userOutput;
   uint64_t inputBytes;
   uint64_t outputBytes;
-  uint64_t* calls;  ///< [thread block] calls completed (this rank's memory)
+  uint64_t* calls;           ///< [thread block] calls completed (this rank's memory)
+  uint64_t* rankBarriers;    ///< [thread block] rank barriers passed (this rank's memory)
+  uint64_t call;                ///< this call's ordinal (preparePlanCall)
+  uint64_t passedRankBarriers;  ///< rank barriers this thread block passed before the call
+  uint64_t* failed;          ///< non-zero once a wait of this executor gave up (this rank's memory)
   AbortState abort;
 };
 

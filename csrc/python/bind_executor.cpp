@@ -17,7 +17,8 @@ void bindExecutor(py::module_& m) {
       .def(py::init([](Communicator& comm, const at::Tensor& ops, std::vector<int32_t> tbOffsets,
                        std::vector<int32_t> channelSrc, std::vector<int32_t> channelDst,
                        std::vector<int32_t> signalsPerCall, int32_t inputChunks, int32_t outputChunks,
-                       int32_t scratchChunks, bool inPlace, uint64_t maxChunkBytes, uint32_t threads) {
+                       int32_t scratchChunks, bool inPlace, bool stageInput, bool stageOutput, bool entryBarrier,
+                       uint64_t maxChunkBytes, uint32_t threads) {
              constexpr int64_t kWords = sizeof(PlanOp) / 4;
              PYCCL_CHECK_ARG(ops.device().is_cpu() && ops.scalar_type() == at::kInt && ops.is_contiguous() &&
                                  ops.dim() == 2 && ops.size(1) == kWords,
@@ -33,12 +34,17 @@ void bindExecutor(py::module_& m) {
              p.outputChunks = outputChunks;
              p.scratchChunks = scratchChunks;
              p.inPlace = inPlace;
+             p.stageInput = stageInput;
+             p.stageOutput = stageOutput;
+             p.entryBarrier = entryBarrier;
              py::gil_scoped_release release;
              return std::make_shared<PlanExecutor>(comm, std::move(p), maxChunkBytes, threads);
            }),
            py::arg("comm"), py::arg("ops"), py::arg("tb_offsets"), py::arg("channel_src"), py::arg("channel_dst"),
            py::arg("signals_per_call"), py::arg("input_chunks"), py::arg("output_chunks"), py::arg("scratch_chunks"),
-           py::arg("in_place"), py::arg("max_chunk_bytes"), py::arg("threads") = 512, py::keep_alive<1, 2>())
+           py::arg("in_place"), py::arg("stage_input"), py::arg("stage_output"),
+           py::arg("entry_barrier"), py::arg("max_chunk_bytes"), py::arg("threads") = 512,
+           py::keep_alive<1, 2>())
       .def("run",
            [](PlanExecutor& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::string& op, bool reduces) {

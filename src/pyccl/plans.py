@@ -6,10 +6,12 @@ runs it on torch tensors, on GPUs or in host mode on CPU processes::
     run = PlanRunner(plan, comm, max_bytes=1 << 20)   # collective
     y = run(x)                                         # on the current stream
 
-Each call copies the input into the executor's registered staging buffer,
-runs one interpreter kernel (one CUDA block per plan thread block) and copies
-the output out. The input size must be a multiple of the plan's input chunk
-count times the element size.
+A call is one interpreter kernel (one CUDA block per plan thread block).
+Where the plan lets peers reach a rank's input or output, that buffer lives in
+the executor's registered staging, and the call copies the input in and the
+output out; otherwise the plan works on the user's tensors
+(:func:`buffer_placement`). The input size must be a multiple of the plan's
+input chunk count times the element size.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .communicator import Communicator
 from .dsl.plan import Plan
 from .errors import InvalidArgumentError
 
-__all__ = ["PlanRunner", "pack_plan"]
+__all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
 
 _KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "put_packets": 5,
           "channel_reduce": 6, "reduce_put": 7, "signal": 8, "wait": 9, "flush": 10, "switch_reduce": 11,
@@ -32,7 +34,8 @@ _KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "p
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
 _REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 _MAX = 8  # kPlanMaxOperands
-_REDUCING = ("reduce", "reduce_packets", "channel_reduce", "reduce_put", "switch_reduce")
+_REDUCING = ("reduce", "reduce_packets", "channel_reduce", "multi_reduce", "reduce_put", "switch_reduce")
+_PACKET_READS = ("unpack", "reduce_packets")
 
 
 def _op_words(kind: str, reduce_op=None, srcs=(), dsts=(), channels=(), ordinals=()) -> List[int]:
@@ -43,11 +46,92 @@ def _op_words(kind: str, reduce_op=None, srcs=(), dsts=(), channels=(), ordinals
     words = [_KINDS[kind], _REDUCE_OPS[reduce_op], len(srcs), len(dsts), len(channels)]
     words += list(ordinals) + [0] * (_MAX - len(ordinals))
     words += list(channels) + [0] * (_MAX - len(channels))
+    words += [0] * (2 * _MAX)  # peers and per-call counts: the executor fills them from its channel tables
     for chunks in (srcs, dsts):
         for c in chunks:
             words += [c[0], _BUFFERS[c[1]], c[2], c[3]]
         words += [0, 0, 0, 0] * (_MAX - len(chunks))
     return words
+
+
+def _chunks_touched(op: dict) -> List[Tuple[list, bool]]:
+    """(chunk, written) for every chunk an op names; packet chunks are marked
+    by the buffer name "packets"."""
+    kind = op["op"]
+    out = []
+    if "dst" in op:
+        dst = op["dst"]
+        out.append(([dst[0], "packets", dst[2], dst[3]] if kind == "put_packets" else dst, True))
+    for c in op.get("dsts", []):
+        out.append(([c[0], "packets", c[2], c[3]] if kind == "multi_put_packets" else c, True))
+    for i, c in enumerate(op.get("srcs", [])):
+        written = kind == "reduce_put" and i == 0
+        out.append(([c[0], "packets", c[2], c[3]] if kind in _PACKET_READS else c, written))
+    return out
+
+
+def buffer_placement(plan: Plan) -> dict:
+    """Where each rank's buffers live and whether the ranks must meet at the
+    start of every call.
+
+    - ``stage_input[r]``: a peer reads or writes rank r's input (for an
+      in-place collective, the one buffer), or an out-of-place plan writes
+      it; calls then copy the input into registered staging.
+    - ``stage_output[r]``: a peer reaches rank r's output; the plan then
+      writes staging that is copied out at the end of the call.
+    - ``entry_barrier``: needed unless (1) every rank waits, within a call, on
+      every peer whose memory it reaches (a signal or LL packets from it), and
+      (2) every access to a peer's staged input comes after a wait on that
+      peer in the same thread block. With staging double-buffered by call
+      parity, (1) means a peer has finished the call before last (whose phase
+      is being reused) and (2) that it has copied this call's input in.
+    """
+    n = plan.num_ranks
+    in_place = bool(plan.collective.get("in_place"))
+    kind_of = (lambda b: "input" if b == "output" else b) if in_place else (lambda b: b)
+    remote = {(r, b): False for r in range(n) for b in ("input", "output")}
+    writes_input = [False] * n
+    senders: Dict[Tuple[int, int], set] = defaultdict(set)  # (rank, packet slot) -> ranks that put packets there
+    for r in range(n):
+        for tb in plan.threadblocks(r):
+            for op in tb["ops"]:
+                for c, written in _chunks_touched(op):
+                    b = kind_of(c[1])
+                    if c[0] != r and b in ("input", "output"):
+                        remote[(c[0], b)] = True
+                    if c[0] == r and b == "input" and written:
+                        writes_input[r] = True
+                    if b == "packets":
+                        for i in range(c[2], c[2] + c[3]):
+                            if op["op"] in ("put_packets", "multi_put_packets"):
+                                senders[(c[0], i)].add(r)
+    stage_input = [remote[(r, "input")] or (not in_place and writes_input[r]) for r in range(n)]
+    stage_output = [stage_input[r] if in_place else remote[(r, "output")] for r in range(n)]
+
+    def waited_on(op: dict) -> set:
+        if op["op"] in ("wait", "multi_wait"):
+            return {plan.channels[c]["src"] for c in (op.get("channels") or [op["channel"]])}
+        if op["op"] in _PACKET_READS:
+            return {s for c in op["srcs"] for i in range(c[2], c[2] + c[3]) for s in senders[(c[0], i)]}
+        return set()
+
+    entry_barrier = False
+    for r in range(n):
+        touched, waited = set(), set()
+        for tb in plan.threadblocks(r):
+            so_far = set()
+            for op in tb["ops"]:
+                for c, _ in _chunks_touched(op):
+                    if c[0] == r:
+                        continue
+                    touched.add(c[0])
+                    if kind_of(c[1]) == "input" and stage_input[c[0]] and c[0] not in so_far:
+                        entry_barrier = True
+                so_far |= waited_on(op)
+            waited |= so_far
+        if not touched <= waited:
+            entry_barrier = True
+    return {"stage_input": stage_input, "stage_output": stage_output, "entry_barrier": entry_barrier}
 
 
 def pack_plan(plan: Plan, rank: int) -> dict:
@@ -83,13 +167,15 @@ def pack_plan(plan: Plan, rank: int) -> dict:
             srcs, red = op.get("srcs", []), op.get("reduce_op")
             dst = [op["dst"]] if "dst" in op else []
             out: List[List[int]] = []
-            if kind in ("copy", "put", "switch_broadcast", "put_with_signal"):
+            if kind in ("copy", "put", "get", "switch_broadcast", "put_with_signal"):
                 out.append(_op_words("put", srcs=srcs, dsts=dst))
                 if kind == "put_with_signal":
                     out.append(_op_words("signal", channels=[op["channel"]]))
             elif kind == "multi_put":
                 out.append(_op_words("put", srcs=srcs, dsts=op["dsts"]))
-            elif kind in ("reduce", "channel_reduce"):
+            elif kind == "multi_put_packets":
+                out.append(_op_words("put_packets", srcs=srcs, dsts=op["dsts"]))
+            elif kind in ("reduce", "channel_reduce", "multi_reduce"):
                 out.append(_op_words("reduce", red, srcs=srcs, dsts=dst))
             elif kind in ("unpack", "reduce_packets", "put_packets", "reduce_put", "switch_reduce"):
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
@@ -119,8 +205,11 @@ def pack_plan(plan: Plan, rank: int) -> dict:
     width = _C.PLAN_OP_WORDS
     ops = torch.tensor(words, dtype=torch.int32).reshape(-1, width) if words else torch.zeros((0, width),
                                                                                                dtype=torch.int32)
+    placement = buffer_placement(plan)
     return {
         "ops": ops, "tb_offsets": offsets,
+        "stage_input": placement["stage_input"][rank], "stage_output": placement["stage_output"][rank],
+        "entry_barrier": placement["entry_barrier"],
         "channel_src": [c.get("src", -1) for c in plan.channels],
         "channel_dst": [c.get("dst", -1) for c in plan.channels],
         "signals_per_call": signals_per_call,

@@ -10,15 +10,19 @@ from ..dsl import AllReduce, MemoryChannel, PortChannel, Program
 
 def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
     """1PA LL: every rank sends its whole input to every peer as LL packets
-    (into slot r of the peer's scratch) and reduces the packets it receives.
-    No signal or wait: the packets' flags order the data."""
+    (into slot r of the peer's scratch), copies it to its output and reduces
+    every peer's packets into it at once. No signal or wait: the packets'
+    flags order the data, and they also tell each rank that every peer has
+    entered the call, so calls need no barrier."""
     n = num_ranks
-    with Program("allreduce_allpairs_ll", AllReduce(n, chunks=1), protocol="ll", instances=instances) as p:
+    with Program("allreduce_allpairs_ll", AllReduce(n, chunks=1, in_place=False), protocol="ll",
+                 instances=instances) as p:
         chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
         for r in range(n):
             for k in range(1, n):
                 q = (r + k) % n
                 chans[(q, r)].put_packets(p.scratch(q, n)[r], p.input(r)[0], tb=0)
+            p.output(r)[0].copy(p.input(r)[0], tb=0)
             for k in range(1, n):
                 q = (r + k) % n
                 p.output(r)[0].reduce_packets(p.scratch(r, n)[q], tb=0)
@@ -26,48 +30,53 @@ def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
 
 
 def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
-    """2PA HB: chunk q of every input goes to rank q's scratch (slot = sender),
-    rank q reduces it into its own chunk q and stores the result into chunk
-    q of every rank's buffer (in place)."""
+    """2PA HB, as the hand-written kernel: every rank stages its input in its
+    scratch and tells its peers; rank r reduces chunk r reading every peer's
+    staged chunk r at once, keeps the result in its scratch and tells its
+    peers; every rank then pulls each other chunk from its owner's scratch."""
     n = num_ranks
-    with Program("allreduce_allpairs_hb", AllReduce(n, chunks=n), protocol="hb", instances=instances) as p:
+    with Program("allreduce_allpairs_hb", AllReduce(n, chunks=n, in_place=False), protocol="hb",
+                 instances=instances) as p:
         chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
         for r in range(n):
             peers = [(r + k) % n for k in range(1, n)]
-            for q in peers:  # reduce-scatter: my chunk q to rank q
-                chans[(q, r)].put(p.scratch(q, n)[r], p.input(r)[q], tb=0)
-            for q in peers:
+            mine = p.scratch(r, n)
+            mine[0:n].copy(p.input(r)[0:n], tb=0)
+            for q in peers:  # staged
                 chans[(q, r)].signal(tb=0)
             for q in peers:
                 chans[(r, q)].wait(tb=0)
-            for q in peers:
-                p.input(r)[r].reduce(p.scratch(r, n)[q], tb=0)
-            for q in peers:  # all-gather: the result into every rank's chunk r
-                chans[(q, r)].put(p.output(q)[r], p.input(r)[r], tb=0)
-            for q in peers:
+            for q in peers:  # reduce-scatter: chunk r of every rank, read at once
+                chans[(q, r)].reduce(mine[r], p.scratch(q, n)[r], tb=0)
+            p.output(r)[r].copy(mine[r], tb=0)
+            for q in peers:  # reduced
                 chans[(q, r)].signal(tb=0)
             for q in peers:
                 chans[(r, q)].wait(tb=0)
+            for q in peers:  # all-gather: chunk q from its owner
+                chans[(q, r)].get(p.output(r)[q], p.scratch(q, n)[q], tb=0)
     return p
 
 
 def allreduce_allpairs_ll2(num_ranks: int, instances: int = 1) -> Program:
     """2PA LL: chunk q of every input goes to rank q as LL packets (scratch slot
-    = sender), rank q reduces them into its chunk q and sends the result to
-    every rank as packets (second scratch region); every rank unpacks the
+    = sender), rank q reduces them into its output chunk q and sends the result
+    to every rank as packets (second scratch region); every rank unpacks the
     other ranks' results. Half the traffic of 1PA, one more hop, no signals."""
     n = num_ranks
-    with Program("allreduce_allpairs_ll2", AllReduce(n, chunks=n), protocol="ll", instances=instances) as p:
+    with Program("allreduce_allpairs_ll2", AllReduce(n, chunks=n, in_place=False), protocol="ll",
+                 instances=instances) as p:
         chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
         for r in range(n):
             peers = [(r + k) % n for k in range(1, n)]
             mine = p.scratch(r, 2 * n)
             for q in peers:
                 chans[(q, r)].put_packets(p.scratch(q, 2 * n)[r], p.input(r)[q], tb=0)
+            p.output(r)[r].copy(p.input(r)[r], tb=0)
             for q in peers:
-                p.input(r)[r].reduce_packets(mine[q], tb=0)
+                p.output(r)[r].reduce_packets(mine[q], tb=0)
             for q in peers:
-                chans[(q, r)].put_packets(p.scratch(q, 2 * n)[n + r], p.input(r)[r], tb=0)
+                chans[(q, r)].put_packets(p.scratch(q, 2 * n)[n + r], p.output(r)[r], tb=0)
             for q in peers:
                 p.output(r)[q].unpack(mine[n + q], tb=0)
     return p

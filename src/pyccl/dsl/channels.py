@@ -7,8 +7,9 @@ and ``signal`` run on the source rank, on the thread block they name;
 it visible.
 
 - :class:`MemoryChannel`: the source's threads load and store the peer's
-  memory. A put is complete when the op ends (its source may be reused at
-  once); the peer sees it after a signal/wait. ``put_packets`` sends LL
+  memory. A put (or a get, which pulls the peer's chunks) is complete when
+  the op ends (its source may be reused at once); the peer sees a put after
+  a signal/wait. ``put_packets`` sends LL
   packets that carry their own flags: the receiver ``unpack``s them without a
   wait.
 - :class:`PortChannel`: a proxy moves the data (copy engine or NIC). A put
@@ -62,7 +63,7 @@ class _PairChannel:
                   reduce_op: Optional[str] = None) -> Op:
         prog = current_program()
         dst, src = _chunks(dst, "dst"), _chunks(src, "src")
-        remote_read = kind == "channel_reduce"  # reads the peer, writes here
+        remote_read = kind in ("channel_reduce", "get")  # reads the peer, writes here
         want_dst, want_src = (self.src, self.dst) if remote_read else (self.dst, self.src)
         if dst.rank != want_dst:
             raise DSLError(f"{_user_line()}: {kind} on the channel {self.src} -> {self.dst} writes {dst}, "
@@ -109,6 +110,11 @@ class MemoryChannel(_PairChannel):
     def put(self, dst: ChunkRange, src: ChunkRange, tb: int, tb_group: Optional[ThreadBlockGroup] = None) -> None:
         """Stores `src` (source rank) into `dst` (destination rank)."""
         self._transfer("put", dst, src, tb, tb_group=tb_group)
+
+    def get(self, dst: ChunkRange, src: ChunkRange, tb: int, tb_group: Optional[ThreadBlockGroup] = None) -> None:
+        """Source rank: loads the peer's `src` into its own `dst` (a pull; the
+        peer must have signalled that `src` is ready)."""
+        self._transfer("get", dst, src, tb, tb_group=tb_group)
 
     def put_packets(self, dst: ChunkRange, src: ChunkRange, tb: int,
                     tb_group: Optional[ThreadBlockGroup] = None) -> None:

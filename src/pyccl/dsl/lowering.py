@@ -14,14 +14,17 @@ The passes, in order:
    goes from registers); a PortChannel put followed by a signal on the same
    channel becomes ``put_with_signal``; back-to-back puts of the same chunks
    to several peers, and back-to-back signals or waits on several channels,
-   become one multi-peer op.
+   become one multi-peer op; back-to-back reductions into the same chunks
+   (MemoryChannel ``reduce`` from several peers, ``reduce_packets`` of several
+   peers' packets) become one op that reads every source at once.
 4. **Synchronization**: the threads of a block split each op's data their own
    way, so an op that reads or writes chunks that an earlier op of the same
    block wrote (or reads what it overwrites) needs a ``sync`` first. The data
    dependences are tracked per thread block at chunk granularity (last
    writers and active readers since the last sync). signal, wait and barrier
    synchronize the block themselves, so no sync is placed next to them and
-   back-to-back syncs collapse into one.
+   back-to-back syncs collapse into one. put_with_signal synchronizes only
+   after its put: a put of chunks that the op before it wrote needs a sync.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from .program import ChunkRange, DSLError, Op, Program
 
 __all__ = ["lower"]
 
-_SOURCE_SIDE = ("put", "put_packets", "put_with_signal", "channel_reduce", "reduce_put", "signal", "flush")
-_SYNCS_ITSELF = ("signal", "wait", "barrier", "multi_signal", "multi_wait", "put_with_signal")
+_SOURCE_SIDE = ("put", "get", "put_packets", "put_with_signal", "channel_reduce", "reduce_put", "signal", "flush")
+_SYNCS_ITSELF = ("signal", "wait", "barrier", "multi_signal", "multi_wait")
 
 
 def _check(prog: Program) -> None:
@@ -127,15 +130,33 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
         out[-1] = Op("put_with_signal", op.rank, op.tb, dst=prev.dst, srcs=prev.srcs, channel=op.channel,
                      line=prev.line)
         return True
-    if (op.kind == "put" and channel_types[op.channel] == "memory" and op.tb_group is None
-            and prev.kind in ("put", "multi_put") and prev.tb_group is None and prev.srcs == op.srcs
-            and (prev.kind == "multi_put" or channel_types[prev.channel] == "memory")):
-        if prev.kind == "put":
-            prev = Op("multi_put", prev.rank, prev.tb, srcs=prev.srcs, line=prev.line)
-            prev.channels, prev.dsts = [out[-1].channel], [out[-1].dst]
+    for single, multi in (("put", "multi_put"), ("put_packets", "multi_put_packets")):
+        if (op.kind == single and channel_types[op.channel] == "memory" and op.tb_group is None
+                and prev.kind in (single, multi) and prev.tb_group is None and prev.srcs == op.srcs
+                and (prev.kind == multi or channel_types[prev.channel] == "memory")):
+            if prev.kind == single:
+                prev = Op(multi, prev.rank, prev.tb, srcs=prev.srcs, line=prev.line)
+                prev.channels, prev.dsts = [out[-1].channel], [out[-1].dst]
+                out[-1] = prev
+            prev.channels.append(op.channel)
+            prev.dsts.append(op.dst)
+            return True
+    if (op.kind == "channel_reduce" and channel_types[op.channel] == "memory" and op.tb_group is None
+            and prev.kind in ("channel_reduce", "multi_reduce") and prev.tb_group is None and prev.dst == op.dst
+            and prev.reduce_op == op.reduce_op
+            and (prev.kind == "multi_reduce" or channel_types[prev.channel] == "memory")):
+        if prev.kind == "channel_reduce":
+            prev = Op("multi_reduce", prev.rank, prev.tb, dst=prev.dst, srcs=list(prev.srcs), reduce_op=prev.reduce_op,
+                      line=prev.line)
+            prev.channels = [out[-1].channel]
             out[-1] = prev
         prev.channels.append(op.channel)
-        prev.dsts.append(op.dst)
+        prev.srcs.append(op.srcs[0])
+        return True
+    if (op.kind == "reduce_packets" and prev.kind == "reduce_packets" and prev.dst == op.dst
+            and prev.reduce_op == op.reduce_op):
+        out[-1] = Op("reduce_packets", prev.rank, prev.tb, dst=prev.dst, srcs=[*prev.srcs, *op.srcs],
+                     reduce_op=prev.reduce_op, line=prev.line)
         return True
     for single, multi in (("signal", "multi_signal"), ("wait", "multi_wait")):
         if op.kind == single and prev.kind in (single, multi) and channel_types[op.channel] == "memory":
@@ -172,12 +193,15 @@ def _insert_syncs(ops: List[Op]) -> List[Op]:
         reads, writes = _chunks_of(op)
         conflict = any(r.overlaps(w) for r in reads for w in written) or \
             any(w.overlaps(x) for w in writes for x in written + read)
-        if conflict and out and out[-1].kind not in ("sync", "wait", "barrier", "multi_wait"):
+        if conflict and out and out[-1].kind not in ("sync", "wait", "barrier", "multi_wait", "put_with_signal"):
             out.append(Op("sync", op.rank, op.tb, line=op.line))
             written, read = [], []
         out.append(op)
-        written += writes
-        read += reads
+        if op.kind == "put_with_signal":  # its signal synchronizes the block after the put
+            written, read = [], []
+        else:
+            written += writes
+            read += reads
     return out
 
 

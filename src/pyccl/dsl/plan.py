@@ -30,13 +30,16 @@ OP_KINDS: Dict[str, tuple] = {
     "copy": (True, 1, False),
     "reduce": (True, None, False),
     "unpack": (True, 1, False),
-    "reduce_packets": (True, 1, False),
+    "reduce_packets": (True, None, False),  # several: the packets of several peers at once
     "put": (True, 1, True),
     "put_packets": (True, 1, True),
     "put_with_signal": (True, 1, True),
+    "get": (True, 1, True),
     "channel_reduce": (True, 1, True),
+    "multi_reduce": (True, None, False),  # srcs[k] read over "channels"[k]
     "reduce_put": (True, None, True),
     "multi_put": (False, 1, False),  # "dsts" and "channels" lists
+    "multi_put_packets": (False, 1, False),
     "signal": (False, 0, True),
     "wait": (False, 0, True),
     "multi_signal": (False, 0, False),  # "channels" list
@@ -235,12 +238,14 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         _chunk(s, where, buffers, num_ranks)
     if needs_channel:
         _int(op.get("channel"), where, "channel", 0, num_channels)
-    if op["op"] in ("multi_put", "multi_signal", "multi_wait"):
+    if op["op"] in ("multi_put", "multi_put_packets", "multi_signal", "multi_wait", "multi_reduce"):
         chans = _int_list(op.get("channels"), where, f"{op['op']} channels", num_channels, 1)
-        if op["op"] == "multi_put":
+        if op["op"] == "multi_reduce" and len(srcs) != len(chans):
+            _fail(where, "multi_reduce needs one source chunk per channel")
+        if op["op"] in ("multi_put", "multi_put_packets"):
             dsts = op.get("dsts")
             if not isinstance(dsts, list) or len(dsts) != len(chans):
-                _fail(where, "multi_put needs one dst per channel")
+                _fail(where, f"{op['op']} needs one dst per channel")
             for c in dsts:
                 _chunk(c, where, buffers, num_ranks)
     if op["op"] == "barrier":
@@ -258,7 +263,7 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     kind = op["op"]
     dst, srcs = op.get("dst"), op.get("srcs", [])
     counts = {c[3] for c in srcs} | ({dst[3]} if dst else set())
-    if kind == "multi_put":
+    if kind in ("multi_put", "multi_put_packets"):
         counts |= {c[3] for c in op["dsts"]}
     if len(counts) > 1:
         _fail(where, f"{kind} moves chunks of different sizes {sorted(counts)}")
@@ -281,15 +286,25 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     if kind in _PUTS or kind == "reduce_put":
         if dst[0] != channels[op["channel"]]["dst"] or any(c[0] != rank for c in srcs):
             _fail(where, f"{kind} must read rank {rank}'s chunks and write the channel's destination")
-    if kind == "channel_reduce":
+    if kind in ("channel_reduce", "get"):
         if dst[0] != rank or srcs[0][0] != channels[op["channel"]]["dst"]:
-            _fail(where, "channel_reduce must write this rank's chunks and read the channel's destination")
-    if kind == "multi_put":
+            _fail(where, f"{kind} must write this rank's chunks and read the channel's destination")
+        if channels[op["channel"]]["type"] != "memory":
+            _fail(where, f"{kind} needs a memory channel")
+    if kind == "multi_reduce":
+        if dst[0] != rank:
+            _fail(where, "multi_reduce must write this rank's chunks")
+        for cid, s in zip(op["channels"], srcs):
+            if channels[cid]["type"] != "memory" or s[0] != channels[cid]["dst"]:
+                _fail(where, f"multi_reduce source {s} does not match memory channel {cid}")
+    if kind in ("multi_put", "multi_put_packets"):
         if srcs[0][0] != rank:
-            _fail(where, "multi_put must read this rank's chunks")
+            _fail(where, f"{kind} must read this rank's chunks")
         for cid, d in zip(op["channels"], op["dsts"]):
             if channels[cid]["type"] != "memory" or d[0] != channels[cid]["dst"]:
-                _fail(where, f"multi_put destination {d} does not match memory channel {cid}")
+                _fail(where, f"{kind} destination {d} does not match memory channel {cid}")
+            if kind == "multi_put_packets" and d[1] != "scratch":
+                _fail(where, f"{kind} lands in scratch buffers, got {d}")
     if kind in ("multi_signal", "multi_wait") and any(channels[c]["type"] != "memory" for c in chans):
         _fail(where, f"{kind} takes memory channels")
     if kind == "switch_reduce":

@@ -137,7 +137,8 @@ class Op:
 
     def reads(self) -> List[ChunkRange]:
         """The chunks this op reads (a reduce also reads its destination)."""
-        extra = [self.dst] if self.kind in ("reduce", "reduce_packets", "channel_reduce") and self.dst else []
+        extra = [self.dst] if self.kind in ("reduce", "reduce_packets", "channel_reduce", "multi_reduce") and self.dst \
+            else []
         return list(self.srcs) + extra
 
     def writes(self) -> List[ChunkRange]:

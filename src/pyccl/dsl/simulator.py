@@ -177,7 +177,7 @@ class _Sim:
         if kind == "flush":
             return not self.queues.get(op["channel"])
         if kind in ("unpack", "reduce_packets"):
-            return all(s in self.packets for s in self._slots(op["srcs"][0]))
+            return all(s in self.packets for src in op["srcs"] for s in self._slots(src))
         if kind == "barrier":
             key = (r, tuple(op["tbs"]))
             gen = self._barrier_generation(i, key)
@@ -202,20 +202,24 @@ class _Sim:
         red = _REDUCE[op.get("reduce_op", self.reduce_op)]
         if kind == "copy":
             self._write(i, op["dst"], self._read(i, op["srcs"][0], where), where)
-        elif kind in ("reduce", "channel_reduce", "switch_reduce"):
+        elif kind in ("reduce", "channel_reduce", "multi_reduce", "switch_reduce"):
             acc = None if kind == "switch_reduce" else self._read(i, op["dst"], where)
             for s in op["srcs"]:
                 v = self._read(i, s, where)
                 acc = v if acc is None else red(acc, v)
             self._write(i, op["dst"], acc, where)
-        elif kind in ("unpack", "reduce_packets"):
+        elif kind == "unpack":
             for s in self._slots(op["srcs"][0]):
                 self._acquire(i, self.packets[s])
-            v = self._read(i, op["srcs"][0], where)
-            if kind == "reduce_packets":
-                v = red(self._read(i, op["dst"], where), v)
-            self._write(i, op["dst"], v, where)
-        elif kind in ("put", "put_with_signal", "put_packets", "switch_broadcast"):
+            self._write(i, op["dst"], self._read(i, op["srcs"][0], where), where)
+        elif kind == "reduce_packets":
+            acc = self._read(i, op["dst"], where)
+            for src in op["srcs"]:
+                for s in self._slots(src):
+                    self._acquire(i, self.packets[s])
+                acc = red(acc, self._read(i, src, where))
+            self._write(i, op["dst"], acc, where)
+        elif kind in ("put", "get", "put_with_signal", "put_packets", "switch_broadcast"):
             if op.get("channel") in self.queues:  # a port channel: the proxy does it later
                 self.queues[op["channel"]].append(("put", op, self.clock[i].copy(), where))
                 if kind == "put_with_signal":
@@ -227,10 +231,13 @@ class _Sim:
                         self.packets[s] = self.clock[i].copy()
                 if kind == "put_with_signal":
                     self.signals.setdefault(op["channel"], []).append(self.clock[i].copy())
-        elif kind == "multi_put":
+        elif kind in ("multi_put", "multi_put_packets"):
             v = self._read(i, op["srcs"][0], where)
             for d in op["dsts"]:
                 self._write(i, d, v, where)
+                if kind == "multi_put_packets":
+                    for s in self._slots(d):
+                        self.packets[s] = self.clock[i].copy()
         elif kind == "reduce_put":
             acc = None
             for s in op["srcs"]:
