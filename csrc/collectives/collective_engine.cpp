@@ -1,7 +1,5 @@
 #include "collectives/collective_engine.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "core/errors.hpp"
@@ -69,9 +67,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
     }
   }
   // PYCCL_PDL=0 turns programmatic dependent launch off for every engine (e.g. the backend's).
-  if (const char* pdl = std::getenv("PYCCL_PDL"); pdl != nullptr && std::strcmp(pdl, "0") == 0) {
-    options_.programmaticLaunch = false;
-  }
+  if (!programmaticLaunchAllowed()) options_.programmaticLaunch = false;
   // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
   if (options_.llBlocks == 0) options_.llBlocks = host ? 2 : 64;
   if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 128;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "collectives/allreduce_device.hpp"
 #include "collectives/allreduce_zero_copy_device.hpp"
@@ -44,6 +46,13 @@ struct KernelLaunch {
   /// Dynamic shared memory per block.
   uint32_t sharedBytes = 0;
 };
+
+/// False where PYCCL_PDL=0 turns programmatic dependent launch off (for the
+/// collective engines and the plan executors alike).
+inline bool programmaticLaunchAllowed() {
+  const char* pdl = std::getenv("PYCCL_PDL");
+  return pdl == nullptr || std::strcmp(pdl, "0") != 0;
+}
 
 /// Runs one call on CPU threads and returns when it is done.
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);

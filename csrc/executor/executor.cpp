@@ -1,6 +1,5 @@
 #include "executor/executor.hpp"
 
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -38,13 +37,8 @@ void checkProgram(const PlanProgram& p, int world) {
     PYCCL_CHECK_ARG(ok, "plan", "op ", i, " is malformed");
     for (int s = 0; s < op.numSrcs; ++s) PYCCL_CHECK_ARG(chunkOk(op.srcs[s]), "plan", "op ", i, " reads out of range");
     for (int d = 0; d < op.numDsts; ++d) PYCCL_CHECK_ARG(chunkOk(op.dsts[d]), "plan", "op ", i, " writes out of range");
-    const auto kind = static_cast<PlanOpKind>(op.kind);
     for (int k = 0; k < op.numChannels; ++k) {
       PYCCL_CHECK_ARG(op.channels[k] >= 0 && op.channels[k] < channels, "plan", "op ", i, " names no channel");
-      const int32_t peer = kind == PlanOpKind::kSignal ? p.channelDst[op.channels[k]]
-                           : kind == PlanOpKind::kWait ? p.channelSrc[op.channels[k]]
-                                                       : 0;
-      PYCCL_CHECK_ARG(peer >= 0 && peer < world, "plan", "op ", i, " signals or waits on a channel without that side");
     }
     if (static_cast<PlanOpKind>(op.kind) == PlanOpKind::kBarrier) {
       PYCCL_CHECK_ARG(op.ordinals[0] >= 0 && channels + op.ordinals[0] < counters, "plan", "op ", i,
@@ -69,17 +63,21 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   checkProgram(program_, world);
   // Each signal, wait and barrier carries what it needs from the channel
   // tables, so the interpreter reads no table in the op.
-  for (PlanOp& op : program_.ops) {
+  for (size_t i = 0; i < program_.ops.size(); ++i) {
+    PlanOp& op = program_.ops[i];
     const auto kind = static_cast<PlanOpKind>(op.kind);
-    for (int k = 0; k < op.numChannels; ++k) {
-      const int ch = op.channels[k];
-      if (kind == PlanOpKind::kSignal) op.peers[k] = program_.channelDst[ch];
-      if (kind == PlanOpKind::kWait) {
-        op.peers[k] = program_.channelSrc[ch];
+    if (kind == PlanOpKind::kSignal || kind == PlanOpKind::kWait) {
+      for (int k = 0; k < op.numChannels; ++k) {
+        const int ch = op.channels[k];
+        op.peers[k] = kind == PlanOpKind::kSignal ? program_.channelDst[ch] : program_.channelSrc[ch];
         op.perCall[k] = program_.signalsPerCall[ch];
+        PYCCL_CHECK_ARG(op.peers[k] >= 0 && op.peers[k] < world, "plan", "op ", i,
+                        " signals or waits on a channel without that side");
       }
     }
-    if (kind == PlanOpKind::kBarrier) op.perCall[0] = program_.signalsPerCall[program_.channelDst.size() + op.ordinals[0]];
+    if (kind == PlanOpKind::kBarrier) {
+      op.perCall[0] = program_.signalsPerCall[program_.channelDst.size() + op.ordinals[0]];
+    }
   }
   const bool host = comm.hostMode();
   const uint64_t c = maxChunkBytes_;
@@ -129,7 +127,8 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   context_.rank = comm.rank();
   context_.worldSize = world;
   for (int q = 0; q < world; ++q) {
-    PYCCL_CHECK_ARG(region_.peers[q].has_value(), "comm", "plans need P2P between all ranks; rank ", q, " is unreachable");
+    PYCCL_CHECK_ARG(region_.peers[q].has_value(), "comm", "plans need P2P between all ranks; rank ", q,
+                    " is unreachable");
     char* base = static_cast<char*>(region_.peers[q]->data());
     context_.buffers[q][0] = base + offsets[0];
     context_.buffers[q][1] = program_.inPlace ? base + offsets[0] : base + offsets[1];
@@ -157,8 +156,7 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   for (int t = 0; t < numThreadBlocks(); ++t) {
     maxOpsPerBlock_ = std::max(maxOpsPerBlock_, p.tbOffsets[t + 1] - p.tbOffsets[t]);
   }
-  // PYCCL_PDL=0 turns programmatic dependent launch off, as for the collective engine.
-  if (const char* pdl = std::getenv("PYCCL_PDL"); pdl != nullptr && std::strcmp(pdl, "0") == 0) programmatic_ = false;
+  programmatic_ = programmaticLaunchAllowed();
   context_.abort = comm.abortState();
   PYCCL_LOG(Info, "plan executor: " << p.ops.size() << " ops on " << numThreadBlocks() << " thread blocks, "
                                     << (total >> 10) << " KiB of buffers for chunks up to " << c << " B; input "
@@ -226,7 +224,8 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
       threads.emplace_back([&ctx, op, t] {
         PlanContext call = ctx;
         preparePlanCall(call, t);
-        runPlanCall<T>(call, call.ops + call.tbOffsets[t], static_cast<int>(op), t, 0, 1);
+        const int32_t first = call.tbOffsets[t];
+        runPlanCall<T>(call, call.ops + first, call.tbOffsets[t + 1] - first, static_cast<int>(op), t, 0, 1);
       });
     }
     for (auto& th : threads) th.join();

@@ -23,9 +23,10 @@ __global__ void __launch_bounds__(1024) planKernel(const __grid_constant__ PlanC
   __shared__ PlanContext call;
   const uint32_t tb = blockIdx.x;
   const PlanOp* ops = context.ops + context.tbOffsets[tb];
+  const int32_t count = context.tbOffsets[tb + 1] - context.tbOffsets[tb];
   if (staged) {
     // The op tables never change, so this overlaps the previous kernel's tail under PDL.
-    const int words = (context.tbOffsets[tb + 1] - context.tbOffsets[tb]) * static_cast<int>(sizeof(PlanOp) / 4);
+    const int words = count * static_cast<int>(sizeof(PlanOp) / 4);
     const auto* from = reinterpret_cast<const int32_t*>(ops);
     auto* to = reinterpret_cast<int32_t*>(stagedOps);
     for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = from[i];
@@ -37,7 +38,7 @@ __global__ void __launch_bounds__(1024) planKernel(const __grid_constant__ PlanC
     preparePlanCall(call, tb);
   }
   __syncthreads();
-  runPlanCall<T>(call, ops, callOp, tb, threadIdx.x, blockDim.x);
+  runPlanCall<T>(call, ops, count, callOp, tb, threadIdx.x, blockDim.x);
 }
 
 }  // namespace

@@ -45,9 +45,7 @@ PYCCL_HOST_DEVICE LL16Packet* packetPtr(const PlanContext& c, int rank, int64_t 
 /// flow) and the call ends quickly; the host raises the error (from the
 /// communicator's error record). The flag is in device memory: the error
 /// record is in host memory, a PCIe round trip per read.
-PYCCL_HOST_DEVICE bool failedAlready(const PlanContext& c) {
-  return loadFlagVolatile(reinterpret_cast<const volatile uint32_t*>(c.failed)) != 0;
-}
+PYCCL_HOST_DEVICE bool failedAlready(const PlanContext& c) { return atomicLoadRelaxed(c.failed) != 0; }
 
 /// `status` is kOk; otherwise later waits are told to give up at once.
 PYCCL_HOST_DEVICE bool waitSucceeded(const PlanContext& c, WaitStatus status) {
@@ -198,12 +196,13 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
     case PlanOpKind::kPutPackets: {
       const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
       const uint64_t packets = perChunk * op.srcs[0].count;
+      const uint32_t flag = packetFlag(call);
       for (uint64_t p = tid; p < packets; p += numThreads) {
         const uint64_t j = p / perChunk, i = p % perChunk;
         uint32_t payload[2];
         packPayload<LL16Packet>(chunkPtr(c, op.srcs[0]) + j * c.chunkBytes, i, c.chunkBytes, payload);
         for (int d = 0; d < op.numDsts; ++d) {
-          packetPtr(c, op.dsts[d].rank, op.dsts[d].index + j, call)[i].write(payload, packetFlag(call));
+          packetPtr(c, op.dsts[d].rank, op.dsts[d].index + j, call)[i].write(payload, flag);
         }
       }
       return true;
@@ -225,8 +224,9 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         float acc[kLanes];
         const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes)
                                                                  : kLanes;
+        T* elems = reinterpret_cast<T*>(dst) + i * kLanes;  // this packet's elements
         if (reducing) {
-          for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(reinterpret_cast<T*>(dst)[i * kLanes + l]);
+          for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(elems[l]);
         }
         for (int s = 0; ok && s < op.numSrcs; ++s) {
           const LL16Packet* src = packetPtr(c, op.srcs[s].rank, op.srcs[s].index + j, call);
@@ -244,7 +244,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
           }
         }
         if (ok && reducing) {
-          for (uint32_t l = 0; l < lanes; ++l) reinterpret_cast<T*>(dst)[i * kLanes + l] = ElementTraits<T>::fromFloat(acc[l]);
+          for (uint32_t l = 0; l < lanes; ++l) elems[l] = ElementTraits<T>::fromFloat(acc[l]);
         }
       }
       return ok;
@@ -336,16 +336,6 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
 
 }  // namespace plan_detail
 
-/// Runs one call of the plan on thread block `tb`, whose ops start at `ops`:
-///  1. where the input is staged (or an in-place plan works on the user's
-///     output), its share of the input copy, then a barrier of this rank's
-///     thread blocks;
-///  2. where the plan needs it, the ranks meet (entry barrier);
-///  3. the plan's ops;
-///  4. where the output is staged, a barrier of this rank's thread blocks,
-///     then its share of the copy into the user's output.
-/// Without staging and entry barrier a call is only the plan's ops, which is
-/// what the hand-written kernels of the same algorithm do.
 /// Turns the executor's context into this call's: staging pointers in the
 /// call's phase, this rank's unstaged buffers pointing at the user's tensors
 /// (an in-place plan then works on the output, which first receives the
@@ -368,7 +358,7 @@ PYCCL_HOST_DEVICE void preparePlanCall(PlanContext& c, uint32_t tb) {
 }
 
 /// Runs one call of the plan on thread block `tb` (context from
-/// preparePlanCall), whose ops start at `ops`:
+/// preparePlanCall), whose `count` ops start at `ops`:
 ///  1. where the input is staged (or an in-place plan works on the user's
 ///     output), its share of the input copy, then a barrier of this rank's
 ///     thread blocks;
@@ -379,8 +369,8 @@ PYCCL_HOST_DEVICE void preparePlanCall(PlanContext& c, uint32_t tb) {
 /// Without staging and entry barrier a call is only the plan's ops, which is
 /// what the hand-written kernels of the same algorithm do.
 template <typename T>
-PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int callOp, uint32_t tb, uint32_t tid,
-                                   uint32_t numThreads) {
+PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int32_t count, int callOp, uint32_t tb,
+                                   uint32_t tid, uint32_t numThreads) {
   const uint64_t call = c.call;
   uint64_t barriers = c.passedRankBarriers;
   char* input = c.buffers[c.rank][0];
@@ -394,7 +384,6 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int 
   if (c.entryBarrier) plan_detail::entryBarrier(c, call, tb, tid, numThreads);
 
   // No early exit on a failed wait: every thread must reach every block sync.
-  const int32_t count = c.tbOffsets[tb + 1] - c.tbOffsets[tb];
   for (int32_t i = 0; i < count; ++i) plan_detail::runOp<T>(c, ops[i], callOp, call, tid, numThreads);
 
   if (c.outputStaged) {

@@ -55,7 +55,7 @@ struct PlanOp {
   /// kSignal: the rank whose counter each channel's signal adds to; kWait:
   /// the rank that signals it (named when the wait gives up).
   int32_t peers[kPlanMaxOperands];
-  /// kWait: signals per call on each channel; kBarrier: [0] arrivals per call.
+  /// kSignal, kWait: signals per call on each channel; kBarrier: [0] arrivals per call.
   int32_t perCall[kPlanMaxOperands];
   PlanChunk srcs[kPlanMaxOperands];
   PlanChunk dsts[kPlanMaxOperands];

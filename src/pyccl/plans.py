@@ -36,6 +36,7 @@ _REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 _MAX = 8  # kPlanMaxOperands
 _REDUCING = ("reduce", "reduce_packets", "channel_reduce", "multi_reduce", "reduce_put", "switch_reduce")
 _PACKET_READS = ("unpack", "reduce_packets")
+_PACKET_WRITES = ("put_packets", "multi_put_packets")
 
 
 def _op_words(kind: str, reduce_op=None, srcs=(), dsts=(), channels=(), ordinals=()) -> List[int]:
@@ -58,15 +59,13 @@ def _chunks_touched(op: dict) -> List[Tuple[list, bool]]:
     """(chunk, written) for every chunk an op names; packet chunks are marked
     by the buffer name "packets"."""
     kind = op["op"]
-    out = []
-    if "dst" in op:
-        dst = op["dst"]
-        out.append(([dst[0], "packets", dst[2], dst[3]] if kind == "put_packets" else dst, True))
-    for c in op.get("dsts", []):
-        out.append(([c[0], "packets", c[2], c[3]] if kind == "multi_put_packets" else c, True))
+
+    def named(c: list, packets: bool) -> list:
+        return [c[0], "packets", c[2], c[3]] if packets else c
+
+    out = [(named(c, kind in _PACKET_WRITES), True) for c in ([op["dst"]] if "dst" in op else []) + op.get("dsts", [])]
     for i, c in enumerate(op.get("srcs", [])):
-        written = kind == "reduce_put" and i == 0
-        out.append(([c[0], "packets", c[2], c[3]] if kind in _PACKET_READS else c, written))
+        out.append((named(c, kind in _PACKET_READS), kind == "reduce_put" and i == 0))
     return out
 
 
@@ -101,10 +100,9 @@ def buffer_placement(plan: Plan) -> dict:
                         remote[(c[0], b)] = True
                     if c[0] == r and b == "input" and written:
                         writes_input[r] = True
-                    if b == "packets":
+                    if b == "packets" and op["op"] in _PACKET_WRITES:
                         for i in range(c[2], c[2] + c[3]):
-                            if op["op"] in ("put_packets", "multi_put_packets"):
-                                senders[(c[0], i)].add(r)
+                            senders[(c[0], i)].add(r)
     stage_input = [remote[(r, "input")] or (not in_place and writes_input[r]) for r in range(n)]
     stage_output = [stage_input[r] if in_place else remote[(r, "output")] for r in range(n)]
 
