@@ -73,5 +73,18 @@ def test_collective_without_its_peer_times_out_with_a_dist_backend_error():
     kind, seconds, message, is_dist_error, again = out[0]
     assert is_dist_error, (kind, message)
     assert 2.5 <= seconds <= 30, seconds
-    assert "all_reduce" in message and "rank 1 timed out" in message, message
+    assert "all_reduce call 2 " in message and "no signal from rank 1 within the 3000 ms timeout" in message, message
     assert again != "completed" and again < 1.0, again
+
+
+def test_default_timeout_is_process_group_nccl_s():
+    import datetime
+
+    from torch.distributed import constants
+
+    from pyccl.backend import _group_timeout
+
+    # torch hands non-NCCL backends its 30-minute default when none is given.
+    assert _group_timeout(constants.default_pg_timeout) == datetime.timedelta(minutes=10)
+    assert _group_timeout(datetime.timedelta(seconds=7)) == datetime.timedelta(seconds=7)
+    assert _group_timeout(3.5) == datetime.timedelta(seconds=3.5)

@@ -34,5 +34,6 @@ def test_abort_unblocks_a_waiting_thread():
 def test_kernel_side_wait_gives_up_and_names_the_peer():
     failures, record, took = run_ranks(ranks.selftest_peer_absent, 2, args=(False,), timeout=60)[0]
     assert failures == 1
-    assert record == {"status": "timeout", "peer": 1, "expected": 1, "observed": 0}
+    assert record == {"status": "timeout", "peer": 1, "expected": 1, "observed": 0, "peers": [1],
+                      "call": "a wait outside pyccl's collectives (a channel or semaphore)"}
     assert 1.9 <= took <= 8.0, took

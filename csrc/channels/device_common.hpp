@@ -112,42 +112,58 @@ PYCCL_HOST_DEVICE bool pastDeadline(uint64_t start, uint64_t timeoutNs) {
 enum class WaitStatus : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2 };
 
 /// What a device-side wait records when it gives up (first failure wins), so
-/// the host can raise an error naming the peer. Lives in host-pinned memory.
+/// the host can raise an error naming the call and the peers. Lives in
+/// host-pinned memory, where the host's watchdog reads it without a CUDA call.
 struct DeviceErrorRecord {
   uint32_t status;    ///< WaitStatus of the first failure; 0 while none
-  int32_t peer;       ///< the rank whose signal never came
+  int32_t peer;       ///< the rank whose signal never came (first failure)
   uint64_t expected;  ///< the value waited for
   uint64_t observed;  ///< the value last seen
+  uint64_t call;      ///< the call tag of the failing wait's AbortState (0: not a collective call)
+  uint32_t peerMask;  ///< every peer some wait gave up on (bit q: rank q)
+  uint32_t complete;  ///< set (release) once the fields above hold the first failure
 };
 
-/// The abort flag and time bound shared by every wait of one communicator.
+/// The abort flag and time bound shared by every wait of one communicator,
+/// and the tag of the call a kernel runs (set per launch, so that a failure
+/// names it).
 struct AbortState {
   const volatile uint32_t* abortFlag;  ///< non-zero: give up at once
   uint64_t timeoutNs;                  ///< 0: never time out (not recommended)
   DeviceErrorRecord* errorRecord;      ///< may be null
+  uint64_t call;                       ///< tag of the running call (core/call_tag.hpp); 0: none
 
   PYCCL_HOST_DEVICE bool aborted() const {
     return abortFlag != nullptr && loadFlagVolatile(abortFlag) != 0;
   }
 
-  /// Records the first failure. Safe against concurrent failing waits.
+  /// Records the first failure, and adds `peer` to the set of peers waited on
+  /// in vain. Safe against concurrent failing waits.
   PYCCL_HOST_DEVICE void record(WaitStatus status, int peer, uint64_t expected,
                                 uint64_t observed) const {
     if (errorRecord == nullptr) return;
+    const uint32_t bit = peer >= 0 && peer < 32 ? 1u << peer : 0u;
 #if PYCCL_ON_DEVICE
+    atomicOr(&errorRecord->peerMask, bit);
     if (atomicCAS(&errorRecord->status, 0u, static_cast<uint32_t>(status)) == 0u) {
       errorRecord->peer = peer;
       errorRecord->expected = expected;
       errorRecord->observed = observed;
+      errorRecord->call = call;
       __threadfence_system();
+      atomicExch(&errorRecord->complete, 1u);
     }
+    __threadfence_system();
 #else
+    std::atomic_ref<uint32_t>(errorRecord->peerMask).fetch_or(bit);
     uint32_t zero = 0;
     if (std::atomic_ref<uint32_t>(errorRecord->status)
             .compare_exchange_strong(zero, static_cast<uint32_t>(status))) {
       errorRecord->peer = peer;
       errorRecord->expected = expected;
       errorRecord->observed = observed;
+      errorRecord->call = call;
+      std::atomic_ref<uint32_t>(errorRecord->complete).store(1, std::memory_order_release);
     }
 #endif
   }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
 
 namespace pyccl {
@@ -43,6 +44,16 @@ constexpr const char* kExchangeNames[] = {"all_gather", "all_to_all", "broadcast
 }  // namespace
 
 const char* exchangeKindName(ExchangeKind kind) { return kExchangeNames[static_cast<uint32_t>(kind)]; }
+
+CallOp callOpOf(ExchangeKind kind) {
+  switch (kind) {
+    case ExchangeKind::kAllGather: return CallOp::kAllGather;
+    case ExchangeKind::kAllToAll: return CallOp::kAllToAll;
+    case ExchangeKind::kBroadcast: return CallOp::kBroadcast;
+    case ExchangeKind::kReduceScatter: return CallOp::kReduceScatter;
+  }
+  return CallOp::kNone;
+}
 
 ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
   for (uint32_t k = 0; k < 4; ++k) {
@@ -214,24 +225,63 @@ CollectiveContext CollectiveEngine::contextFor(uint64_t llPackets) const {
 }
 
 void CollectiveEngine::checkUsable(const char* op) const {
-  if (closed_ || comm_.closed()) throw ClosedError(strCat(op, ": communicator '", comm_.name(), "' is closed"));
-  if (comm_.aborted()) throw AbortedError(strCat(op, ": communicator '", comm_.name(), "' was aborted"));
-  raiseIfWaitFailed(op);
+  if (closed_) throw ClosedError(strCat(op, ": communicator '", comm_.name(), "' is closed"));
+  comm_.checkUsable(op);
 }
 
-void CollectiveEngine::raiseIfWaitFailed(const char* op) const { comm_.raiseIfWaitFailed(op, calls_); }
+namespace {
+
+const char* dataTypeName(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+const char* reduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProd: return "prod";
+  }
+  return "?";
+}
+
+}  // namespace
+
+uint64_t CollectiveEngine::beginCall(CallOp op, void* stream, const std::string& signature) {
+  const uint64_t seq = comm_.health().nextSequence();
+  if (comm_.callChecks()) comm_.checkCallMatches(callOpName(op), seq, signature);
+  bool captured = false;
+#ifdef PYCCL_WITH_CUDA
+  if (!comm_.hostMode()) captured = gpu::isCapturing(stream);
+#endif
+  (void)stream;
+  return makeCallTag(op, seq, captured);
+}
 
 void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
                                  std::optional<AllReduceAlgorithm> algorithm, void* stream) {
   checkUsable("all_reduce");
   if (count == 0) return;
-  ++calls_;
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   const uint64_t elemSize = dataTypeSize(dtype);
   const uint64_t bytes = count * elemSize;
   const SymmetricBuffer* symIn = findSymmetric(input, bytes);
   const SymmetricBuffer* symOut = symIn != nullptr ? findSymmetric(output, bytes) : nullptr;
   const AllReduceAlgorithm algo = algorithm ? *algorithm : select(bytes, symOut != nullptr);
+  if (algo == AllReduceAlgorithm::kOnePhaseLL) {
+    PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
+                    " bytes per call in this communicator, the message has ", bytes);
+  }
+  const uint64_t tag = beginCall(CallOp::kAllReduce, stream,
+                                 comm_.callChecks() ? strCat("all_reduce ", dataTypeName(dtype), " x ", count, " ",
+                                                             reduceOpName(op))
+                                                    : std::string());
   if (algo == AllReduceAlgorithm::kTwoPhaseHB && symOut != nullptr) {
     // Zero-copy: the whole message in one call, no scratch.
     ++zeroCopyCalls_;
@@ -243,6 +293,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     AllReduceCall call{input, output, count, dtype, op, algo, &pointers};
     // The body uses no HB scratch: its grid may be smaller than the layout's.
     CollectiveContext ctx = context_;
+    ctx.abort.call = tag;
     if (options_.zeroCopyBytesPerBlock != 0) {
       const uint64_t chunkBytes = (bytes + comm_.worldSize() - 1) / comm_.worldSize();
       const uint64_t blocks = (chunkBytes + options_.zeroCopyBytesPerBlock - 1) / options_.zeroCopyBytesPerBlock;
@@ -250,10 +301,6 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     }
     launchAllReduce(ctx, call, options_.zeroCopyThreads, stream);
     return;
-  }
-  if (algo == AllReduceAlgorithm::kOnePhaseLL) {
-    PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
-                    " bytes per call in this communicator, the message has ", bytes);
   }
   uint64_t piece = count;
   if (algo == AllReduceAlgorithm::kTwoPhaseLL) piece = allReduceLL2MaxCount(context_, options_.llMaxBytes, elemSize);
@@ -265,7 +312,8 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     const uint64_t world = static_cast<uint64_t>(comm_.worldSize());
     const uint64_t pairBytes = algo == AllReduceAlgorithm::kTwoPhaseLL ? (call.count + world - 1) / world * elemSize
                                                                         : call.count * elemSize;
-    const CollectiveContext ctx = contextFor((pairBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
+    CollectiveContext ctx = contextFor((pairBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
+    ctx.abort.call = tag;
     launchAllReduce(ctx, call, algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads,
                     stream);
   }
@@ -283,7 +331,7 @@ void CollectiveEngine::launchAllReduce(const CollectiveContext& ctx, const AllRe
   (void)threads;
   Communicator::HostKernelScope active(comm_);
   allReduceHost(ctx, call);
-  raiseIfWaitFailed("all_reduce");
+  comm_.checkCompleted("all_reduce");
 }
 
 }  // namespace pyccl
@@ -296,12 +344,18 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
   const char* name = exchangeKindName(kind);
   checkUsable(name);
   if (chunkBytes == 0) return;
-  ++calls_;
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   if (kind == ExchangeKind::kBroadcast) {
     PYCCL_CHECK_ARG(root >= 0 && root < comm_.worldSize(), "src", "must be a rank of the group (0 to ",
                     comm_.worldSize() - 1, "), got ", root);
   }
+  std::string signature;
+  if (comm_.callChecks()) {
+    signature = strCat(name, " ", chunkBytes, " bytes per rank");
+    if (kind == ExchangeKind::kReduceScatter) signature += strCat(" of ", dataTypeName(dtype), " ", reduceOpName(op));
+    if (kind == ExchangeKind::kBroadcast) signature += strCat(" from rank ", root);
+  }
+  const uint64_t tag = beginCall(callOpOf(kind), stream, signature);
   const uint64_t wholeBytes = kind == ExchangeKind::kBroadcast ? chunkBytes : chunkBytes * comm_.worldSize();
   const Protocol proto = protocol ? *protocol : selectExchange(kind, wholeBytes);
   // Pieces of whole 16-byte units, so that every piece but the last keeps the LL/HB layout full.
@@ -312,8 +366,8 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
                       ExchangeArgs{static_cast<const char*>(input) + done, inStride, static_cast<char*>(output) + done,
                                    outStride, chunkBytes - done < piece ? chunkBytes - done : piece, root},
                       dtype, op};
-    const CollectiveContext ctx =
-        contextFor((call.args.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
+    CollectiveContext ctx = contextFor((call.args.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
+    ctx.abort.call = tag;
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
       exchangeDevice(ctx, call, stream,
@@ -324,7 +378,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
     (void)stream;
     Communicator::HostKernelScope active(comm_);
     exchangeHost(ctx, call);
-    raiseIfWaitFailed(name);
+    comm_.checkCompleted(name);
   }
 }
 

@@ -102,9 +102,9 @@ class CollectiveEngine {
   void launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads, void* stream);
   /// The context of an LL call moving `llPackets` per (source, destination) pair.
   CollectiveContext contextFor(uint64_t llPackets) const;
-  /// Throws TimeoutError / AbortedError naming `op`, the call and the peer if a
-  /// wait of this communicator gave up.
-  void raiseIfWaitFailed(const char* op) const;
+  /// Starts a call: its sequence number, the check across ranks where asked
+  /// for (`signature` describes the call), and the tag its kernels record.
+  uint64_t beginCall(CallOp op, void* stream, const std::string& signature);
 
   CollectiveOptions options_;
   CollectiveContext context_{};
@@ -118,7 +118,6 @@ class CollectiveEngine {
   char* peerPointer(const SymmetricBuffer& buffer, const void* ptr, int q) const;
   std::map<uintptr_t, SymmetricBuffer> symmetric_;  ///< by local start address
   bool closed_ = false;
-  uint64_t calls_ = 0;  ///< collective calls made, for error messages
   uint64_t zeroCopyCalls_ = 0;
 };
 
@@ -130,6 +129,7 @@ Protocol parseProtocol(const std::string& name, const char* what);
 const char* protocolName(Protocol p);
 /// "all_gather", "all_to_all", "broadcast", "reduce_scatter", and back (InvalidArgument naming `what`).
 const char* exchangeKindName(ExchangeKind kind);
+CallOp callOpOf(ExchangeKind kind);
 ExchangeKind parseExchangeKind(const std::string& name, const char* what);
 
 }  // namespace pyccl

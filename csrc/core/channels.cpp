@@ -53,7 +53,11 @@ bool PortChannel::valid() const {
 }
 
 PortChannelDeviceHandle PortChannel::deviceHandle() const {
-  if (!valid()) throw ClosedError(strCat("port channel to rank ", peer(), " is closed"));
+  if (!valid()) {
+    const std::string why = proxy_->error();
+    throw ClosedError(strCat("port channel to rank ", peer(), " is closed",
+                             why.empty() ? std::string() : strCat(": its proxy thread died: ", why)));
+  }
   PortChannelDeviceHandle h{};
   h.fifo = proxy_->fifoHandle();
   h.semaphore = semaphore_->deviceHandle();

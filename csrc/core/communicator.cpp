@@ -60,6 +60,9 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
     abortFlagDevice_ = gpu::devicePointerOf(abortFlagHost_);
     errorRecordDevice_ = gpu::devicePointerOf(errorRecordHost_);
   }
+  health_ = std::make_unique<CommunicatorHealth>(options_.name, rank_, options_.timeout, abortFlagHost_,
+                                                 errorRecordHost_, /*watch=*/!hostMode());
+  callChecks_ = callChecksFromEnv();
 
   try {
     RankInfo mine;
@@ -485,8 +488,13 @@ std::shared_ptr<ProxyService> Communicator::proxyService() {
   checkOpen("proxy");
   std::lock_guard<std::mutex> lock(mu_);
   if (!proxy_) {
-    proxy_ = std::make_shared<ProxyService>(device_, kProxyFifoSize, abortState(),
-                                            strCat(options_.name, "/rank", rank_));
+    CommunicatorHealth* health = health_.get();
+    const std::string proxyName = strCat(options_.name, "/rank", rank_);
+    proxy_ = std::make_shared<ProxyService>(device_, kProxyFifoSize, abortState(), proxyName,
+                                            [health, proxyName](const std::string& why) {
+                                              health->fail(ErrorCode::kInternal,
+                                                           strCat("its proxy thread '", proxyName, "' died: ", why));
+                                            });
   }
   return proxy_;
 }
@@ -504,16 +512,27 @@ AbortState Communicator::abortState() const {
   return s;
 }
 
-void Communicator::raiseIfWaitFailed(const char* op, uint64_t call) const {
-  const DeviceErrorRecord rec = deviceError();
-  if (rec.status == 0) return;
-  const std::string what = strCat(
-      op, " (call ", call, " of communicator '", name(), "', rank ", rank(), "): a wait for rank ", rec.peer,
-      rec.status == static_cast<uint32_t>(WaitStatus::kTimeout) ? " timed out after " : " was aborted after ",
-      timeout().count(), " ms (expected ", rec.expected, ", saw ", rec.observed,
-      "); the communicator is broken, every later call fails: make a new one");
-  if (rec.status == static_cast<uint32_t>(WaitStatus::kTimeout)) throw TimeoutError(what);
-  throw AbortedError(what);
+void Communicator::checkUsable(const char* op) const {
+  if (closed_.load()) throw ClosedError(strCat(op, ": communicator '", name(), "' is closed"));
+  health_->check(op, /*refusing=*/true);
+}
+
+void Communicator::checkCallMatches(const char* op, uint64_t seq, const std::string& signature) {
+  const std::string mine = strCat(signature, " (call ", seq, ")");
+  const std::vector<Bytes> all = allGather(Bytes(mine.begin(), mine.end()));
+  std::map<std::string, std::vector<int>> ranksBySignature;
+  for (int q = 0; q < worldSize_; ++q) {
+    ranksBySignature[std::string(all[q].begin(), all[q].end())].push_back(q);
+  }
+  if (ranksBySignature.size() == 1) return;
+  std::string table;
+  for (const auto& [sig, ranks] : ranksBySignature) {
+    std::string list;
+    for (int q : ranks) list += strCat(list.empty() ? "" : ", ", q);
+    table += strCat("\n  rank(s) ", list, ": ", sig);
+  }
+  throw RemoteError(strCat(op, " (call ", seq, " of communicator '", name(), "'): the ranks disagree on the call, "
+                           "so none of them ran it:", table));
 }
 
 DeviceErrorRecord Communicator::deviceError() const {
@@ -524,15 +543,16 @@ DeviceErrorRecord Communicator::deviceError() const {
       rec.peer = errorRecordHost_->peer;
       rec.expected = errorRecordHost_->expected;
       rec.observed = errorRecordHost_->observed;
+      rec.call = errorRecordHost_->call;
+      rec.peerMask = std::atomic_ref<uint32_t>(errorRecordHost_->peerMask).load(std::memory_order_acquire);
     }
   }
   return rec;
 }
 
 void Communicator::abort() {
-  if (abortFlagHost_ != nullptr) {
-    std::atomic_ref<uint32_t>(*abortFlagHost_).store(1, std::memory_order_release);
-  }
+  if (closed_.load()) return;
+  health_->fail(ErrorCode::kAborted, strCat("communicator '", name(), "' (rank ", rank_, ") was aborted"));
 }
 
 bool Communicator::aborted() const {
@@ -542,7 +562,8 @@ bool Communicator::aborted() const {
 
 void Communicator::close() {
   if (closed_.exchange(true)) return;
-  abort();  // any wait still running gives up
+  // Any wait still running gives up.
+  if (abortFlagHost_ != nullptr) std::atomic_ref<uint32_t>(*abortFlagHost_).store(1, std::memory_order_release);
   std::shared_ptr<ProxyService> proxy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -589,6 +610,7 @@ void Communicator::close() {
     proxy_.reset();
   }
   fdServer_.reset();  // joins the server thread, closes every published fd
+  health_->stop();    // its watchdog reads the flag and record freed below
   if (hostMode()) {
     delete abortFlagHost_;
     delete errorRecordHost_;

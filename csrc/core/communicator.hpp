@@ -16,6 +16,7 @@
 #include "channels/device_common.hpp"
 #include "core/bootstrap.hpp"
 #include "core/channels.hpp"
+#include "core/health.hpp"
 #include "core/registered_memory.hpp"
 #include "core/semaphore.hpp"
 #include "core/topology.hpp"
@@ -100,9 +101,21 @@ class Communicator {
   AbortState abortState() const;
   /// The first failure a device-side wait recorded, if any (status 0: none).
   DeviceErrorRecord deviceError() const;
-  /// Throws TimeoutError / AbortedError naming `op`, its call number and the
-  /// peer if a device-side wait of this communicator gave up.
-  void raiseIfWaitFailed(const char* op, uint64_t call) const;
+  /// Sequence numbers, call tags and the broken state (core/health.hpp).
+  CommunicatorHealth& health() const { return *health_; }
+  /// Throws unless `op` may run: ClosedError once closed; otherwise, once
+  /// broken (a wait gave up, abort(), the proxy died), the error of the first
+  /// failure, naming its op, sequence number and peers.
+  void checkUsable(const char* op) const;
+  /// After a host-mode call of `op` ran: throws its failure, if a wait gave up.
+  void checkCompleted(const char* op) const { health_->check(op, /*refusing=*/false); }
+  /// Whether every call checks op, dtype, count and sequence number across
+  /// ranks first (PYCCL_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL, read at creation).
+  bool callChecks() const { return callChecks_; }
+  /// Collective, when callChecks(): gathers every rank's `signature` of call
+  /// `seq` and throws RemoteError naming the ranks that differ (on every rank,
+  /// before anything ran, so the communicator stays usable).
+  void checkCallMatches(const char* op, uint64_t seq, const std::string& signature);
   /// Marks a host-mode "kernel" (CPU threads using this communicator's
   /// channels) as running; close() waits for them after raising the abort flag.
   class HostKernelScope {
@@ -116,7 +129,8 @@ class Communicator {
     Communicator& c_;
   };
 
-  /// Raises the abort flag: every wait (host or device) gives up.
+  /// Raises the abort flag: every wait (host or device) gives up, and the
+  /// communicator is broken. Safe from any thread.
   void abort();
   bool aborted() const;
   /// Releases everything (idempotent). Memory and semaphores still held by the
@@ -147,6 +161,8 @@ class Communicator {
   DeviceErrorRecord* errorRecordHost_ = nullptr;
   void* abortFlagDevice_ = nullptr;
   void* errorRecordDevice_ = nullptr;
+  std::unique_ptr<CommunicatorHealth> health_;
+  bool callChecks_ = false;
 
   mutable std::mutex mu_;
   std::vector<std::weak_ptr<RegisteredMemory::Impl>> tracked_;

@@ -20,6 +20,22 @@ const char* errorCodeName(ErrorCode code) {
   return "unknown error";
 }
 
+void throwError(ErrorCode code, const std::string& message) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: throw InvalidArgument(message);
+    case ErrorCode::kTimeout: throw TimeoutError(message);
+    case ErrorCode::kAborted: throw AbortedError(message);
+    case ErrorCode::kClosed: throw ClosedError(message);
+    case ErrorCode::kCuda: throw CudaError(message);
+    case ErrorCode::kSystem: throw SystemError(message);
+    case ErrorCode::kUnsupported: throw UnsupportedError(message);
+    case ErrorCode::kRemote: throw RemoteError(message);
+    case ErrorCode::kType: throw TypeError(message);
+    case ErrorCode::kInternal: break;
+  }
+  throw InternalError(message);
+}
+
 void throwSystemError(const std::string& what, int errnum) {
   char buf[256];
   // GNU strerror_r returns the message pointer, which may not be buf.

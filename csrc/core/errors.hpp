@@ -69,6 +69,9 @@ std::string strCat(const Args&... args) {
   return os.str();
 }
 
+/// Throws the exception class of `code` with `message`.
+[[noreturn]] void throwError(ErrorCode code, const std::string& message);
+
 /// Throws SystemError with strerror(errnum) appended.
 [[noreturn]] void throwSystemError(const std::string& what, int errnum);
 

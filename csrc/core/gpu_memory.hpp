@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -42,12 +43,23 @@ DeviceExport exportDeviceMemory(int device, void* ptr, size_t size);
 /// A peer's device memory mapped into this process; unmapped on destruction.
 class ImportedDeviceMemory {
  public:
-  virtual ~ImportedDeviceMemory() = default;
+  ImportedDeviceMemory() { liveCount().fetch_add(1, std::memory_order_relaxed); }
+  virtual ~ImportedDeviceMemory() { liveCount().fetch_sub(1, std::memory_order_relaxed); }
+  ImportedDeviceMemory(const ImportedDeviceMemory&) = delete;
+  ImportedDeviceMemory& operator=(const ImportedDeviceMemory&) = delete;
+  /// Peer mappings alive in this process (for leak checks).
+  static size_t live() { return liveCount().load(std::memory_order_relaxed); }
   /// Address of the registered range (not of the underlying allocation).
   void* ptr() const { return ptr_; }
 
  protected:
   void* ptr_ = nullptr;
+
+ private:
+  static std::atomic<size_t>& liveCount() {
+    static std::atomic<size_t> count{0};
+    return count;
+  }
 };
 
 std::shared_ptr<ImportedDeviceMemory> importCudaIpc(int device, const cudaIpcMemHandle_t& handle,

@@ -92,10 +92,12 @@ uint64_t proxySpinNs(bool gpu) {
 
 }  // namespace
 
-ProxyService::ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name)
+ProxyService::ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name,
+                           FailureHandler onFailure)
     : device_(device),
       name_(std::move(name)),
       abort_(abort),
+      onFailure_(std::move(onFailure)),
       spinNs_(proxySpinNs(device >= 0)),
       fifo_(device, fifoSize, abort) {
   for (auto& c : channels_) c.store(nullptr);
@@ -118,6 +120,14 @@ uint32_t ProxyService::addChannel(std::unique_ptr<ProxyChannel> channel) {
 std::string ProxyService::error() const {
   std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mu_));
   return error_;
+}
+
+void ProxyService::injectFailure(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    injectedReason_ = reason;
+  }
+  failureInjected_.store(true, std::memory_order_release);
 }
 
 void ProxyService::stop() {
@@ -151,6 +161,10 @@ void ProxyService::run() {
   ProxyTrigger t{};
   try {
     while (!stopRequested_.load(std::memory_order_relaxed)) {
+      if (failureInjected_.load(std::memory_order_relaxed)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        throw InternalError(injectedReason_);
+      }
       if (!fifo_.take(&t)) {
         // Poll, yielding every 256 polls, for spinNs_ after the last trigger;
         // then sleep in short steps, and in longer ones once idle for a second,
@@ -179,6 +193,7 @@ void ProxyService::run() {
       error_ = e.what();
     }
     PYCCL_LOG(Error, "proxy '" << name_ << "' stopped: " << e.what());
+    if (onFailure_) onFailure_(e.what());
     // Waiters on this proxy's progress must not wait forever.
     if (abort_.abortFlag != nullptr) {
       std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(abort_.abortFlag)).store(1);

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,8 +67,12 @@ class Fifo {
 
 class ProxyService {
  public:
-  /// Starts the proxy thread for `device` (-1: host mode).
-  ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name);
+  /// Called once, from the proxy thread, with the error that stopped it.
+  using FailureHandler = std::function<void(const std::string&)>;
+  /// Starts the proxy thread for `device` (-1: host mode). `onFailure` (may be
+  /// empty) hears of an error that stops the thread; the abort flag is raised
+  /// either way, so no wait on the proxy's progress waits forever.
+  ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name, FailureHandler onFailure = {});
   /// Stops the thread (see stop()).
   ~ProxyService();
   ProxyService(const ProxyService&) = delete;
@@ -85,6 +90,9 @@ class ProxyService {
   uint64_t dropped() const { return dropped_.load(); }
   /// The error that stopped the proxy, if any ("" while healthy).
   std::string error() const;
+  /// Makes the proxy thread fail with `reason` at its next poll, as a failing
+  /// transfer would (for fault-injection tests).
+  void injectFailure(const std::string& reason);
 
  private:
   void run();
@@ -93,12 +101,15 @@ class ProxyService {
   int device_;
   std::string name_;
   AbortState abort_;
+  FailureHandler onFailure_;
   uint64_t spinNs_;  ///< busy-poll this long after the last trigger before sleeping
   Fifo fifo_;
   std::array<std::atomic<ProxyChannel*>, kTriggerMaxChannels> channels_{};
   std::vector<std::unique_ptr<ProxyChannel>> owned_;
   std::mutex mu_;
   std::atomic<bool> stopRequested_{false};
+  std::atomic<bool> failureInjected_{false};
+  std::string injectedReason_;
   std::atomic<bool> running_{false};
   std::atomic<uint64_t> executed_{0};
   std::atomic<uint64_t> dropped_{0};

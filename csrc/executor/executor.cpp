@@ -175,9 +175,8 @@ void PlanExecutor::close() {
 
 void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uint64_t outputBytes, DataType dtype,
                        uint64_t elementSize, ReduceOp op, void* stream) {
-  if (closed_ || comm_.closed()) throw ClosedError(strCat("plan: communicator '", comm_.name(), "' is closed"));
-  if (comm_.aborted()) throw AbortedError(strCat("plan: communicator '", comm_.name(), "' was aborted"));
-  comm_.raiseIfWaitFailed("plan", calls_);
+  if (closed_) throw ClosedError(strCat("plan: communicator '", comm_.name(), "' is closed"));
+  comm_.checkUsable("plan");
   PYCCL_CHECK_ARG(op != ReduceOp::kAvg, "op", "avg is not supported by plans (use sum and divide)");
   const uint64_t unit = static_cast<uint64_t>(program_.inputChunks) * elementSize;
   PYCCL_CHECK_ARG(inputBytes > 0 && inputBytes % unit == 0, "tensor", "has ", inputBytes,
@@ -200,8 +199,18 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
     PYCCL_CHECK_ARG(!overlap || in == out, "out", "partly overlaps the input tensor; pass the same tensor or a "
                     "separate one");
   }
-  ++calls_;
+  const uint64_t seq = comm_.health().nextSequence();
+  if (comm_.callChecks()) {
+    comm_.checkCallMatches("plan", seq, strCat("plan of ", program_.ops.size(), " ops, ", inputBytes, " bytes in, ",
+                                               outputBytes, " bytes out, dtype ", static_cast<int>(dtype), ", op ",
+                                               static_cast<int>(op)));
+  }
+  bool captured = false;
+#ifdef PYCCL_WITH_CUDA
+  if (!comm_.hostMode()) captured = gpu::isCapturing(stream);
+#endif
   PlanContext ctx = context_;
+  ctx.abort.call = makeCallTag(CallOp::kPlan, seq, captured);
   ctx.inputStaged = program_.stageInput || (!program_.inPlace && overlap);
   ctx.outputStaged = program_.inPlace ? ctx.inputStaged : program_.stageOutput;
   ctx.chunkBytes = chunk;
@@ -230,7 +239,7 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
     }
     for (auto& th : threads) th.join();
   });
-  comm_.raiseIfWaitFailed("plan", calls_);
+  comm_.checkCompleted("plan");
 }
 
 }  // namespace pyccl

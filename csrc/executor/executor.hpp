@@ -69,7 +69,6 @@ class PlanExecutor {
   bool closed_ = false;
   bool programmatic_ = true;
   int maxOpsPerBlock_ = 0;
-  uint64_t calls_ = 0;
 };
 
 #ifdef PYCCL_WITH_CUDA

@@ -197,6 +197,12 @@ void bindCommunicator(py::module_& m) {
         d["peer"] = rec.peer;
         d["expected"] = rec.expected;
         d["observed"] = rec.observed;
+        d["call"] = describeCallTag(rec.call);
+        py::list peers;
+        for (int q = 0; q < 32; ++q) {
+          if (rec.peerMask & (1u << q)) peers.append(q);
+        }
+        d["peers"] = peers;
         return d;
       })
       .def("create_memory_channel", [](Communicator& c, int peer, const RegisteredMemory& local,
@@ -222,6 +228,11 @@ void bindCommunicator(py::module_& m) {
       .def("stop_proxy", [](Communicator& c) { c.proxyService()->stop(); },
            py::call_guard<py::gil_scoped_release>(),
            "Stops the proxy now (pending triggers are dropped); for tests of shutdown.")
+      .def_property_readonly("failure", [](const Communicator& c) { return c.health().failure(); })
+      .def_property_readonly("sequence", [](const Communicator& c) { return c.health().lastSequence(); })
+      .def("_inject_proxy_failure", [](Communicator& c, const std::string& reason) {
+        c.proxyService()->injectFailure(reason);
+      }, py::arg("reason"))
       .def("abort", &Communicator::abort)
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
 }

@@ -10,6 +10,10 @@
 #include "core/logging.hpp"
 #include "python/bindings.hpp"
 
+#ifdef PYCCL_WITH_CUDA
+#include "core/gpu_memory.hpp"
+#endif
+
 namespace py = pybind11;
 
 namespace pyccl {
@@ -82,6 +86,13 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("level"), "Sets the C++ log level (TRACE, DEBUG, INFO, WARN, ERROR, OFF).");
   m.def("num_host_shared_allocations", &numHostSharedAllocations,
         "Live host shared-memory allocations in this process (for leak checks).");
+  m.def("num_peer_device_mappings", [] {
+#ifdef PYCCL_WITH_CUDA
+    return ImportedDeviceMemory::live();
+#else
+    return size_t{0};
+#endif
+  }, "Peers' device memory mapped into this process (CUDA IPC or cuMem imports; for leak checks).");
 
   m.def("rdma_devices", &listRdmaDevices,
         "RDMA devices libibverbs sees; raises UnsupportedError where rdma-core is absent.");

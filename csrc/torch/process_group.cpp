@@ -9,8 +9,12 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <optional>
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "core/errors.hpp"
@@ -36,11 +40,25 @@ void* currentStreamOf(const at::Tensor& t) {
   return nullptr;
 }
 
+/// Whether Work.wait() blocks the host until the op completes or the group's
+/// timeout passes (PYCCL_BLOCKING_WAIT=1, like TORCH_NCCL_BLOCKING_WAIT), instead
+/// of ordering the caller's stream after it.
+bool blockingWait() {
+  static const bool on = [] {
+    const char* v = std::getenv("PYCCL_BLOCKING_WAIT");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return on;
+}
+
 /// The op's outputs, ready when the event recorded after the op has passed.
+/// Reports a failure of its communicator (a wait that gave up, an abort) as a
+/// DistBackendError from wait() and synchronize().
 class PycclWork : public c10d::Work {
  public:
-  PycclWork(int rank, c10d::OpType type, uint64_t seq, std::vector<at::Tensor> outputs)
-      : c10d::Work(rank, type), seq_(seq), outputs_(std::move(outputs)) {
+  PycclWork(int rank, c10d::OpType type, uint64_t seq, std::vector<at::Tensor> outputs,
+            std::shared_ptr<Communicator> comm)
+      : c10d::Work(rank, type), seq_(seq), outputs_(std::move(outputs)), comm_(std::move(comm)) {
     if (!outputs_.empty() && outputs_[0].is_cuda()) {
       device_ = outputs_[0].device().index();
       void* stream = currentStreamOf(outputs_[0]);
@@ -50,18 +68,27 @@ class PycclWork : public c10d::Work {
   }
 
   bool isCompleted() override { return event_ == nullptr || event_->query(); }
-  bool isSuccess() const override { return true; }
+  bool isSuccess() const override { return comm_ == nullptr || !comm_->health().broken(); }
   std::vector<at::Tensor> result() override { return outputs_; }
   uint64_t getSequencenumber() const override { return seq_; }
 
-  /// Orders the caller's current stream after the op (as ProcessGroupNCCL does);
-  /// the host waits only for CPU ops, which are done already.
-  bool wait(std::chrono::milliseconds /*timeout*/) override {
-    if (event_ != nullptr) event_->block(currentStreamOf(outputs_[0]));
+  /// Orders the caller's current stream after the op (as ProcessGroupNCCL
+  /// does), or with PYCCL_BLOCKING_WAIT=1 waits on the host, bounded by
+  /// `timeout` or the group's. Raises if the communicator is broken.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (event_ != nullptr) {
+      if (blockingWait()) {
+        waitOnHost(timeout);
+      } else {
+        event_->block(currentStreamOf(outputs_[0]));
+      }
+    }
+    raiseIfBroken();
     return true;
   }
   void synchronize() override {
-    if (event_ != nullptr) event_->synchronize();
+    if (event_ != nullptr) waitOnHost(kNoTimeout);
+    raiseIfBroken();
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
@@ -76,8 +103,39 @@ class PycclWork : public c10d::Work {
   }
 
  private:
+  /// Polls the event until it passes; past the bound (`timeout`, or the
+  /// group's and a margin), breaks the communicator (its kernels give up) and raises.
+  void waitOnHost(std::chrono::milliseconds timeout) {
+    // The kernels' own bound comes first and names the peer; this one only
+    // catches what they cannot (a kernel that never started).
+    const auto bound = timeout == kNoTimeout && comm_ != nullptr ? comm_->timeout() + std::chrono::seconds(2)
+                                                                  : timeout;
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    while (!event_->query()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        const std::string what = strCat("work ", seq_, " (", c10d::opTypeToString(opType_),
+                                        ") did not complete within ", bound.count(), " ms");
+        if (comm_ != nullptr) comm_->health().fail(ErrorCode::kTimeout, what);
+        C10_THROW_ERROR(DistBackendError, strCat("pyccl: ", what, "; the process group is broken"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  /// Reads the error record too: the op's kernel may have given up a moment
+  /// before the watchdog's next look.
+  void raiseIfBroken() const {
+    if (comm_ == nullptr) return;
+    try {
+      comm_->checkCompleted(c10d::opTypeToString(opType_).c_str());
+    } catch (const Error& e) {
+      C10_THROW_ERROR(DistBackendError, strCat("pyccl work ", seq_, ": ", e.what()));
+    }
+  }
+
   uint64_t seq_;
   std::vector<at::Tensor> outputs_;
+  std::shared_ptr<Communicator> comm_;
   int device_ = -1;
   std::unique_ptr<gpu::StreamEvent> event_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -215,7 +273,11 @@ bool PycclBackend::reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) co
 }
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::done(c10d::OpType type, std::vector<at::Tensor> outputs) {
-  return c10::make_intrusive<PycclWork>(getRank(), type, ++seq_, std::move(outputs));
+  std::shared_ptr<Communicator> comm;
+  const bool onGpu = !outputs.empty() && outputs[0].is_cuda();
+  if (onGpu && gpu_ != nullptr) comm = gpu_->comm;
+  if (!onGpu && host_ != nullptr) comm = host_->comm;
+  return c10::make_intrusive<PycclWork>(getRank(), type, ++seq_, std::move(outputs), std::move(comm));
 }
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce(std::vector<at::Tensor>& tensors,

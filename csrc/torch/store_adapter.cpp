@@ -1,5 +1,9 @@
 #include "torch/store_adapter.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "core/errors.hpp"
 
 namespace pyccl {
@@ -13,12 +17,18 @@ void C10dStore::set(const std::string& key, const std::vector<uint8_t>& value) {
 }
 
 std::vector<uint8_t> C10dStore::get(const std::string& key, std::chrono::milliseconds timeout) {
-  try {
-    store_->wait({key}, timeout);
-  } catch (const c10::Error& e) {
-    // c10d reports a wait that ran out as DistStoreError (a c10::Error).
-    throw TimeoutError(strCat("store key '", key, "' was not set within ", timeout.count(),
-                              " ms: ", e.what_without_backtrace()));
+  // Polls instead of store_->wait: a TCPStore client holds its one lock for
+  // the whole of a wait, so a rank setting up two groups from two threads
+  // would block one group's set() behind the other's wait, and two ranks
+  // doing so in crossed order would deadlock.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(50);
+  while (!store_->check({key})) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw TimeoutError(strCat("store key '", key, "' was not set within ", timeout.count(), " ms"));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(5000));
   }
   return store_->get(key);
 }

@@ -33,7 +33,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world_size, port, env, args, results, linger_s):
+def _child(fn, rank, world_size, port, env, args, results, linger_s, finishing):
     os.environ.update(env)
     store = None
     try:
@@ -55,18 +55,19 @@ def _child(fn, rank, world_size, port, env, args, results, linger_s):
     except BaseException as exc:  # report everything, including SystemExit
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
-        _finish(store, rank, world_size, linger_s)
+        _finish(store, rank, finishing, linger_s)
 
 
-def _finish(store, rank, world_size, linger_s):
-    """Rank 0 serves the store: it stays until every rank is done with it (bounded)."""
+def _finish(store, rank, finishing, linger_s):
+    """Rank 0 serves the store: it stays until the ``finishing`` ranks (all but those
+    expected to die) are done with it (bounded)."""
     if store is None:
         return
     try:
         store.add("_pyccl_spawn/done", 1)
         if rank == 0:
             deadline = time.monotonic() + linger_s
-            while store.add("_pyccl_spawn/done", 0) < world_size and time.monotonic() < deadline:
+            while store.add("_pyccl_spawn/done", 0) < finishing and time.monotonic() < deadline:
                 time.sleep(0.01)
     except Exception:
         pass  # a peer that died took its connection with it; nothing to wait for
@@ -78,19 +79,24 @@ class RankFailure(RuntimeError):
 
 def run_ranks(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
               timeout: float = 120.0, env: Optional[dict] = None,
-              expect_failure: bool = False) -> list:
+              expect_failure: bool = False, dying: Sequence[int] = ()) -> list:
     """Runs ``fn(rank, world_size, store, *args)`` on ``world_size`` processes.
 
     Returns the per-rank return values. Raises RankFailure naming the ranks
     that raised or hung (unless ``expect_failure``: then returns per-rank
     ``("ok", value)`` / ``("error", message)`` / ``("hung", None)`` tuples).
-    ``fn`` must be importable (defined at module level).
+    ``fn`` must be importable (defined at module level). ``dying`` names ranks
+    that are expected to kill themselves (rank 0, which serves the store, cannot):
+    nobody waits for them to finish.
     """
+    if 0 in dying:
+        raise ValueError("invalid argument 'dying': rank 0 serves the store and must not die")
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child,
-                         args=(fn, r, world_size, port, dict(env or {}), tuple(args), results, timeout),
+                         args=(fn, r, world_size, port, dict(env or {}), tuple(args), results, timeout,
+                               world_size - len(set(dying))),
                          daemon=True)
              for r in range(world_size)]
     for p in procs:

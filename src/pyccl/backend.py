@@ -65,14 +65,27 @@ def _made_for_cuda(store, rank: int) -> bool:
         return False
 
 
+def _group_timeout(timeout) -> datetime.timedelta:
+    """The group's timeout. torch gives backends other than NCCL its 30-minute
+    default when init_process_group names none; pyccl then takes
+    ProcessGroupNCCL's default (10 minutes), which it stands in for. Any other
+    value is used as given."""
+    from torch.distributed import constants
+
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    nccl_default = getattr(constants, "default_pg_nccl_timeout", None)
+    if timeout == constants.default_pg_timeout and isinstance(nccl_default, datetime.timedelta):
+        return nccl_default
+    return timeout
+
+
 def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     """The creator torch calls for each group (extended API)."""
     from .collectives import _nccl_min_bytes
 
     store, rank, size = options.store, options.group_rank, options.group_size
-    timeout = options.timeout
-    if not isinstance(timeout, datetime.timedelta):
-        timeout = datetime.timedelta(seconds=float(timeout))
+    timeout = _group_timeout(options.timeout)
     device = -1
     if _C.cuda_built() and torch.cuda.is_available() and _made_for_cuda(store, rank):
         device = torch.cuda.current_device()

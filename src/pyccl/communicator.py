@@ -210,12 +210,25 @@ class Communicator:
         return self._comm.proxy_stats()
 
     def device_error(self) -> Optional[dict]:
-        """The first failure a device-side wait recorded (peer, expected, observed), if any."""
+        """The first failure a device-side wait recorded, if any: status ("timeout" or
+        "aborted"), peer, expected, observed, the call ("all_reduce call 12") and the list
+        of peers waited on in vain."""
         return self._comm.device_error()
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the communicator is broken (the first failure), or None while it is healthy."""
+        return self._comm.failure
+
+    @property
+    def sequence(self) -> int:
+        """Calls started on this communicator so far (the last call's sequence number)."""
+        return self._comm.sequence
 
     # -- lifetime -------------------------------------------------------------------
     def abort(self) -> None:
-        """Makes every wait of this communicator (host or device) give up."""
+        """Breaks the communicator: every wait of it (host or device, this rank) gives up at
+        once, and every later call raises. Safe from any thread; peers find out by timeout."""
         self._comm.abort()
 
     def all_reduce(self, tensor: torch.Tensor, op="sum", out: Optional[torch.Tensor] = None,

@@ -1,0 +1,233 @@
+"""Per-rank bodies of the fault tests: a rank killed, a slow rank, ranks that
+disagree on a call, an abort from another thread or during a CUDA graph
+replay, a dead proxy thread. Host mode on CPU, or GPUs (``on_gpu``)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import pyccl
+from ranks_backend import _init
+
+ELEMENTS = 4096
+
+
+def _backend(on_gpu: bool) -> str:
+    return "pyccl" if on_gpu else "cpu:pyccl"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _fresh(rank: int, device: torch.device, n: int = ELEMENTS) -> torch.Tensor:
+    return torch.rand(n, device=device) + rank
+
+
+def _attempt(call):
+    """("ok", value, seconds) or (exception type, message, seconds, is DistBackendError)."""
+    start = time.monotonic()
+    try:
+        value = call()
+        return ("ok", value, time.monotonic() - start)
+    except Exception as e:  # noqa: BLE001 - the type is what the tests check
+        return (type(e).__name__, str(e), time.monotonic() - start, isinstance(e, dist.DistBackendError))
+
+
+def _destroy_seconds() -> float:
+    start = time.monotonic()
+    dist.destroy_process_group()
+    return time.monotonic() - start
+
+
+def killed_rank(rank, world, store, on_gpu, timeout_s):
+    """The last rank kills itself (SIGKILL) while every rank runs all-reduces."""
+    device = _init(rank, world, store, _backend(on_gpu), on_gpu, timeout_s=timeout_s)
+    x = _fresh(rank, device)
+    for _ in range(3):
+        dist.all_reduce(x)
+    _sync(device)
+    dist.barrier()
+    if rank == world - 1:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+
+    def run_until_failure():
+        while True:
+            dist.all_reduce(x)
+            _sync(device)
+            x.div_(world)
+
+    first = _attempt(run_until_failure)
+    # Broken now: the next call fails at once, and the group still goes away.
+    again = _attempt(lambda: (dist.all_reduce(x), _sync(device)))
+    return first, again, _destroy_seconds()
+
+
+def slow_rank(rank, world, store, on_gpu, timeout_s, delay_s):
+    """The last rank reaches the second all-reduce `delay_s` late."""
+    device = _init(rank, world, store, _backend(on_gpu), on_gpu, timeout_s=timeout_s)
+    x = torch.full((ELEMENTS,), float(rank + 1), device=device)
+    dist.all_reduce(x)
+    _sync(device)
+    if rank == world - 1:
+        time.sleep(delay_s)
+
+    def one():
+        x.fill_(float(rank + 1))
+        dist.all_reduce(x)
+        _sync(device)
+        return bool((x == world * (world + 1) / 2).all())
+
+    first = _attempt(one)
+    second = _attempt(one)
+    return first, second, _destroy_seconds()
+
+
+def mismatched_call(rank, world, store, on_gpu, variant):
+    """Rank 1 calls with a different size (or a different op); with call checks
+    on, every rank raises before anything runs, and the group stays usable."""
+    device = _init(rank, world, store, _backend(on_gpu), on_gpu, timeout_s=30)
+    n = ELEMENTS + (64 if rank == 1 and variant == "size" else 0)
+    x = _fresh(rank, device, n)
+    if rank == 1 and variant == "op":
+        out = torch.empty(n * world, device=device)
+        first = _attempt(lambda: (dist.all_gather_into_tensor(out, x), _sync(device)))
+    else:
+        first = _attempt(lambda: (dist.all_reduce(x), _sync(device)))
+    y = torch.full((ELEMENTS,), float(rank + 1), device=device)
+    dist.all_reduce(y)
+    _sync(device)
+    after = bool((y == world * (world + 1) / 2).all())
+    dist.destroy_process_group()
+    return first, after
+
+
+def mismatched_direct_call(rank, world, store):
+    """The same through pyccl's own API (a Communicator, host mode)."""
+    comm = pyccl.Communicator(store, rank, world, device="cpu", timeout=datetime.timedelta(seconds=30))
+    x = torch.rand(ELEMENTS + (16 if rank == 0 else 0))
+    first = _attempt(lambda: comm.all_reduce(x))
+    y = comm.all_reduce(torch.ones(ELEMENTS))
+    comm.close()
+    return first, bool((y == world).all())
+
+
+def abort_unblocks(rank, world, store, on_gpu):
+    """Rank 0 runs an all-reduce its peers never join; another thread aborts
+    the group after 1 s."""
+    device = _init(rank, world, store, _backend(on_gpu), on_gpu, timeout_s=120)
+    x = _fresh(rank, device)
+    dist.all_reduce(x)
+    _sync(device)
+    dist.barrier()
+    result = None
+    if rank == 0:
+        group = dist.group.WORLD
+        timer = threading.Timer(1.0, group.abort)
+        timer.start()
+        result = _attempt(lambda: (dist.all_reduce(x), _sync(device), dist.all_reduce(x), _sync(device)))
+        timer.join()
+        result += (_destroy_seconds(),)
+    store.set(f"abort_done{rank}", "1")
+    store.wait(["abort_done0"], datetime.timedelta(seconds=60))
+    if rank != 0:
+        dist.destroy_process_group()
+    return result
+
+
+def abort_during_graph_replay(rank, world, store):
+    """Both ranks replay a graph of all-reduces; then rank 1 stops, so rank 0's
+    next replay hangs, and another thread of rank 0 aborts its group: the
+    replay returns long before the (60 s) timeout, and the next call raises."""
+    device = _init(rank, world, store, "pyccl", True, timeout_s=60)
+    x = _fresh(rank, device, 1024)
+    dist.all_reduce(x)  # eager first: the group's GPU buffers exist before the capture
+    torch.cuda.synchronize()
+    graph = _captured_all_reduces(x, 20, world)
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
+    result = None
+    if rank == 0:
+        timer = threading.Timer(1.0, dist.group.WORLD.abort)
+        timer.start()
+        start = time.monotonic()
+        graph.replay()
+        torch.cuda.synchronize()
+        replay_s = time.monotonic() - start
+        timer.join()
+        result = (replay_s, _attempt(lambda: (dist.all_reduce(x), torch.cuda.synchronize())))
+        store.set("replay_done", "1")
+    else:
+        store.wait(["replay_done"], datetime.timedelta(seconds=120))
+    del graph
+    return result, _destroy_seconds()
+
+
+def _captured_all_reduces(x, count, world):
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(count):
+                dist.all_reduce(x)
+                x.div_(world)
+    torch.cuda.synchronize()
+    return graph
+
+
+def replayed_failure(rank, world, store, timeout_s):
+    """The last rank dies; rank 0 only replays a graph. By default its next
+    eager call raises, naming the replayed call; with
+    PYCCL_ASYNC_ERROR_HANDLING=1 the watchdog aborts the process first."""
+    device = _init(rank, world, store, "pyccl", True, timeout_s=timeout_s)
+    x = _fresh(rank, device, 1024)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    graph = _captured_all_reduces(x, 1, world)
+    dist.barrier()
+    torch.cuda.synchronize()
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s + 3:
+        graph.replay()
+        torch.cuda.synchronize()
+    eager = _attempt(lambda: (dist.all_reduce(x), torch.cuda.synchronize()))
+    del graph
+    return eager, _destroy_seconds()
+
+
+def proxy_death(rank, world, store):
+    """Rank 0's proxy thread dies; its port channel refuses work, its
+    communicator says why, and rank 1's wait for its signal times out."""
+    from pyccl.primitives import Op, run
+
+    comm = pyccl.Communicator(store, rank, world, device="cpu", timeout=datetime.timedelta(seconds=2))
+    buf = pyccl.empty(1024, dtype=torch.int32, device="cpu")
+    local = comm.register(buf)
+    channel = comm.port_channel(1 - rank, local)
+    comm.barrier()
+    if rank == 0:
+        comm._comm._inject_proxy_failure("injected: a transfer failed")
+        deadline = time.monotonic() + 5
+        while comm.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    ran = _attempt(lambda: run(comm, [Op.port_put(0, 0, 0, 64, signal=True), Op.port_flush(0), Op.port_wait(0)],
+                               port=[channel]).failures)
+    failure = comm.failure
+    record = comm.device_error()
+    later = _attempt(lambda: comm.all_reduce(torch.ones(16)))
+    comm.close()
+    return ran, failure, record, later

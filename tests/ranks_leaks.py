@@ -1,0 +1,213 @@
+"""Per-rank bodies of the leak and load tests."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import pyccl
+from ranks_collectives import TOLERANCE
+
+
+def _snapshot(on_gpu: bool) -> dict:
+    with open("/proc/self/maps") as f:
+        memfd_maps = sum(1 for line in f if "memfd:pyccl" in line)
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    snap = {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": len(os.listdir("/proc/self/task")),
+        "dev_shm": len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0,
+        "memfd_maps": memfd_maps,
+        "host_allocs": pyccl._C.num_host_shared_allocations(),
+        "peer_device_mappings": pyccl._C.num_peer_device_mappings(),
+        "rss_mib": rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20,
+    }
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        snap["gpu_used_mib"] = (total - free) / 2**20
+    return snap
+
+
+def communicator_cycles(rank, world, store, on_gpu, cycles):
+    """Creates a communicator, runs every collective at an LL and an HB size,
+    destroys it; `cycles` times. Returns the resources after a warm-up and at
+    the end, and whether every result was right."""
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    wrong = []
+
+    def one(i):
+        comm = pyccl.Communicator(store, rank, world, device=device, name=f"leak{i}",
+                                  timeout=datetime.timedelta(seconds=60))
+        for n in (1000, 300_000):
+            x = torch.full((n,), float(rank + 1), device=device)
+            if not bool((comm.all_reduce(x) == world * (world + 1) / 2).all()):
+                wrong.append((i, "all_reduce", n))
+            gathered = comm.all_gather(x)
+            if not bool((gathered.view(world, n)[:, 0].cpu() == torch.arange(1, world + 1)).all()):
+                wrong.append((i, "all_gather", n))
+            scattered = comm.reduce_scatter(torch.full((n * world,), float(rank + 1), device=device))
+            if not bool((scattered == world * (world + 1) / 2).all()):
+                wrong.append((i, "reduce_scatter", n))
+            if not bool((comm.broadcast(x, src=world - 1) == world).all()):
+                wrong.append((i, "broadcast", n))
+            exchanged = comm.all_to_all(torch.full((n * world,), float(rank + 1), device=device))
+            if not bool((exchanged.view(world, n)[:, -1].cpu() == torch.arange(1, world + 1)).all()):
+                wrong.append((i, "all_to_all", n))
+        comm.close()
+
+    for i in range(3):  # warm-up: process-wide state made once (CUDA context, caches)
+        one(-1 - i)
+    before = _snapshot(on_gpu)
+    start = time.monotonic()
+    for i in range(cycles):
+        one(i)
+    seconds = time.monotonic() - start
+    return before, _snapshot(on_gpu), wrong, seconds
+
+
+def mixed_load(rank, world, store, on_gpu, seconds, seed):
+    """Two process groups, each driven by its own thread (and CUDA stream),
+    run random collectives of random sizes for `seconds`; every result is
+    checked. Returns the calls made per group and the wrong results."""
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("pyccl" if on_gpu else "cpu:pyccl", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=float(os.environ.get("LOAD_TIMEOUT", "120"))),
+                            **({"device_id": device} if on_gpu else {}))
+    groups = [dist.new_group(list(range(world))), dist.new_group(list(range(world)))]
+    # Every rank draws the same call sequence per group; a deadline shared
+    # through the store makes every rank stop after the same call.
+    deadline_key = "load/deadline"
+    if rank == 0:
+        store.set(deadline_key, str(time.time() + seconds))
+    deadline = float(store.get(deadline_key))
+    calls = [0, 0]
+    wrong = []
+    errors = []
+
+    def drive(g: int):
+        rng = random.Random(seed * 100 + g)
+        stream = torch.cuda.Stream(device) if on_gpu else None
+        group = groups[g]
+        try:
+            with torch.cuda.stream(stream) if on_gpu else _Null():
+                while True:
+                    # Agree on whether to go on: the decision rides on the data itself.
+                    go = torch.tensor([1.0 if time.time() < deadline else 0.0], device=device)
+                    dist.all_reduce(go, op=dist.ReduceOp.MIN, group=group)
+                    if go.item() < 1.0:
+                        break
+                    kind = rng.choice(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"])
+                    n = rng.choice([1, 7, 1000, 4096, 65_537, 300_000, 1 << 20])
+                    dtype = rng.choice([torch.float32, torch.bfloat16, torch.float16])
+                    _check_one(kind, n, dtype, rank, world, group, device, rng, wrong, g)
+                    calls[g] += 1
+                if on_gpu:
+                    stream.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors.append(f"group {g}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=drive, args=(g,)) for g in range(2)]
+    for t in threads:
+        t.start()
+    if os.environ.get("LOAD_TRACE"):
+        _trace(rank, calls, threads, seconds)
+    for t in threads:
+        t.join(seconds + 300)
+    hung = [g for g, t in enumerate(threads) if t.is_alive()]
+    if not hung:
+        dist.destroy_process_group()
+    return calls, wrong[:10], errors, hung
+
+
+def _trace(rank, calls, threads, seconds):
+    """Diagnostics (LOAD_TRACE names a folder): progress every 2 s, and every
+    thread's stack if the load runs 30 s past its end."""
+    import faulthandler
+
+    with open(os.path.join(os.environ["LOAD_TRACE"], f"load_rank{rank}.txt"), "w") as log:
+        faulthandler.dump_traceback_later(seconds + 30, exit=False, file=log)
+        last, dumped = None, False
+        while any(t.is_alive() for t in threads):
+            time.sleep(2)
+            print(f"[load rank {rank}] calls {calls}", file=log, flush=True)
+            if list(calls) == last and not dumped:
+                dumped = True
+                _native_stacks(log)
+            last = list(calls)
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _native_stacks(log):
+    import shutil
+    import subprocess
+
+    if shutil.which("gdb"):
+        out = subprocess.run(["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt 30"],
+                             capture_output=True, text=True, timeout=60)
+        log.write(out.stdout)
+    else:
+        for task in os.listdir("/proc/self/task"):
+            base = f"/proc/self/task/{task}"
+            try:
+                with open(f"{base}/comm") as a, open(f"{base}/wchan") as b, open(f"{base}/syscall") as c:
+                    log.write(f"task {task} {a.read().strip()} wchan={b.read().strip()} syscall={c.read().strip()}\n")
+            except OSError:
+                pass
+    log.flush()
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _check_one(kind, n, dtype, rank, world, group, device, rng, wrong, g):
+    # Small integers, exact in every dtype: the sum of ranks' values is checked exactly.
+    value = float(rng.randint(1, 3) + rank)
+    rtol, atol = TOLERANCE[dtype]
+    if kind == "all_reduce":
+        x = torch.full((n,), value, dtype=dtype, device=device)
+        dist.all_reduce(x, group=group)
+        expected = sum(value - rank + q for q in range(world))
+        ok = bool((x.double() - expected).abs().max() <= atol + rtol * expected)
+    elif kind == "all_gather":
+        x = torch.full((n,), value, dtype=dtype, device=device)
+        out = torch.empty(n * world, dtype=dtype, device=device)
+        dist.all_gather_into_tensor(out, x, group=group)
+        ok = bool((out.view(world, n)[:, 0].double().cpu() == torch.tensor(
+            [value - rank + q for q in range(world)], dtype=torch.float64)).all())
+    elif kind == "reduce_scatter":
+        x = torch.full((n * world,), value, dtype=dtype, device=device)
+        out = torch.empty(n, dtype=dtype, device=device)
+        dist.reduce_scatter_tensor(out, x, group=group)
+        expected = sum(value - rank + q for q in range(world))
+        ok = bool((out.double() - expected).abs().max() <= atol + rtol * expected)
+    elif kind == "broadcast":
+        x = torch.full((n,), value, dtype=dtype, device=device)
+        src = rng.randrange(world)
+        dist.broadcast(x, src=src, group=group)
+        ok = bool((x.double() == value - rank + src).all())
+    else:
+        x = torch.full((n * world,), value, dtype=dtype, device=device)
+        out = torch.empty(n * world, dtype=dtype, device=device)
+        dist.all_to_all_single(out, x, group=group)
+        ok = bool((out.view(world, n)[:, 0].double().cpu() == torch.tensor(
+            [value - rank + q for q in range(world)], dtype=torch.float64)).all())
+    if not ok:
+        wrong.append((g, kind, n, str(dtype)))

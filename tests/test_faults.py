@@ -1,0 +1,172 @@
+"""Faults: a killed rank, a slow rank, ranks that disagree on a call, an abort
+from another thread or during a CUDA graph replay, a dead proxy thread. In
+each case the surviving ranks raise within the group's timeout, naming the op,
+its sequence number and the missing peer, and every process exits."""
+
+import pytest
+
+import ranks_faults as rf
+from conftest import requires_gpus
+from pyccl._spawn import run_ranks
+
+# GPU runs keep NCCL out of the way: every size goes through pyccl's kernels.
+GPU_ENV = {"PYCCL_NCCL_DELEGATE": "0"}
+
+
+def _survivor_failed_in_time(first, timeout_s, dead_rank):
+    kind, message, seconds, is_dist_error = first
+    assert is_dist_error, first
+    assert seconds <= timeout_s + 5, first
+    assert "all_reduce call " in message and "timeout" in message, message
+    assert f"no signal from rank {dead_rank}" in message or f"waited on in vain: {dead_rank}" in message \
+        or f", {dead_rank}" in message, message
+
+
+def _killed_rank(on_gpu):
+    timeout_s, world = 3, 3
+    env = GPU_ENV if on_gpu else {}
+    out = run_ranks(rf.killed_rank, world, args=(on_gpu, timeout_s), timeout=120, expect_failure=True,
+                    dying=[world - 1], env=env)
+    assert out[world - 1][0] == "error" and "-9" in out[world - 1][1], out[world - 1]
+    for status, value in out[:world - 1]:
+        assert status == "ok", value
+        first, again, destroy_s = value
+        _survivor_failed_in_time(first, timeout_s, world - 1)
+        assert again[0] != "ok" and again[3] and again[2] < 1.0, again
+        assert "refused" in again[1] and "broken" in again[1], again
+        assert destroy_s < 10, destroy_s
+
+
+def test_killed_rank_host():
+    _killed_rank(False)
+
+
+@requires_gpus(3)
+def test_killed_rank_gpu():
+    _killed_rank(True)
+
+
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_slow_rank_within_the_timeout_is_waited_for(on_gpu):
+    out = run_ranks(rf.slow_rank, 3 if not on_gpu else 2, args=(on_gpu, 20, 2.0), timeout=120,
+                    env=GPU_ENV if on_gpu else {})
+    for rank, (first, second, destroy_s) in enumerate(out):
+        assert first[0] == "ok" and first[1], (rank, first)
+        assert second[0] == "ok" and second[1], (rank, second)
+        if rank != len(out) - 1:
+            assert first[2] >= 1.5, (rank, first)  # it did wait for the slow rank
+
+
+@pytest.mark.parametrize("on_gpu,blocking", [(False, False), pytest.param(True, True, marks=requires_gpus(2)),
+                                              pytest.param(True, False, marks=requires_gpus(2))])
+def test_slow_rank_past_the_timeout_breaks_the_group_everywhere(on_gpu, blocking):
+    """Host mode raises in the failing call itself. On GPUs the call returns
+    when its kernel gives up, and the failure is raised by the next call; with
+    PYCCL_BLOCKING_WAIT=1 the failing call's wait() raises it."""
+    world = 3 if not on_gpu else 2
+    timeout_s = 1
+    env = {**GPU_ENV, "PYCCL_BLOCKING_WAIT": "1" if blocking else "0"} if on_gpu else {}
+    out = run_ranks(rf.slow_rank, world, args=(on_gpu, timeout_s, 3.0), timeout=120, env=env)
+    for rank, (first, second, destroy_s) in enumerate(out[:-1]):
+        if on_gpu and not blocking:
+            assert first[0] == "ok" and first[1] is False, first  # the kernel gave up; no data
+            assert second[0] != "ok" and second[3] and second[2] < 1.0, second
+            assert "refused, all_reduce call 2 " in second[1] and "no signal from rank 1" in second[1], second
+            continue
+        _survivor_failed_in_time(first, timeout_s, world - 1)
+        assert "all_reduce call 2 " in first[1], first
+        assert second[0] != "ok" and second[2] < 1.0, second
+    # The slow rank arrives after the others gave up: its call completes (its
+    # peers' data was there) or fails, and it never hangs.
+    first, second, destroy_s = out[-1]
+    assert first[0] == "ok" or first[3], first
+    assert second[0] != "ok" or second[1] is False, second
+    assert second[2] <= timeout_s + 5 and destroy_s < 10, (second, destroy_s)
+
+
+@pytest.mark.parametrize("variant", ["size", "op"])
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_mismatched_calls_are_named_with_pyccl_debug(on_gpu, variant):
+    world = 3 if not on_gpu else 2
+    env = {"PYCCL_DEBUG": "1", **(GPU_ENV if on_gpu else {})}
+    out = run_ranks(rf.mismatched_call, world, args=(on_gpu, variant), timeout=120, env=env)
+    for rank, (first, after) in enumerate(out):
+        kind, message, seconds, is_dist_error = first
+        assert is_dist_error and seconds < 10, first
+        assert "disagree" in message and "rank(s) 1:" in message, message
+        others = ", ".join(str(q) for q in range(world) if q != 1)
+        assert f"rank(s) {others}: all_reduce float32 x {rf.ELEMENTS} sum (call 1)" in message, message
+        if variant == "size":
+            assert f"rank(s) 1: all_reduce float32 x {rf.ELEMENTS + 64} sum" in message, message
+        else:
+            assert "rank(s) 1: all_gather" in message, message
+        assert after, "the group must stay usable after a refused call"
+
+
+def test_mismatched_calls_under_torch_distributed_debug_detail():
+    out = run_ranks(rf.mismatched_call, 2, args=(False, "size"), timeout=120,
+                    env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    for first, after in out:
+        assert first[0] != "ok" and "rank(s) 1: all_reduce float32 x 4160 sum" in first[1], first
+        assert after
+
+
+def test_mismatched_direct_calls_are_named():
+    out = run_ranks(rf.mismatched_direct_call, 2, timeout=120, env={"PYCCL_DEBUG": "1"})
+    for first, after in out:
+        assert first[0] == "RemoteError", first
+        assert f"rank(s) 0: all_reduce float32 x {rf.ELEMENTS + 16} sum" in first[1], first
+        assert f"rank(s) 1: all_reduce float32 x {rf.ELEMENTS} sum" in first[1], first
+        assert after
+
+
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_abort_from_another_thread_unblocks_a_hung_collective(on_gpu):
+    out = run_ranks(rf.abort_unblocks, 2, args=(on_gpu,), timeout=120, env=GPU_ENV if on_gpu else {})
+    kind, message, seconds, is_dist_error, destroy_s = out[0]
+    assert is_dist_error and "aborted" in message, out[0]
+    assert 0.9 <= seconds <= 5, out[0]
+    assert destroy_s < 10
+
+
+@requires_gpus(2)
+def test_abort_during_cuda_graph_replay():
+    out = run_ranks(rf.abort_during_graph_replay, 2, timeout=180, env=GPU_ENV)
+    (replay_s, eager), destroy_s = out[0]
+    assert 0.9 <= replay_s <= 10, replay_s  # the abort (at 1 s), not the 60 s timeout, ended it
+    kind, message, seconds, is_dist_error = eager
+    assert is_dist_error and "aborted" in message and seconds < 1.0, eager
+    assert destroy_s < 10 and out[1][1] < 10
+
+
+@requires_gpus(2)
+def test_a_failure_during_graph_replay_is_named_by_the_next_call():
+    timeout_s = 2
+    out = run_ranks(rf.replayed_failure, 2, args=(timeout_s,), timeout=120, expect_failure=True, dying=[1],
+                    env=GPU_ENV)
+    status, (eager, destroy_s) = out[0]
+    kind, message, seconds, is_dist_error = eager
+    assert is_dist_error and seconds < 1.0, eager
+    assert "all_reduce call " in message and "captured in a CUDA graph" in message, message
+    assert "no signal from rank 1" in message and "refused" in message, message
+
+
+@requires_gpus(2)
+def test_watchdog_tears_down_a_rank_that_only_replays_graphs():
+    timeout_s = 2
+    out = run_ranks(rf.replayed_failure, 2, args=(timeout_s,), timeout=120, expect_failure=True,
+                    dying=[1], env={**GPU_ENV, "PYCCL_ASYNC_ERROR_HANDLING": "1"})
+    status, message = out[0]
+    assert status == "error" and "code -6" in message, out[0]  # SIGABRT from the watchdog, not a hang
+
+
+def test_proxy_thread_death_breaks_the_communicator():
+    out = run_ranks(rf.proxy_death, 2, timeout=120)
+    ran, failure, record, later = out[0]
+    assert ran[0] == "ClosedError" and "its proxy thread died: injected: a transfer failed" in ran[1], ran
+    assert "proxy thread" in failure and "injected: a transfer failed" in failure, failure
+    assert later[0] != "ok" and "refused" in later[1] and "proxy thread" in later[1], later
+    ran, failure, record, later = out[1]
+    assert ran == ("ok", 1, ran[2]), ran  # its wait for rank 0's signal gave up
+    assert record["peer"] == 0 and record["status"] == "timeout", record
+    assert "no signal from rank 0" in failure, failure

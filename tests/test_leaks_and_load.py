@@ -1,0 +1,47 @@
+"""Leaks: 200 create/destroy cycles of a communicator with every collective in
+between grow nothing. Load: two process groups driven from two threads (and
+two CUDA streams) at once, with random collectives, neither deadlock nor give
+a wrong result. PYCCL_LOAD_SECONDS sets the load's duration (20 s by default;
+benchmarks/RESULTS.md records a 10-minute run)."""
+
+import os
+
+import pytest
+
+import ranks_leaks as rl
+from conftest import requires_gpus
+from pyccl._spawn import run_ranks
+
+CYCLES = 200
+# Counted resources must come back exactly; memory may wander within these bounds
+# (the allocator's and the driver's own bookkeeping), far below what a leaked
+# scratch buffer per cycle would add.
+RSS_SLACK_MIB = 24
+GPU_SLACK_MIB = 8
+
+
+def _assert_no_growth(before, after):
+    for key in ("fds", "threads", "dev_shm", "memfd_maps", "host_allocs", "peer_device_mappings"):
+        assert after[key] == before[key], f"{key} grew over {CYCLES} cycles: {before} -> {after}"
+    assert after["rss_mib"] - before["rss_mib"] <= RSS_SLACK_MIB, (before, after)
+    if "gpu_used_mib" in before:
+        assert after["gpu_used_mib"] - before["gpu_used_mib"] <= GPU_SLACK_MIB, (before, after)
+
+
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_communicator_cycles_with_collectives_leak_nothing(on_gpu):
+    for before, after, wrong, seconds in run_ranks(rl.communicator_cycles, 2, args=(on_gpu, CYCLES), timeout=900):
+        assert wrong == []
+        _assert_no_growth(before, after)
+
+
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_two_groups_from_two_threads_under_load(on_gpu):
+    seconds = float(os.environ.get("PYCCL_LOAD_SECONDS", "20"))
+    world = 2
+    out = run_ranks(rl.mixed_load, world, args=(on_gpu, seconds, 7), timeout=seconds + 600)
+    for rank, (calls, wrong, errors, hung) in enumerate(out):
+        assert hung == [] and errors == [], (rank, hung, errors)
+        assert wrong == [], (rank, wrong)
+        assert min(calls) > 0, calls
+    assert [c for c, *_ in out] == [out[0][0]] * world  # every rank made the same calls
