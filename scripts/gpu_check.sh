@@ -8,6 +8,11 @@
 #     channels     tests/test_gpu_channels.py
 #     collectives  tests/test_gpu_collectives.py
 #     backend      tests/test_gpu_backend.py and tests/test_gpu_ops.py (torch.compile: slow)
+#     plans        tests/test_gpu_plans.py and tests/test_gpu_symmetric.py
+#     reliability  tests/test_faults.py and tests/test_leaks_and_load.py on GPUs (PYCCL_LOAD_SECONDS
+#                  sets the load's length; its progress and stacks go to $OUT)
+#     sanitize     compute-sanitizer memcheck, then synccheck (scripts/sanitize.sh), over
+#                  PYCCL_SANITIZE_FILES (default tests/test_gpu_collectives.py) and PYCCL_SANITIZE_K
 #     demo         the README's main command without the benchmark
 #     channel_bench benchmarks/channel_bench.py
 #     bench        python -m pyccl.bench --collectives all (PYCCL_BENCH_ARGS appended)
@@ -46,6 +51,15 @@ for i in "${!parts[@]}"; do
     channels) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_channels.py $*" ;;
     collectives) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_collectives.py $*" ;;
     backend) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_backend.py tests/test_gpu_ops.py $*" ;;
+    plans) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_plans.py tests/test_gpu_symmetric.py $*" ;;
+    reliability)
+      export LOAD_TRACE="$OUT"
+      cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_faults.py tests/test_leaks_and_load.py $*" ;;
+    sanitize)
+      # API calls that fail on purpose (cuMemRetainAllocationHandle on cudaMalloc
+      # memory tells it from cuMem memory) are not memory errors: not reported.
+      cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+      cmd="bash scripts/sanitize.sh $cs ${PYCCL_SANITIZE_FILES:-tests/test_gpu_collectives.py}" ;;
     demo) cmd=".venv/bin/python -m pyccl.demo" ;;
     channel_bench) cmd=".venv/bin/python benchmarks/channel_bench.py --out $OUT/channel_bench.json" ;;
     bench) cmd=".venv/bin/python -m pyccl.bench --collectives all --csv $OUT/bench.csv --out $OUT/bench.json --timeout $(( share - 10 )) ${PYCCL_BENCH_ARGS:-}" ;;

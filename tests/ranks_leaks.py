@@ -83,10 +83,10 @@ def mixed_load(rank, world, store, on_gpu, seconds, seed):
     device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=float(os.environ.get("LOAD_TIMEOUT", "120")))
     dist.init_process_group("pyccl" if on_gpu else "cpu:pyccl", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=float(os.environ.get("LOAD_TIMEOUT", "120"))),
-                            **({"device_id": device} if on_gpu else {}))
-    groups = [dist.new_group(list(range(world))), dist.new_group(list(range(world)))]
+                            timeout=timeout, **({"device_id": device} if on_gpu else {}))
+    groups = [dist.new_group(list(range(world)), timeout=timeout) for _ in range(2)]
     # Every rank draws the same call sequence per group; a deadline shared
     # through the store makes every rank stop after the same call.
     deadline_key = "load/deadline"

@@ -6,7 +6,7 @@ its sequence number and the missing peer, and every process exits."""
 import pytest
 
 import ranks_faults as rf
-from conftest import requires_gpus
+from conftest import gpu_count, requires_gpus
 from pyccl._spawn import run_ranks
 
 # GPU runs keep NCCL out of the way: every size goes through pyccl's kernels.
@@ -23,7 +23,8 @@ def _survivor_failed_in_time(first, timeout_s, dead_rank):
 
 
 def _killed_rank(on_gpu):
-    timeout_s, world = 3, 3
+    timeout_s = 3
+    world = 3 if not on_gpu else min(3, gpu_count())
     env = GPU_ENV if on_gpu else {}
     out = run_ranks(rf.killed_rank, world, args=(on_gpu, timeout_s), timeout=120, expect_failure=True,
                     dying=[world - 1], env=env)
@@ -41,7 +42,7 @@ def test_killed_rank_host():
     _killed_rank(False)
 
 
-@requires_gpus(3)
+@requires_gpus(2)
 def test_killed_rank_gpu():
     _killed_rank(True)
 
