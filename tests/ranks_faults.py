@@ -231,3 +231,12 @@ def proxy_death(rank, world, store):
     later = _attempt(lambda: comm.all_reduce(torch.ones(16)))
     comm.close()
     return ran, failure, record, later
+
+
+def work_outlives_group(rank, world, store):
+    """A Work may be waited on after its group is destroyed."""
+    device = _init(rank, world, store, "cpu:pyccl", False, timeout_s=30)
+    x = torch.ones(16, device=device)
+    work = dist.all_reduce(x, async_op=True)
+    dist.destroy_process_group()
+    return work.wait(), work.is_success(), x.tolist() == [float(world)] * 16

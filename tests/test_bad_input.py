@@ -138,3 +138,10 @@ def test_unknown_and_unavailable_transports_are_refused():
         assert "'transport'" in messages["bogus"]
         # No RDMA NIC on this machine: named as such, or libibverbs where rdma-core is absent.
         assert "no RDMA device" in messages["rdma"] or "libibverbs.so.1 could not be loaded" in messages["rdma"]
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "-1"])
+def test_bad_async_error_handling_is_refused_at_creation(store, monkeypatch, value):
+    monkeypatch.setenv("PYCCL_ASYNC_ERROR_HANDLING", value)
+    error = _expect_invalid("PYCCL_ASYNC_ERROR_HANDLING", pyccl.Communicator, store, 0, 1, device="cpu")
+    assert value in str(error)

@@ -171,3 +171,8 @@ def test_proxy_thread_death_breaks_the_communicator():
     assert ran == ("ok", 1, ran[2]), ran  # its wait for rank 0's signal gave up
     assert record["peer"] == 0 and record["status"] == "timeout", record
     assert "no signal from rank 0" in failure, failure
+
+
+def test_a_work_can_be_waited_on_after_its_group_is_gone():
+    for waited, success, right in run_ranks(rf.work_outlives_group, 2, timeout=120):
+        assert waited and success and right

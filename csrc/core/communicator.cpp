@@ -42,6 +42,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
   PYCCL_CHECK_ARG(options_.timeout.count() > 0, "timeout", "must be positive");
   if (device_ >= 0) gpu::checkDevice(device_, "device");
   if (options_.name.empty()) options_.name = "default";
+  (void)asyncErrorHandlingFromEnv();  // a bad value fails here, before anything is allocated
   setLogRank(rank_);
 
   bootstrap_ = std::make_unique<Bootstrap>(std::move(store), options_.name, rank_, worldSize_,
@@ -107,6 +108,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
     bootstrap_->barrier();
   } catch (...) {
     close();
+    freeFailureState();
     throw;
   }
   PYCCL_LOG(Info, "communicator '" << options_.name << "' ready: rank " << rank_ << " of "
@@ -120,6 +122,22 @@ Communicator::~Communicator() {
   } catch (const std::exception& e) {
     PYCCL_LOG(Error, "closing communicator '" << options_.name << "' failed: " << e.what());
   }
+  freeFailureState();
+}
+
+void Communicator::freeFailureState() {
+  health_.reset();
+  if (hostMode()) {
+    delete abortFlagHost_;
+    delete errorRecordHost_;
+  } else {
+    if (abortFlagHost_ != nullptr) gpu::freePinned(abortFlagHost_);
+    if (errorRecordHost_ != nullptr) gpu::freePinned(errorRecordHost_);
+  }
+  abortFlagHost_ = nullptr;
+  errorRecordHost_ = nullptr;
+  abortFlagDevice_ = nullptr;
+  errorRecordDevice_ = nullptr;
 }
 
 void Communicator::checkOpen(const char* op) const {
@@ -610,20 +628,9 @@ void Communicator::close() {
     proxy_.reset();
   }
   fdServer_.reset();  // joins the server thread, closes every published fd
-  health_->stop();    // its watchdog reads the flag and record freed below
-  if (hostMode()) {
-    delete abortFlagHost_;
-    delete errorRecordHost_;
-  } else {
-    gpu::freePinned(abortFlagHost_);
-    gpu::freePinned(errorRecordHost_);
-  }
-  // Keep a valid (raised) flag for aborted() and late readers.
-  static uint32_t raised = 1;
-  abortFlagHost_ = &raised;
-  errorRecordHost_ = nullptr;
-  abortFlagDevice_ = nullptr;
-  errorRecordDevice_ = nullptr;
+  // The watchdog stops; the flag and the record stay until destruction, for
+  // what still holds this communicator (a Work asking how its op went).
+  if (health_) health_->stop();
 }
 
 }  // namespace pyccl

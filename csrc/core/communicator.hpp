@@ -145,6 +145,9 @@ class Communicator {
   void probePeers();
   RegisteredMemory trackMemory(std::shared_ptr<RegisteredMemory::Impl> impl);
   SemaphoreSlot* allocateSemaphoreSlot(RegisteredMemory* page);
+  /// Frees the abort flag and the error record (after close(); they outlive
+  /// it for late readers such as a Work's wait()).
+  void freeFailureState();
 
   int rank_;
   int worldSize_;

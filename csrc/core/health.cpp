@@ -167,12 +167,12 @@ void CommunicatorHealth::watch() {
     lock.unlock();
     const bool wasBroken = broken();
     const bool isBroken = absorbRecord();
+    lock.lock();
     // A user's abort() is not a fault: only a failure of its own tears down.
     if (isBroken && !wasBroken && handling_ == AsyncErrorHandling::kTearDown && code_ != ErrorCode::kAborted) {
       PYCCL_LOG(Error, "communicator '" << commName_ << "': PYCCL_ASYNC_ERROR_HANDLING=1, aborting the process");
       std::abort();
     }
-    lock.lock();
   }
 }
 
