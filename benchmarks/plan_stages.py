@@ -9,7 +9,7 @@ compute nothing useful; only their time matters.
 """
 import torch
 import pyccl
-from pyccl.dsl import AllReduce, MemoryChannel, Program
+from pyccl.dsl import AllReduce, Program, all_pairs_memory_channels
 from pyccl._spawn import run_ranks
 from pyccl.bench import _time_graph
 from pyccl.plans import PlanRunner
@@ -17,7 +17,7 @@ from pyccl.plans import PlanRunner
 
 def prog(n, k, stage):
     with Program(f"stage{stage}", AllReduce(n, chunks=n, in_place=False), protocol="hb", instances=k) as p:
-        chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        chans = all_pairs_memory_channels(n)
         for r in range(n):
             peers = [(r + j) % n for j in range(1, n)]
             mine = p.scratch(r, n)

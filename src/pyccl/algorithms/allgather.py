@@ -3,13 +3,13 @@ peer's output) and ring (each chunk travels N-1 hops over PortChannels)."""
 
 from __future__ import annotations
 
-from ..dsl import AllGather, MemoryChannel, PortChannel, Program
+from ..dsl import AllGather, PortChannel, Program, all_pairs_memory_channels
 
 
 def allgather_allpairs(num_ranks: int, instances: int = 1) -> Program:
     n = num_ranks
     with Program("allgather_allpairs", AllGather(n), protocol="hb", instances=instances) as p:
-        chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        chans = all_pairs_memory_channels(n)
         for r in range(n):
             peers = [(r + k) % n for k in range(1, n)]
             for q in peers:

@@ -5,7 +5,7 @@ with overlapped reduction (2PR)."""
 
 from __future__ import annotations
 
-from ..dsl import AllReduce, MemoryChannel, PortChannel, Program
+from ..dsl import AllReduce, PortChannel, Program, all_pairs_memory_channels
 
 
 def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
@@ -17,7 +17,7 @@ def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
     n = num_ranks
     with Program("allreduce_allpairs_ll", AllReduce(n, chunks=1, in_place=False), protocol="ll",
                  instances=instances) as p:
-        chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        chans = all_pairs_memory_channels(n)
         for r in range(n):
             for k in range(1, n):
                 q = (r + k) % n
@@ -37,7 +37,7 @@ def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
     n = num_ranks
     with Program("allreduce_allpairs_hb", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
-        chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        chans = all_pairs_memory_channels(n)
         for r in range(n):
             peers = [(r + k) % n for k in range(1, n)]
             mine = p.scratch(r, n)
@@ -66,7 +66,7 @@ def allreduce_allpairs_ll2(num_ranks: int, instances: int = 1) -> Program:
     n = num_ranks
     with Program("allreduce_allpairs_ll2", AllReduce(n, chunks=n, in_place=False), protocol="ll",
                  instances=instances) as p:
-        chans = {(q, r): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        chans = all_pairs_memory_channels(n)
         for r in range(n):
             peers = [(r + k) % n for k in range(1, n)]
             mine = p.scratch(r, 2 * n)

@@ -142,6 +142,12 @@ class MemoryChannel(_PairChannel):
         prog._record(Op("flush", self.src, prog._tb(tb), channel=self.id))
 
 
+def all_pairs_memory_channels(num_ranks: int) -> dict:
+    """A MemoryChannel for every ordered pair of ranks, keyed (dst, src): the
+    one rank `src` uses to reach `dst`. Made in the program's current scope."""
+    return {(q, r): MemoryChannel(q, r) for r in range(num_ranks) for q in range(num_ranks) if q != r}
+
+
 class PortChannel(_PairChannel):
     kind = "port"
 
