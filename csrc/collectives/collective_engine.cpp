@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "core/errors.hpp"
-#include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
 
 namespace pyccl {
@@ -229,41 +228,6 @@ void CollectiveEngine::checkUsable(const char* op) const {
   comm_.checkUsable(op);
 }
 
-namespace {
-
-const char* dataTypeName(DataType t) {
-  switch (t) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-  }
-  return "?";
-}
-
-const char* reduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProd: return "prod";
-  }
-  return "?";
-}
-
-}  // namespace
-
-uint64_t CollectiveEngine::beginCall(CallOp op, void* stream, const std::string& signature) {
-  const uint64_t seq = comm_.health().nextSequence();
-  if (comm_.callChecks()) comm_.checkCallMatches(callOpName(op), seq, signature);
-  bool captured = false;
-#ifdef PYCCL_WITH_CUDA
-  if (!comm_.hostMode()) captured = gpu::isCapturing(stream);
-#endif
-  (void)stream;
-  return makeCallTag(op, seq, captured);
-}
-
 void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
                                  std::optional<AllReduceAlgorithm> algorithm, void* stream) {
   checkUsable("all_reduce");
@@ -278,7 +242,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
                     " bytes per call in this communicator, the message has ", bytes);
   }
-  const uint64_t tag = beginCall(CallOp::kAllReduce, stream,
+  const uint64_t tag = comm_.beginCall(CallOp::kAllReduce, stream,
                                  comm_.callChecks() ? strCat("all_reduce ", dataTypeName(dtype), " x ", count, " ",
                                                              reduceOpName(op))
                                                     : std::string());
@@ -355,7 +319,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
     if (kind == ExchangeKind::kReduceScatter) signature += strCat(" of ", dataTypeName(dtype), " ", reduceOpName(op));
     if (kind == ExchangeKind::kBroadcast) signature += strCat(" from rank ", root);
   }
-  const uint64_t tag = beginCall(callOpOf(kind), stream, signature);
+  const uint64_t tag = comm_.beginCall(callOpOf(kind), stream, signature);
   const uint64_t wholeBytes = kind == ExchangeKind::kBroadcast ? chunkBytes : chunkBytes * comm_.worldSize();
   const Protocol proto = protocol ? *protocol : selectExchange(kind, wholeBytes);
   // Pieces of whole 16-byte units, so that every piece but the last keeps the LL/HB layout full.

@@ -102,9 +102,6 @@ class CollectiveEngine {
   void launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads, void* stream);
   /// The context of an LL call moving `llPackets` per (source, destination) pair.
   CollectiveContext contextFor(uint64_t llPackets) const;
-  /// Starts a call: its sequence number, the check across ranks where asked
-  /// for (`signature` describes the call), and the tag its kernels record.
-  uint64_t beginCall(CallOp op, void* stream, const std::string& signature);
 
   CollectiveOptions options_;
   CollectiveContext context_{};

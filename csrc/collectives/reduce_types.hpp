@@ -21,6 +21,26 @@ enum class ReduceOp : uint32_t { kSum = 0, kAvg = 1, kMin = 2, kMax = 3, kProd =
 
 inline uint32_t dataTypeSize(DataType t) { return t == DataType::kFloat32 ? 4 : 2; }
 
+inline const char* dataTypeName(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+inline const char* reduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProd: return "prod";
+  }
+  return "?";
+}
+
 struct Half {
   uint16_t bits;
 };

@@ -535,6 +535,13 @@ void Communicator::checkUsable(const char* op) const {
   health_->check(op, /*refusing=*/true);
 }
 
+uint64_t Communicator::beginCall(CallOp op, void* stream, const std::string& signature) {
+  const uint64_t seq = health_->nextSequence();
+  if (callChecks_) checkCallMatches(callOpName(op), seq, signature);
+  const bool captured = !hostMode() && gpu::isCapturing(stream);
+  return makeCallTag(op, seq, captured);
+}
+
 void Communicator::checkCallMatches(const char* op, uint64_t seq, const std::string& signature) {
   const std::string mine = strCat(signature, " (call ", seq, ")");
   const std::vector<Bytes> all = allGather(Bytes(mine.begin(), mine.end()));

@@ -112,10 +112,10 @@ class Communicator {
   /// Whether every call checks op, dtype, count and sequence number across
   /// ranks first (PYCCL_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL, read at creation).
   bool callChecks() const { return callChecks_; }
-  /// Collective, when callChecks(): gathers every rank's `signature` of call
-  /// `seq` and throws RemoteError naming the ranks that differ (on every rank,
-  /// before anything ran, so the communicator stays usable).
-  void checkCallMatches(const char* op, uint64_t seq, const std::string& signature);
+  /// Starts a call of `op` on `stream` (ignored in host mode): takes its
+  /// sequence number, checks it across ranks when callChecks() (`signature`
+  /// describes the call), and returns the tag its kernels record on failure.
+  uint64_t beginCall(CallOp op, void* stream, const std::string& signature);
   /// Marks a host-mode "kernel" (CPU threads using this communicator's
   /// channels) as running; close() waits for them after raising the abort flag.
   class HostKernelScope {
@@ -145,6 +145,10 @@ class Communicator {
   void probePeers();
   RegisteredMemory trackMemory(std::shared_ptr<RegisteredMemory::Impl> impl);
   SemaphoreSlot* allocateSemaphoreSlot(RegisteredMemory* page);
+  /// Collective: gathers every rank's `signature` of call `seq` and throws
+  /// RemoteError naming the ranks that differ (on every rank, before anything
+  /// ran, so the communicator stays usable).
+  void checkCallMatches(const char* op, uint64_t seq, const std::string& signature);
   /// Frees the abort flag and the error record (after close(); they outlive
   /// it for late readers such as a Work's wait()).
   void freeFailureState();

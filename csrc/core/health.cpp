@@ -18,15 +18,19 @@ constexpr uint64_t kRecordFillNs = 100'000'000ull;
 
 std::string peerList(uint32_t mask) {
   std::string out;
-  for (int q = 0; q < 32; ++q) {
-    if ((mask & (1u << q)) == 0) continue;
-    out += out.empty() ? "" : ", ";
-    out += std::to_string(q);
-  }
+  for (int q : ranksInMask(mask)) out += strCat(out.empty() ? "" : ", ", q);
   return out;
 }
 
 }  // namespace
+
+std::vector<int> ranksInMask(uint32_t mask) {
+  std::vector<int> ranks;
+  for (int q = 0; q < 32; ++q) {
+    if (mask & (1u << q)) ranks.push_back(q);
+  }
+  return ranks;
+}
 
 const char* callOpName(CallOp op) {
   switch (op) {

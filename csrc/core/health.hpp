@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "channels/device_common.hpp"
 #include "core/errors.hpp"
@@ -42,6 +43,9 @@ const char* callOpName(CallOp op);
 /// The tag of call `seq` doing `op`: what a failed wait records (AbortState::call).
 /// `captured`: enqueued into a CUDA graph being captured (the failure happens on a replay).
 uint64_t makeCallTag(CallOp op, uint64_t seq, bool captured);
+/// The ranks whose bits are set in `mask` (bit q: rank q), ascending.
+std::vector<int> ranksInMask(uint32_t mask);
+
 /// "all_reduce call 12", with " (captured in a CUDA graph; failed on a replay)" where so.
 std::string describeCallTag(uint64_t tag);
 

@@ -199,18 +199,13 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
     PYCCL_CHECK_ARG(!overlap || in == out, "out", "partly overlaps the input tensor; pass the same tensor or a "
                     "separate one");
   }
-  const uint64_t seq = comm_.health().nextSequence();
-  if (comm_.callChecks()) {
-    comm_.checkCallMatches("plan", seq, strCat("plan of ", program_.ops.size(), " ops, ", inputBytes, " bytes in, ",
-                                               outputBytes, " bytes out, dtype ", static_cast<int>(dtype), ", op ",
-                                               static_cast<int>(op)));
-  }
-  bool captured = false;
-#ifdef PYCCL_WITH_CUDA
-  if (!comm_.hostMode()) captured = gpu::isCapturing(stream);
-#endif
+  const uint64_t tag = comm_.beginCall(
+      CallOp::kPlan, stream,
+      comm_.callChecks() ? strCat("plan of ", program_.ops.size(), " ops, ", inputBytes, " bytes in, ", outputBytes,
+                                  " bytes out, ", dataTypeName(dtype), " ", reduceOpName(op))
+                         : std::string());
   PlanContext ctx = context_;
-  ctx.abort.call = makeCallTag(CallOp::kPlan, seq, captured);
+  ctx.abort.call = tag;
   ctx.inputStaged = program_.stageInput || (!program_.inPlace && overlap);
   ctx.outputStaged = program_.inPlace ? ctx.inputStaged : program_.stageOutput;
   ctx.chunkBytes = chunk;

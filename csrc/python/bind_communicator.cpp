@@ -198,11 +198,7 @@ void bindCommunicator(py::module_& m) {
         d["expected"] = rec.expected;
         d["observed"] = rec.observed;
         d["call"] = describeCallTag(rec.call);
-        py::list peers;
-        for (int q = 0; q < 32; ++q) {
-          if (rec.peerMask & (1u << q)) peers.append(q);
-        }
-        d["peers"] = peers;
+        d["peers"] = ranksInMask(rec.peerMask);
         return d;
       })
       .def("create_memory_channel", [](Communicator& c, int peer, const RegisteredMemory& local,
