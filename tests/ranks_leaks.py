@@ -12,20 +12,17 @@ import torch
 import torch.distributed as dist
 
 import pyccl
+from ranks import _resources
 from ranks_collectives import TOLERANCE
 
 
 def _snapshot(on_gpu: bool) -> dict:
-    with open("/proc/self/maps") as f:
-        memfd_maps = sum(1 for line in f if "memfd:pyccl" in line)
+    """ranks._resources() (fds, threads, shared memory, host allocations), plus
+    peer device mappings, RSS and, on GPUs, device memory in use."""
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
     snap = {
-        "fds": len(os.listdir("/proc/self/fd")),
-        "threads": len(os.listdir("/proc/self/task")),
-        "dev_shm": len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0,
-        "memfd_maps": memfd_maps,
-        "host_allocs": pyccl._C.num_host_shared_allocations(),
+        **_resources(),
         "peer_device_mappings": pyccl._C.num_peer_device_mappings(),
         "rss_mib": rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20,
     }
