@@ -9,7 +9,7 @@ compute nothing useful; only their time matters.
 """
 import torch
 import pyccl
-from pyccl.dsl import AllReduce, Program, all_pairs_memory_channels
+from pyccl.dsl import AllReduce, Program, all_pairs_memory_channels, signal_and_wait
 from pyccl._spawn import run_ranks
 from pyccl.bench import _time_graph
 from pyccl.plans import PlanRunner
@@ -26,19 +26,13 @@ def prog(n, k, stage):
                 continue
             if stage >= 2:
                 mine[0:n].copy(p.input(r)[0:n], tb=0)
-            for q in peers:
-                chans[(q, r)].signal(tb=0)
-            for q in peers:
-                chans[(r, q)].wait(tb=0)
+            signal_and_wait(chans, r, peers, tb=0)
             if stage >= 3:
                 for q in peers:
                     chans[(q, r)].reduce(mine[r], p.scratch(q, n)[r], tb=0)
                 p.output(r)[r].copy(mine[r], tb=0)
             if stage >= 4:
-                for q in peers:
-                    chans[(q, r)].signal(tb=0)
-                for q in peers:
-                    chans[(r, q)].wait(tb=0)
+                signal_and_wait(chans, r, peers, tb=0)
             if stage >= 5:
                 for q in peers:
                     chans[(q, r)].get(p.output(r)[q], p.scratch(q, n)[q], tb=0)

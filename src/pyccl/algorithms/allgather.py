@@ -3,7 +3,7 @@ peer's output) and ring (each chunk travels N-1 hops over PortChannels)."""
 
 from __future__ import annotations
 
-from ..dsl import AllGather, PortChannel, Program, all_pairs_memory_channels
+from ..dsl import AllGather, PortChannel, Program, all_pairs_memory_channels, signal_and_wait
 
 
 def allgather_allpairs(num_ranks: int, instances: int = 1) -> Program:
@@ -15,10 +15,7 @@ def allgather_allpairs(num_ranks: int, instances: int = 1) -> Program:
             for q in peers:
                 chans[(q, r)].put(p.output(q)[r], p.input(r)[0], tb=0)
             p.output(r)[r].copy(p.input(r)[0], tb=0)
-            for q in peers:
-                chans[(q, r)].signal(tb=0)
-            for q in peers:
-                chans[(r, q)].wait(tb=0)
+            signal_and_wait(chans, r, peers, tb=0)
     return p
 
 

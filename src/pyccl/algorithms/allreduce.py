@@ -5,7 +5,7 @@ with overlapped reduction (2PR)."""
 
 from __future__ import annotations
 
-from ..dsl import AllReduce, PortChannel, Program, all_pairs_memory_channels
+from ..dsl import AllReduce, PortChannel, Program, all_pairs_memory_channels, signal_and_wait
 
 
 def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
@@ -42,17 +42,11 @@ def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
             peers = [(r + k) % n for k in range(1, n)]
             mine = p.scratch(r, n)
             mine[0:n].copy(p.input(r)[0:n], tb=0)
-            for q in peers:  # staged
-                chans[(q, r)].signal(tb=0)
-            for q in peers:
-                chans[(r, q)].wait(tb=0)
+            signal_and_wait(chans, r, peers, tb=0)  # staged
             for q in peers:  # reduce-scatter: chunk r of every rank, read at once
                 chans[(q, r)].reduce(mine[r], p.scratch(q, n)[r], tb=0)
             p.output(r)[r].copy(mine[r], tb=0)
-            for q in peers:  # reduced
-                chans[(q, r)].signal(tb=0)
-            for q in peers:
-                chans[(r, q)].wait(tb=0)
+            signal_and_wait(chans, r, peers, tb=0)  # reduced
             for q in peers:  # all-gather: chunk q from its owner
                 chans[(q, r)].get(p.output(r)[q], p.scratch(q, n)[q], tb=0)
     return p

@@ -11,7 +11,8 @@ ranks and thread blocks, lower it to a plan, and check it in the simulator.
 The DSL knows nothing of CUDA; plans are data (docs/plans.md).
 """
 
-from .channels import MemoryChannel, PortChannel, SwitchChannel, ThreadBlockGroup, all_pairs_memory_channels
+from .channels import (MemoryChannel, PortChannel, SwitchChannel, ThreadBlockGroup, all_pairs_memory_channels,
+                       signal_and_wait)
 from .collectives import AllGather, AllReduce, AllToAll, ReduceScatter, SendRecv
 from .plan import PLAN_VERSION, Plan, PlanError, load_plan
 from .program import Buffer, ChunkRange, DSLError, Program
@@ -19,5 +20,5 @@ from .simulator import SimulationError, SimulationReport, simulate, verify
 
 __all__ = ["AllGather", "AllReduce", "AllToAll", "Buffer", "ChunkRange", "DSLError", "MemoryChannel", "PLAN_VERSION",
            "Plan", "PlanError", "PortChannel", "Program", "ReduceScatter", "SendRecv", "SimulationError",
-           "SimulationReport", "SwitchChannel", "ThreadBlockGroup", "all_pairs_memory_channels", "load_plan", "simulate",
-           "verify"]
+           "SimulationReport", "SwitchChannel", "ThreadBlockGroup", "all_pairs_memory_channels", "load_plan",
+           "signal_and_wait", "simulate", "verify"]

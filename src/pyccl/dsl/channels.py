@@ -148,6 +148,16 @@ def all_pairs_memory_channels(num_ranks: int) -> dict:
     return {(q, r): MemoryChannel(q, r) for r in range(num_ranks) for q in range(num_ranks) if q != r}
 
 
+def signal_and_wait(channels: dict, rank: int, peers, tb: int) -> None:
+    """`rank` signals each of `peers`, then waits for each peer's signal, over
+    `channels` keyed (dst, src) as all_pairs_memory_channels makes them: what
+    `rank` wrote before is visible to the peers after, and theirs to it."""
+    for q in peers:
+        channels[(q, rank)].signal(tb=tb)
+    for q in peers:
+        channels[(rank, q)].wait(tb=tb)
+
+
 class PortChannel(_PairChannel):
     kind = "port"
 
