@@ -146,3 +146,69 @@ def gpu_create_destroy_cycles(rank, world, store, cycles):
         one(i)
     torch.cuda.empty_cache()
     return before, snapshot()
+
+
+
+def crossed_first_launches(rank, world, store, seed):
+    """Two communicators; on each rank one thread launches a collective of
+    the first, another a collective of the second, in crossed order (rank 0
+    the first one first, rank 1 the other), each a kernel nothing in this
+    process has launched before, and the second while the first spins for its
+    peer. Returns the wrong results, the errors and the seconds it took."""
+    import threading
+
+    torch.cuda.set_device(rank)
+    comms = [pyccl.Communicator(store, rank, world, device=f"cuda:{rank}", name=f"crossed{g}",
+                                timeout=datetime.timedelta(seconds=20)) for g in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    n = 1 << 20  # 2 MiB of 16-bit values: the HB kernels
+    a, b = (t.cuda() for t in _crossed_inputs(seed, rank, n))
+    a_out = torch.empty_like(a)
+    b_out = torch.empty(n // world, dtype=torch.bfloat16, device="cuda")
+    torch.cuda.synchronize()  # torch's own kernels for the inputs have run: only pyccl's launch below
+    calls = [lambda: comms[0].all_reduce(a, op="prod", out=a_out),
+             lambda: comms[1].reduce_scatter(b, op="max", out=b_out)]
+    first = rank % 2
+    errors = []
+
+    def run(g):
+        try:
+            with torch.cuda.stream(streams[g]):
+                if g != first:
+                    time.sleep(1.0)  # the other communicator's kernel is spinning for its peer by now
+                calls[g]()
+                streams[g].synchronize()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            errors.append(f"{type(e).__name__}: {e}")
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=run, args=(g,)) for g in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    seconds = time.monotonic() - start
+    hung = any(t.is_alive() for t in threads)
+    wrong = []
+    if not hung and not errors:
+        inputs = [_crossed_inputs(seed, q, n) for q in range(world)]
+        product = torch.ones(n, dtype=torch.float64)
+        for x, _ in inputs:
+            product *= x.double()
+        if not torch.allclose(a_out.cpu().double(), product, rtol=4e-3):
+            wrong.append("all_reduce prod")
+        largest = torch.stack([y.double() for _, y in inputs]).max(dim=0).values
+        if not torch.equal(b_out.cpu().double(), largest.view(world, -1)[rank]):
+            wrong.append("reduce_scatter max")
+    for c in comms:
+        c.close()
+    return wrong, errors, hung, seconds
+
+
+def _crossed_inputs(seed, rank, n):
+    """Rank `rank`'s inputs of crossed_first_launches, on the CPU: an fp16 factor
+    near 1 (the product over ranks stays exact enough) and a bf16 value."""
+    gen = torch.Generator().manual_seed(seed * 16 + rank)
+    a = (1 + torch.rand(n, generator=gen, dtype=torch.float64) / 64).to(torch.float16)
+    b = torch.randn(n, generator=gen, dtype=torch.float64).to(torch.bfloat16)
+    return a, b

@@ -81,18 +81,18 @@ def mixed_load(rank, world, store, on_gpu, seconds, seed):
     if on_gpu:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(os.environ.get("LOAD_TIMEOUT", "120")))
-    dist.init_process_group("pyccl" if on_gpu else "cpu:pyccl", store=store, rank=rank, world_size=world,
+    # LOAD_BACKEND=nccl runs the same load on ProcessGroupNCCL, for comparison.
+    backend = os.environ.get("LOAD_BACKEND", "pyccl") if on_gpu else "cpu:pyccl"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=timeout, **({"device_id": device} if on_gpu else {}))
     groups = [dist.new_group(list(range(world)), timeout=timeout) for _ in range(2)]
-    # Every rank draws the same call sequence per group; a deadline shared
-    # through the store makes every rank stop after the same call.
-    deadline_key = "load/deadline"
-    if rank == 0:
-        store.set(deadline_key, str(time.time() + seconds))
-    deadline = float(store.get(deadline_key))
     calls = [0, 0]
+    phase = ["start", "start"]  # where each thread is, for the LOAD_TRACE diagnostics
     wrong = []
     errors = []
+    deadline = [0.0]
+    warmed = [threading.Event(), threading.Event()]
+    go_on = threading.Event()
 
     def drive(g: int):
         rng = random.Random(seed * 100 + g)
@@ -100,27 +100,48 @@ def mixed_load(rank, world, store, on_gpu, seconds, seed):
         group = groups[g]
         try:
             with torch.cuda.stream(stream) if on_gpu else _Null():
+                # One group at a time first: see _warm_up.
+                try:
+                    if g == 1:
+                        warmed[0].wait()
+                    phase[g] = "warm-up"
+                    if os.environ.get("LOAD_WARMUP", "1") != "0":
+                        _warm_up(rank, world, group, device, wrong, g)
+                finally:
+                    warmed[g].set()
+                go_on.wait()
                 while True:
                     # Agree on whether to go on: the decision rides on the data itself.
-                    go = torch.tensor([1.0 if time.time() < deadline else 0.0], device=device)
+                    phase[g] = "go: tensor"
+                    go = torch.tensor([1.0 if time.time() < deadline[0] else 0.0], device=device)
+                    phase[g] = "go: all_reduce"
                     dist.all_reduce(go, op=dist.ReduceOp.MIN, group=group)
+                    phase[g] = "go: item"
                     if go.item() < 1.0:
                         break
-                    kind = rng.choice(["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"])
-                    n = rng.choice([1, 7, 1000, 4096, 65_537, 300_000, 1 << 20])
-                    dtype = rng.choice([torch.float32, torch.bfloat16, torch.float16])
+                    kind, n, dtype = rng.choice(KINDS), rng.choice(SIZES), rng.choice(DTYPES)
+                    phase[g] = f"{kind} of {n} {dtype}: call"
                     _check_one(kind, n, dtype, rank, world, group, device, rng, wrong, g)
                     calls[g] += 1
+                phase[g] = "done: synchronize"
                 if on_gpu:
                     stream.synchronize()
+                phase[g] = "done"
         except Exception as e:  # noqa: BLE001 - reported to the test
             errors.append(f"group {g}: {type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=drive, args=(g,)) for g in range(2)]
     for t in threads:
         t.start()
+    warmed[1].wait(300)
+    # The load runs `seconds` from here on every rank (the go/no-go all-reduce
+    # makes the ranks stop after the same call in any case).
+    if rank == 0:
+        store.set("load/deadline", str(time.time() + seconds))
+    deadline[0] = float(store.get("load/deadline"))
+    go_on.set()
     if os.environ.get("LOAD_TRACE"):
-        _trace(rank, calls, threads, seconds)
+        _trace(rank, calls, phase, threads, seconds)
     for t in threads:
         t.join(seconds + 300)
     hung = [g for g, t in enumerate(threads) if t.is_alive()]
@@ -129,17 +150,39 @@ def mixed_load(rank, world, store, on_gpu, seconds, seed):
     return calls, wrong[:10], errors, hung
 
 
-def _trace(rank, calls, threads, seconds):
-    """Diagnostics (LOAD_TRACE names a folder): progress every 2 s, and every
-    thread's stack if the load runs 30 s past its end."""
+KINDS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+SIZES = [1, 7, 1000, 4096, 65_537, 300_000, 1 << 20]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _warm_up(rank, world, group, device, wrong, g):
+    """Every kind, size and dtype of the load once, checked. With lazy module
+    loading (CUDA's default), the first launch of a kernel may wait for every
+    kernel running on the device; if the other group's collective is running
+    and its peer is stuck the same way, the two ranks deadlock. That holds for
+    torch's kernels and any collective library (NCCL included); pyccl loads its
+    own kernels when a communicator is made. A serving engine warms up before
+    it runs concurrent work; so does this test (LOAD_WARMUP=0 skips it)."""
+    rng = random.Random(1234)  # every rank the same
+    for kind in KINDS:
+        for n in SIZES:
+            for dtype in DTYPES:
+                _check_one(kind, n, dtype, rank, world, group, device, rng, wrong, g)
+
+
+def _trace(rank, calls, phase, threads, seconds):
+    """Diagnostics (LOAD_TRACE names a folder): progress and each thread's
+    phase every 2 s, native stacks when progress stops, and every thread's
+    Python stack if the load runs 30 s past its end."""
     import faulthandler
 
     with open(os.path.join(os.environ["LOAD_TRACE"], f"load_rank{rank}.txt"), "w") as log:
+        print(f"[load rank {rank}] pid {os.getpid()}", file=log, flush=True)
         faulthandler.dump_traceback_later(seconds + 30, exit=False, file=log)
         last, dumped = None, False
         while any(t.is_alive() for t in threads):
             time.sleep(2)
-            print(f"[load rank {rank}] calls {calls}", file=log, flush=True)
+            print(f"[load rank {rank}] calls {calls} phases {phase}", file=log, flush=True)
             if list(calls) == last and not dumped:
                 dumped = True
                 _native_stacks(log)
@@ -151,7 +194,11 @@ def _native_stacks(log):
     import shutil
     import subprocess
 
-    if shutil.which("gdb"):
+    if shutil.which("py-spy"):
+        out = subprocess.run(["py-spy", "dump", "--native", "--pid", str(os.getpid())],
+                             capture_output=True, text=True, timeout=60)
+        log.write(out.stdout + out.stderr)
+    elif shutil.which("gdb"):
         out = subprocess.run(["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt 30"],
                              capture_output=True, text=True, timeout=60)
         log.write(out.stdout)

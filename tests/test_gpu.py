@@ -74,3 +74,17 @@ def test_gpu_create_destroy_cycles_leak_nothing():
         assert after["fds"] == before["fds"] and after["threads"] == before["threads"], (before, after)
         # Device memory comes back (allow for the driver's own bookkeeping pages).
         assert after["gpu_used_mib"] - before["gpu_used_mib"] <= 8, (before, after)
+
+
+
+@requires_gpus(2)
+def test_first_launches_of_two_communicators_in_crossed_order_complete():
+    # With lazy module loading, a kernel's first launch may wait for the kernels
+    # running on the device: each rank's second launch would wait for its first
+    # collective, which waits for the peer stuck the same way, until the timeout.
+    # pyccl loads its kernels when a communicator is made (core/kernel_loading.hpp).
+    seed = random.randrange(1 << 30)
+    for wrong, errors, hung, seconds in run_ranks(ranks_gpu.crossed_first_launches, 2, args=(seed,), timeout=180):
+        assert not hung and errors == [], errors
+        assert wrong == []
+        assert seconds < 10, f"took {seconds:.1f} s: a launch waited for the other communicator's kernel"

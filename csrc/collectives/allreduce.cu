@@ -59,4 +59,15 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
   });
 }
 
+void allReduceKernels(std::vector<const void*>* out) {
+  forEachReduction([&]<typename T, ReduceOp Op>() {
+    for (const void* k : {reinterpret_cast<const void*>(allReduceLLKernel<T, Op>),
+                          reinterpret_cast<const void*>(allReduceLL2Kernel<T, Op>),
+                          reinterpret_cast<const void*>(allReduceHBKernel<T, Op>),
+                          reinterpret_cast<const void*>(allReduceZeroCopyKernel<T, Op>)}) {
+      out->push_back(k);
+    }
+  });
+}
+
 }  // namespace pyccl

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collectives/collective_launch.hpp"
 #include "core/communicator.hpp"
@@ -117,6 +118,11 @@ class CollectiveEngine {
   bool closed_ = false;
   uint64_t zeroCopyCalls_ = 0;
 };
+
+/// The host stubs of every kernel a collective engine may launch (empty in
+/// CPU-only builds). An engine loads them into its device when it is made
+/// (core/kernel_loading.hpp says why).
+std::vector<const void*> collectiveKernels();
 
 /// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.
 AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "collectives/allreduce_device.hpp"
 #include "collectives/allreduce_zero_copy_device.hpp"
@@ -66,6 +67,11 @@ void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, 
 /// The reduce-scatter kernels (reduce_scatter.cu), called by exchangeDevice.
 void reduceScatterDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
                          const KernelLaunch& launch);
+/// Append the host stubs of every kernel that allReduceDevice, exchangeDevice and
+/// reduceScatterDevice may launch (for loading them up front: core/kernel_loading.hpp).
+void allReduceKernels(std::vector<const void*>* out);
+void exchangeKernels(std::vector<const void*>* out);
+void reduceScatterKernels(std::vector<const void*>* out);
 #endif
 
 /// Calls fn.template operator()<T, Op>() for the runtime dtype and op.
@@ -85,6 +91,16 @@ void dispatchReduction(DataType dtype, ReduceOp op, Fn&& fn) {
     case DataType::kFloat32: withOp(float{}); break;
     case DataType::kFloat16: withOp(Half{}); break;
     case DataType::kBFloat16: withOp(BFloat16{}); break;
+  }
+}
+
+/// Calls fn.template operator()<T, Op>() for every dtype and op that reduces.
+template <typename Fn>
+void forEachReduction(Fn&& fn) {
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
+      dispatchReduction(dtype, op, fn);
+    }
   }
 }
 

@@ -38,4 +38,9 @@ void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, 
   }
 }
 
+void exchangeKernels(std::vector<const void*>* out) {
+  out->push_back(reinterpret_cast<const void*>(exchangeLLKernel));
+  out->push_back(reinterpret_cast<const void*>(exchangeHBKernel));
+}
+
 }  // namespace pyccl

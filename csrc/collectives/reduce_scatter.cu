@@ -36,4 +36,11 @@ void reduceScatterDevice(const CollectiveContext& context, const ExchangeCall& c
   });
 }
 
+void reduceScatterKernels(std::vector<const void*>* out) {
+  forEachReduction([&]<typename T, ReduceOp Op>() {
+    out->push_back(reinterpret_cast<const void*>(reduceScatterLLKernel<T, Op>));
+    out->push_back(reinterpret_cast<const void*>(reduceScatterHBKernel<T, Op>));
+  });
+}
+
 }  // namespace pyccl

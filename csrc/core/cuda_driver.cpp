@@ -23,6 +23,16 @@ void load(Fn* fn, const char* symbol) {
   *fn = reinterpret_cast<Fn>(ptr);
 }
 
+/// An entry point that older drivers lack: null there.
+template <typename Fn>
+void loadOptional(Fn* fn, const char* symbol, int version) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &ptr, version, cudaEnableDefault, &status);
+  if (err != cudaSuccess) cudaGetLastError();
+  *fn = err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(ptr) : nullptr;
+}
+
 DriverApi loadDriver() {
   DriverApi api{};
   load(&api.getErrorString, "cuGetErrorString");
@@ -41,6 +51,7 @@ DriverApi loadDriver() {
   load(&api.memSetAccess, "cuMemSetAccess");
   load(&api.pointerGetAttribute, "cuPointerGetAttribute");
   load(&api.memGetHandleForAddressRange, "cuMemGetHandleForAddressRange");
+  loadOptional(&api.funcLoad, "cuFuncLoad", 12040);
   return api;
 }
 

@@ -26,6 +26,7 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) memSetAccess;
   decltype(&::cuPointerGetAttribute) pointerGetAttribute;
   decltype(&::cuMemGetHandleForAddressRange) memGetHandleForAddressRange;  ///< dma-buf export (RDMA)
+  decltype(&::cuFuncLoad) funcLoad;  ///< CUDA 12.4+; null with an older driver
 };
 
 /// The driver table, loaded on first use. Throws CudaError if the driver is missing.

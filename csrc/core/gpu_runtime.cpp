@@ -137,16 +137,65 @@ bool isDevicePointer(const void* ptr, int* device) {
   return true;
 }
 
+namespace {
+
+/// Events without timing, reused: creating and destroying one per op would take
+/// the driver's context lock twice on the path of every process-group op.
+class EventPool {
+ public:
+  cudaEvent_t acquire(int device) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<int>(free_.size()) > device && !free_[device].empty()) {
+        cudaEvent_t e = free_[device].back();
+        free_[device].pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    PYCCL_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void release(int device, cudaEvent_t e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<int>(free_.size()) <= device) free_.resize(device + 1);
+      if (free_[device].size() < kMaxFree) {
+        free_[device].push_back(e);
+        return;
+      }
+    }
+    if (cudaEventDestroy(e) != cudaSuccess) cudaGetLastError();
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 1024;
+  std::mutex mu_;
+  std::vector<std::vector<cudaEvent_t>> free_;  ///< by device
+};
+
+EventPool& eventPool() {
+  // Never destroyed: Work objects may release events during static destruction.
+  static auto* pool = new EventPool();
+  return *pool;
+}
+
+}  // namespace
+
 StreamEvent::StreamEvent(int device, void* stream) : device_(device) {
   DeviceGuard guard(device);
-  cudaEvent_t e = nullptr;
-  PYCCL_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaEvent_t e = eventPool().acquire(device);
   event_ = e;
-  PYCCL_CHECK_CUDA(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+  const cudaError_t err = cudaEventRecord(e, static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) {
+    eventPool().release(device, e);
+    event_ = nullptr;
+    PYCCL_CHECK_CUDA(err);
+  }
 }
 
 StreamEvent::~StreamEvent() {
-  if (event_ != nullptr && cudaEventDestroy(static_cast<cudaEvent_t>(event_)) != cudaSuccess) cudaGetLastError();
+  if (event_ != nullptr) eventPool().release(device_, static_cast<cudaEvent_t>(event_));
 }
 
 bool StreamEvent::query() const {

@@ -6,6 +6,7 @@
 #include "collectives/collective_launch.hpp"  // dispatchReduction
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
+#include "core/kernel_loading.hpp"
 #include "core/logging.hpp"
 #include "executor/interpreter.hpp"
 
@@ -80,6 +81,7 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
     }
   }
   const bool host = comm.hostMode();
+  if (!host) gpu::loadKernelsOnce(comm.device(), "plan", planKernels());
   const uint64_t c = maxChunkBytes_;
   const uint64_t scratch = std::max<int32_t>(program_.scratchChunks, 1);
   // Every staging region has two phases (by call parity). The input staging
@@ -236,5 +238,9 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   });
   comm_.checkCompleted("plan");
 }
+
+#ifndef PYCCL_WITH_CUDA
+std::vector<const void*> planKernels() { return {}; }
+#endif
 
 }  // namespace pyccl

@@ -55,4 +55,9 @@ void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t thr
   });
 }
 
+std::vector<const void*> planKernels() {
+  return {reinterpret_cast<const void*>(planKernel<float>), reinterpret_cast<const void*>(planKernel<Half>),
+          reinterpret_cast<const void*>(planKernel<BFloat16>)};
+}
+
 }  // namespace pyccl

@@ -79,5 +79,8 @@ class PlanExecutor {
 void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock,
                    bool programmatic, DataType dtype, ReduceOp op, void* stream);
 #endif
+/// The host stubs of the plan kernels (empty in CPU-only builds); an executor
+/// loads them into its device when it is made (core/kernel_loading.hpp).
+std::vector<const void*> planKernels();
 
 }  // namespace pyccl
