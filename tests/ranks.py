@@ -297,3 +297,25 @@ def closed_communicator_errors(rank, world, store):
         except pyccl.ClosedError as e:
             errors[label] = str(e)
     return errors, local.valid, sem.valid
+
+
+def bootstrap_large_messages(rank, world, store, size, seed):
+    """An all-gather and a ring send/recv of `size` random bytes per rank (more
+    than a TCPStore message may hold), then a small one on the same keys'
+    paths. Returns whether every rank's bytes arrived intact."""
+    import random
+
+    def payload(q, what):
+        return random.Random(f"{seed}/{q}/{what}").randbytes(size)
+
+    comm = _comm(store, rank, world)
+    gathered = comm.all_gather_bytes(payload(rank, "gather"))
+    ok = [gathered[q] == payload(q, "gather") for q in range(world)]
+    right, left = (rank + 1) % world, (rank - 1) % world
+    comm.send_bytes(right, 3, payload(rank, "send"))
+    comm.send_bytes(right, 3, b"small")
+    ok.append(comm.recv_bytes(left, 3) == payload(left, "send"))
+    ok.append(comm.recv_bytes(left, 3) == b"small")
+    comm.barrier()
+    comm.close()
+    return ok

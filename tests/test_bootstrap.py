@@ -1,5 +1,7 @@
 """The bootstrap collectives over a c10d Store, with 2, 3 and 4 processes."""
 
+import random
+
 import pytest
 
 import ranks
@@ -47,3 +49,11 @@ def test_world_size_mismatch_names_the_argument():
     for message in results:
         assert message is not None, "a world_size mismatch must raise"
         assert "world_size" in message
+
+
+def test_messages_larger_than_a_store_message_arrive_whole():
+    # torch's TCPStore refuses one message above 8 MiB; the bootstrap stores such values in parts.
+    size = (9 << 20) + 13
+    seed = random.randrange(1 << 30)
+    for ok in run_ranks(ranks.bootstrap_large_messages, 3, args=(size, seed), timeout=120):
+        assert ok == [True] * 5

@@ -1,5 +1,7 @@
 #include "core/bootstrap.hpp"
 
+#include <algorithm>
+
 #include "core/errors.hpp"
 #include "core/logging.hpp"
 
@@ -35,16 +37,72 @@ Bytes Bootstrap::getOrThrow(const std::string& k, const char* op, int peer) {
   }
 }
 
+namespace {
+
+// A value is one header byte and the data, or, above kStorePart, a header
+// naming its parts, which are stored first under "<key>/part/<i>".
+constexpr size_t kStorePart = 4u << 20;
+constexpr uint8_t kWhole = 0;
+constexpr uint8_t kInParts = 1;
+
+}  // namespace
+
+std::vector<std::string> Bootstrap::putValue(const std::string& k, const Bytes& data) {
+  if (data.size() <= kStorePart) {
+    Bytes value;
+    value.reserve(data.size() + 1);
+    value.push_back(kWhole);
+    value.insert(value.end(), data.begin(), data.end());
+    store_->set(k, value);
+    return {k};
+  }
+  std::vector<std::string> keys;
+  const uint64_t parts = (data.size() + kStorePart - 1) / kStorePart;
+  for (uint64_t i = 0; i < parts; ++i) {
+    const size_t begin = i * kStorePart;
+    const size_t end = std::min(data.size(), begin + kStorePart);
+    keys.push_back(strCat(k, "/part/", i));
+    store_->set(keys.back(), Bytes(data.begin() + begin, data.begin() + end));
+  }
+  ByteWriter header;
+  header.put<uint8_t>(kInParts).put<uint64_t>(parts).put<uint64_t>(data.size());
+  store_->set(k, header.take());  // last: a reader that sees it finds every part
+  keys.push_back(k);
+  return keys;
+}
+
+Bytes Bootstrap::getValue(const std::string& k, const char* op, int peer, std::vector<std::string>* keys) {
+  Bytes value = getOrThrow(k, op, peer);
+  if (keys != nullptr) keys->push_back(k);
+  PYCCL_CHECK_ARG(!value.empty() && (value[0] == kWhole || value[0] == kInParts), "store",
+                  "key '", k, "' holds no pyccl bootstrap value (another program's key, or a different "
+                  "pyccl version on rank ", peer, ")");
+  if (value[0] == kWhole) return Bytes(value.begin() + 1, value.end());
+  ByteReader header(value, "bootstrap value header");
+  header.get<uint8_t>();
+  const auto parts = header.get<uint64_t>();
+  const auto size = header.get<uint64_t>();
+  Bytes data;
+  data.reserve(size);
+  for (uint64_t i = 0; i < parts; ++i) {
+    const std::string part = strCat(k, "/part/", i);
+    const Bytes bytes = getOrThrow(part, op, peer);
+    data.insert(data.end(), bytes.begin(), bytes.end());
+    if (keys != nullptr) keys->push_back(part);
+  }
+  PYCCL_CHECK_ARG(data.size() == size, "store", "key '", k, "': ", data.size(), " bytes in its parts, ", size,
+                  " announced");
+  return data;
+}
+
 std::vector<Bytes> Bootstrap::allGather(const Bytes& mine,
                                         const std::function<void(int, const Bytes&)>& onArrival) {
   const uint64_t round = gatherRound_++;
   const std::string myKey = key(strCat("ag/", round, "/", rank_));
-  store_->set(myKey, mine);
-  pendingDelete_.push_back(myKey);
+  for (auto& k : putValue(myKey, mine)) pendingDelete_.push_back(std::move(k));
   std::vector<Bytes> all(worldSize_);
   for (int peer = 0; peer < worldSize_; ++peer) {
-    all[peer] = (peer == rank_) ? mine
-                                : getOrThrow(key(strCat("ag/", round, "/", peer)), "allgather", peer);
+    all[peer] = (peer == rank_) ? mine : getValue(key(strCat("ag/", round, "/", peer)), "allgather", peer);
     if (onArrival) onArrival(peer, all[peer]);
   }
   return all;
@@ -92,7 +150,7 @@ void Bootstrap::send(int peer, int tag, const Bytes& data) {
   PYCCL_CHECK_ARG(peer >= 0 && peer < worldSize_, "peer", "must be in [0, ", worldSize_, "), got ",
                   peer);
   const uint64_t n = sendCount_[{peer, tag}]++;
-  store_->set(key(strCat("p2p/", rank_, "-", peer, "/", tag, "/", n)), data);
+  putValue(key(strCat("p2p/", rank_, "-", peer, "/", tag, "/", n)), data);
 }
 
 Bytes Bootstrap::recv(int peer, int tag) {
@@ -100,8 +158,9 @@ Bytes Bootstrap::recv(int peer, int tag) {
                   peer);
   const uint64_t n = recvCount_[{peer, tag}]++;
   const std::string k = key(strCat("p2p/", peer, "-", rank_, "/", tag, "/", n));
-  Bytes data = getOrThrow(k, "recv", peer);
-  store_->deleteKey(k);  // the receiver is the key's only reader
+  std::vector<std::string> keys;
+  Bytes data = getValue(k, "recv", peer, &keys);
+  for (const auto& read : keys) store_->deleteKey(read);  // the receiver is the keys' only reader
   return data;
 }
 

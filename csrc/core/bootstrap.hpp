@@ -45,6 +45,11 @@ class Bootstrap {
  private:
   std::string key(const std::string& suffix) const;
   Bytes getOrThrow(const std::string& key, const char* op, int peer);
+  /// Stores `data` under `key`, in parts where it is large (stores cap one
+  /// message: torch's TCPStore at 8 MiB); returns every key written.
+  std::vector<std::string> putValue(const std::string& key, const Bytes& data);
+  /// Waits for and reads what putValue stored; `keys` (if given) gets every key read.
+  Bytes getValue(const std::string& key, const char* op, int peer, std::vector<std::string>* keys = nullptr);
   void forgetOldKeys();
 
   std::shared_ptr<Store> store_;
