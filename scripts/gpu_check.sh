@@ -12,7 +12,7 @@
 #     reliability  tests/test_faults.py and tests/test_leaks_and_load.py on GPUs (PYCCL_LOAD_SECONDS
 #                  sets the load's length; its progress and stacks go to $OUT)
 #     sanitize     compute-sanitizer memcheck, then synccheck (scripts/sanitize.sh), over
-#                  PYCCL_SANITIZE_FILES (default tests/test_gpu_collectives.py) and PYCCL_SANITIZE_K
+#                  PYCCL_SANITIZE_FILES (default tests/test_gpu_collectives.py) and PYCCL_SANITIZE_K ("all": every test)
 #     demo         the README's main command without the benchmark
 #     channel_bench benchmarks/channel_bench.py
 #     bench        python -m pyccl.bench --collectives all (PYCCL_BENCH_ARGS appended)
