@@ -131,7 +131,7 @@ struct AbortState {
   const volatile uint32_t* abortFlag;  ///< non-zero: give up at once
   uint64_t timeoutNs;                  ///< 0: never time out (not recommended)
   DeviceErrorRecord* errorRecord;      ///< may be null
-  uint64_t call;                       ///< tag of the running call (core/call_tag.hpp); 0: none
+  uint64_t call;                       ///< tag of the running call (core/health.hpp); 0: none
 
   PYCCL_HOST_DEVICE bool aborted() const {
     return abortFlag != nullptr && loadFlagVolatile(abortFlag) != 0;

@@ -332,13 +332,10 @@ std::shared_ptr<void> Communicator::allocateShareable(size_t size) const {
 }
 
 std::shared_ptr<void> Communicator::allocateLocal(size_t size) const {
-  if (hostMode()) {
-    void* p = std::calloc(1, size);
-    if (p == nullptr) throw SystemError(strCat("out of host memory (", size, " bytes)"));
-    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-  }
-  const int dev = device_;
-  return std::shared_ptr<void>(gpu::deviceMalloc(dev, size), [dev](void* p) { gpu::deviceFree(dev, p); });
+  if (!hostMode()) return allocateShareable(size);  // device memory serves both
+  void* p = std::calloc(1, size);
+  if (p == nullptr) throw SystemError(strCat("out of host memory (", size, " bytes)"));
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
 void Communicator::probePeers() {

@@ -9,14 +9,21 @@
 namespace pyccl {
 namespace {
 
-template <typename Fn>
-void load(Fn* fn, const char* symbol) {
+/// The driver's `symbol` as of CUDA `version`, or null (the runtime's answer in `*err`).
+void* entryPoint(const char* symbol, int version, cudaError_t* err) {
   void* ptr = nullptr;
   cudaDriverEntryPointQueryResult status{};
+  *err = cudaGetDriverEntryPointByVersion(symbol, &ptr, version, cudaEnableDefault, &status);
+  if (*err != cudaSuccess) cudaGetLastError();
+  return *err == cudaSuccess && status == cudaDriverEntryPointSuccess ? ptr : nullptr;
+}
+
+template <typename Fn>
+void load(Fn* fn, const char* symbol) {
+  cudaError_t err = cudaSuccess;
   // Version 12000: the entry point as it exists since CUDA 12.0.
-  cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &ptr, 12000, cudaEnableDefault, &status);
-  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || ptr == nullptr) {
-    cudaGetLastError();
+  void* ptr = entryPoint(symbol, 12000, &err);
+  if (ptr == nullptr) {
     throw CudaError(strCat("CUDA driver entry point ", symbol, " is unavailable (",
                            cudaGetErrorString(err), "); is an NVIDIA driver installed?"));
   }
@@ -26,11 +33,8 @@ void load(Fn* fn, const char* symbol) {
 /// An entry point that older drivers lack: null there.
 template <typename Fn>
 void loadOptional(Fn* fn, const char* symbol, int version) {
-  void* ptr = nullptr;
-  cudaDriverEntryPointQueryResult status{};
-  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &ptr, version, cudaEnableDefault, &status);
-  if (err != cudaSuccess) cudaGetLastError();
-  *fn = err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(ptr) : nullptr;
+  cudaError_t err = cudaSuccess;
+  *fn = reinterpret_cast<Fn>(entryPoint(symbol, version, &err));
 }
 
 DriverApi loadDriver() {
