@@ -11,8 +11,10 @@
 #     plans        tests/test_gpu_plans.py and tests/test_gpu_symmetric.py
 #     reliability  tests/test_faults.py and tests/test_leaks_and_load.py on GPUs (PYCCL_LOAD_SECONDS
 #                  sets the load's length; its progress and stacks go to $OUT)
-#     sanitize     compute-sanitizer memcheck, then synccheck (scripts/sanitize.sh), over
-#                  PYCCL_SANITIZE_FILES (default tests/test_gpu_collectives.py) and PYCCL_SANITIZE_K ("all": every test)
+#     sanitize     compute-sanitizer memcheck and synccheck, one run per test (scripts/sanitize_tests.py),
+#                  over PYCCL_SANITIZE_FILES (default: every tests/test_gpu*.py) and the tests that
+#                  PYCCL_SANITIZE_K selects (default: all but the million-round signal test); logs in
+#                  $OUT/sanitize, and PYCCL_SANITIZE_RESUME=1 goes on from an earlier bounded run there
 #     demo         the README's main command without the benchmark
 #     channel_bench benchmarks/channel_bench.py
 #     bench        python -m pyccl.bench --collectives all (PYCCL_BENCH_ARGS appended)
@@ -56,10 +58,9 @@ for i in "${!parts[@]}"; do
       export LOAD_TRACE="$OUT"
       cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_faults.py tests/test_leaks_and_load.py $*" ;;
     sanitize)
-      # API calls that fail on purpose (cuMemRetainAllocationHandle on cudaMalloc
-      # memory tells it from cuMem memory) are not memory errors: not reported.
-      cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-      cmd="bash scripts/sanitize.sh $cs ${PYCCL_SANITIZE_FILES:-tests/test_gpu_collectives.py}" ;;
+      resume=""; [ "${PYCCL_SANITIZE_RESUME:-0}" = 1 ] && resume=--resume
+      cmd=".venv/bin/python scripts/sanitize_tests.py --out $OUT/sanitize --budget-s $(( share - 15 )) $resume
+           ${PYCCL_SANITIZE_FILES:-$(ls tests/test_gpu*.py)}" ;;
     demo) cmd=".venv/bin/python -m pyccl.demo" ;;
     channel_bench) cmd=".venv/bin/python benchmarks/channel_bench.py --out $OUT/channel_bench.json" ;;
     bench) cmd=".venv/bin/python -m pyccl.bench --collectives all --csv $OUT/bench.csv --out $OUT/bench.json --timeout $(( share - 10 )) ${PYCCL_BENCH_ARGS:-}" ;;
