@@ -202,3 +202,76 @@ def notebook_example(rank, world, store):
     runner.close()
     comm.close()
     return bad
+
+
+# The table tuned_plans() runs under (PYCCL_TUNING_FILE): library plans for some
+# size ranges, a forced kernel for another, with small launch shapes for CPUs.
+TUNED_TABLE = {"version": 1, "gpu": "host", "world": 0, "dtype": "float32", "date": "-", "command": "-",
+               "collectives": {
+                   "all_reduce": [
+                       {"max_bytes": 4096, "algorithm": "plan", "plan": "allreduce_allpairs_ll",
+                        "instances": 2, "threads": 64},
+                       {"max_bytes": 16384, "algorithm": "2pa_hb"},
+                       {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_allpairs_hb",
+                        "instances": 2, "threads": 128}],
+                   "all_gather": [{"max_bytes": None, "algorithm": "plan", "plan": "allgather_ring",
+                                   "instances": 1, "threads": 64}],
+                   "reduce_scatter": [{"max_bytes": None, "algorithm": "plan", "plan": "reduce_scatter_ring",
+                                       "instances": 2, "threads": 128}]}}
+
+
+def tuned_plans(rank, world, store, on_gpu, seed):
+    """The automatic choice under TUNED_TABLE: each library plan runs where the
+    table names it and its chunks divide the input, the kernels elsewhere
+    (including sizes that the plan cannot split), every result against float64.
+    Returns the failures."""
+    from pyccl.registry import _library_plan
+
+    comm, device = _setup(store, rank, world, on_gpu)
+    rng = random.Random(seed)
+    entries = TUNED_TABLE["collectives"]
+
+    def unit(collective, nbytes):
+        entry = next(e for e in entries[collective] if e["max_bytes"] is None or nbytes <= e["max_bytes"])
+        if entry["algorithm"] != "plan":
+            return None
+        return _library_plan(entry["plan"], world, entry["instances"]).buffers["input"]
+
+    def plan_calls():
+        return sum(r.calls for r in getattr(comm, "_plan_runners", {}).values())
+
+    bad = []
+    expected_plans = []
+    cases = []
+    for collective, elems in (("all_reduce", 600), ("all_reduce", 2000), ("all_reduce", 9000),
+                              ("all_gather", 500), ("reduce_scatter", 7000)):
+        cases.append((collective, elems))
+        cases.append((collective, elems + 1 + rng.randrange(3)))  # usually not whole chunks: the kernels
+    for i, (collective, n) in enumerate(cases):
+        if collective == "reduce_scatter":
+            n -= n % world
+        op = "avg" if i % 3 == 2 and collective != "all_gather" else "sum"
+        inputs = [rank_input(seed, i, r, n, torch.float32, op) for r in range(world)]
+        x = inputs[rank].to(device)
+        before = plan_calls()
+        fn = {"all_reduce": lambda: pyccl.all_reduce(x, op=op, comm=comm),
+              "all_gather": lambda: pyccl.all_gather(x, comm=comm),
+              "reduce_scatter": lambda: pyccl.reduce_scatter(x, op=op, comm=comm)}[collective]
+        y = fn().cpu().reshape(-1).to(torch.float64)
+        used = plan_calls() - before
+        want = _expected({"name": collective.replace("_", "")},
+                         inputs, "sum", rank)
+        if op == "avg":
+            want = want / world
+        if not torch.allclose(y, want, rtol=1e-5, atol=1e-5 * error_scale(inputs)):
+            bad.append((collective, n, op, "wrong"))
+        whole = n * 4 * (world if collective == "all_gather" else 1)
+        chunks = unit(collective, whole)
+        expect = int(chunks is not None and n % chunks == 0)
+        expected_plans.append(expect)
+        if used != expect:
+            bad.append((collective, n, "plan calls", used, "expected", expect))
+    if sum(expected_plans) < 4 or all(expected_plans):
+        bad.append(("cases do not cover plans and kernels", expected_plans))
+    comm.close()
+    return bad

@@ -15,3 +15,14 @@ def test_library_plans_run_on_gpus(world):
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rp.library_plans, world, args=(True, seed, 6, 200_000), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_tuning_table_plans_join_the_automatic_choice_on_gpus(tmp_path):
+    import json
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(dict(rp.TUNED_TABLE, world=2)))
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rp.tuned_plans, 2, args=(True, seed), env={"PYCCL_TUNING_FILE": str(path)}, timeout=180):
+        assert bad == [], f"seed {seed}: {bad}"

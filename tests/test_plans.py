@@ -54,3 +54,15 @@ def test_notebook_algorithm_runs_in_host_mode_within_a_minute():
     for bad in run_ranks(rp.notebook_example, 4, timeout=60):
         assert bad == []
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_tuning_table_plans_join_the_automatic_choice(world, tmp_path):
+    import json
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(dict(rp.TUNED_TABLE, world=world)))
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rp.tuned_plans, world, args=(False, seed), env={"PYCCL_TUNING_FILE": str(path)},
+                         timeout=180):
+        assert bad == [], f"seed {seed}: {bad}"

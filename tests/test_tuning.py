@@ -47,6 +47,56 @@ def test_zero_copy_column_gives_the_symmetric_entries():
     assert "all_reduce_symmetric" not in tuning.COLLECTIVES
 
 
+def test_library_plans_compete_with_their_launch_shape():
+    rows = _rows()
+    rows["all_reduce"][2]["plan:allreduce_allpairs_hb"] = 7.5  # beats 2PA HB's 8.0 at 4 KiB
+    rows["all_reduce"][2]["plan:allreduce_allpairs_hb:shape"] = [32, 512]
+    rows["all_reduce"][3]["plan:allreduce_allpairs_hb"] = 25.0  # loses to NCCL's 20.0
+    rows["all_reduce"][3]["plan:allreduce_allpairs_hb:shape"] = [128, 512]
+    rows["all_gather"] = [
+        {"bytes": 1024, "pyccl_ll": 4.0, "nccl": 9.0, "plan:allgather_ring": 3.0,
+         "plan:allgather_ring:shape": [8, 256]},
+        {"bytes": 2048, "pyccl_ll": 4.0, "nccl": 9.0, "plan:allgather_ring": 3.5,
+         "plan:allgather_ring:shape": [8, 256]},
+        {"bytes": 4096, "pyccl_ll": 4.0, "nccl": 9.0, "plan:allgather_ring": 3.6,
+         "plan:allgather_ring:shape": [32, 256]}]
+    for r, zero_copy in zip(rows["all_reduce"], (15.0, 15.0, 15.0, 15.0)):
+        r["pyccl_sym_2pa_hb"] = zero_copy
+    table = tuning.build_table(rows, gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
+    tuning.check_table(table, "with plans")
+    assert table["collectives"]["all_reduce"][1] == {
+        "max_bytes": 4096, "algorithm": "plan", "plan": "allreduce_allpairs_hb", "instances": 32, "threads": 512}
+    assert tuning.select(table, "all_reduce", 3000) == "plan"
+    assert tuning.select_entry(table, "all_reduce", 8192)["algorithm"] == "nccl"
+    # Runs of one plan merge only at the same launch shape.
+    assert [(e["max_bytes"], e.get("instances")) for e in table["collectives"]["all_gather"]] == [(2048, 8),
+                                                                                                 (None, 32)]
+    # Symmetric buffers: kernels and NCCL only (the plans do not run zero-copy).
+    assert all(e["algorithm"] != "plan" for e in table["collectives"]["all_reduce_symmetric"])
+
+
+def test_plan_entries_name_library_plans_of_their_collective():
+    from pyccl.algorithms import LIBRARY
+    from pyccl.dsl import AllGather, AllReduce, ReduceScatter
+
+    kinds = {"all_reduce": AllReduce, "all_gather": AllGather, "reduce_scatter": ReduceScatter}
+    for collective, names in tuning.PLANS.items():
+        for name in names:
+            plan = LIBRARY[name](4).lower()
+            assert plan.collective["name"] == kinds[collective](4).to_dict()["name"], (collective, name)
+    entry = {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_allpairs_hb", "instances": 8, "threads": 256}
+    for change, message in (({"plan": "allgather_ring"}, "allgather_ring"), ({"plan": "nope"}, "nope"),
+                            ({"instances": 0}, "'instances'"), ({"instances": "8"}, "'instances'"),
+                            ({"threads": 100}, "'threads'"), ({"threads": 2048}, "'threads'")):
+        table = {"version": 1, "collectives": {"all_reduce": [dict(entry, **change)]}}
+        with pytest.raises(InvalidArgumentError, match=message) as info:
+            tuning.check_table(table, "t.json")
+        assert "t.json" in str(info.value) and "all_reduce entry 0" in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="all_to_all entry 0 has algorithm 'plan'"):
+        tuning.check_table({"version": 1, "collectives": {"all_to_all": [dict(entry, plan="x")]}}, "t")
+    tuning.check_table({"version": 1, "collectives": {"all_reduce": [entry]}}, "t")
+
+
 def test_check_rejects_malformed_tables():
     good = tuning.build_table(_rows(), gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
     tuning.check_table(good, "good")

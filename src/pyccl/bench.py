@@ -9,6 +9,8 @@ table gives the median time per call, measured in the same run on the same GPUs:
   group's NCCL from ``pyccl.collectives.NCCL_MIN_BYTES``);
 - ``pyccl_pg``: ``torch.distributed`` on a process group whose backend is pyccl;
 - ``pyccl_kernels``: pyccl's kernels alone, and each one forced (``--all-algos``);
+- ``plan:<name>``: each DSL plan of the library through the plan interpreter,
+  at its best launch shape (``--plans``; see ``pyccl.bench_plans``);
 - ``pyccl_sym``: all-reduce with input and output in pyccl symmetric buffers
   (``pyccl.symmetric_empty``; zero-copy 2PA HB by size), and ``pyccl_sym_2pa_hb``
   the zero-copy kernel at every size (``--all-algos``);
@@ -143,7 +145,7 @@ def _progress(done: int, total: int, label: str) -> None:
 
 
 def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos, progress=False,
-                engine_options=None):
+                engine_options=None, plans=False):
     import torch.distributed as dist
 
     import pyccl
@@ -256,11 +258,36 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             if progress and rank == 0:
                 _progress(len(tables) * len(sizes) + len(rows), len(collectives) * len(sizes),
                           f"{collective} {whole} B")
+        if plans and collective in pyccl.tuning.PLANS:
+            _time_plans(comm, collective, rows, world, dtype, device, rank, iters, trials)
         tables[collective] = rows
     comm.close()
     nccl.close()
     dist.destroy_process_group()
     return {"tables": tables, "symm_error": symm_error} if rank == 0 else None
+
+
+def _time_plans(comm, collective, rows, world, dtype, device, rank, iters, trials) -> None:
+    """The library plans' columns (pyccl.bench_plans), checked against ProcessGroupNCCL."""
+    import torch.distributed as dist
+
+    from .bench_plans import time_library_plans
+
+    def reference(x, out):
+        expected = x.clone() if collective == "all_reduce" else torch.empty_like(out)
+        _dist_fn(dist, collective, x, expected)()
+        return expected
+
+    time_library_plans(comm, collective, rows,
+                       make_tensors=lambda nbytes: _tensors(collective, nbytes, world, dtype, device, rank),
+                       reference=reference,
+                       check=lambda label, got, expected, nbytes: _check(collective, label, got, expected, nbytes),
+                       time_graph=lambda fn: _time_graph(fn, iters, trials),
+                       ll_max_bytes=comm._engine.ll_max_bytes)
+
+
+def _plan_columns(rows) -> list:
+    return sorted({k for r in rows for k in r if k.startswith("plan:") and not k.endswith(":shape")})
 
 
 def _write_csv(path: str, tables, world: int, dtype: str) -> None:
@@ -276,7 +303,7 @@ def _write_csv(path: str, tables, world: int, dtype: str) -> None:
             factor = _BUS_FACTOR[collective](world)
             redop = "sum" if collective in ("all_reduce", "reduce_scatter") else "none"
             for r in rows:
-                for impl in _COLUMNS:
+                for impl in (*_COLUMNS, *_plan_columns(rows)):
                     t = r.get(impl)
                     if t is None:
                         continue
@@ -294,6 +321,8 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--trials", type=int, default=15, help="graph replays (median)")
     parser.add_argument("--all-algos", action="store_true", help="also time each pyccl algorithm forced")
+    parser.add_argument("--plans", action="store_true",
+                        help="also time the library's DSL plans (pyccl.algorithms) at several launch shapes")
     parser.add_argument("--collectives", default="all_reduce",
                         help="comma-separated: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, or all")
     parser.add_argument("--timeout", type=float, default=560, help="seconds before the ranks are stopped")
@@ -324,7 +353,8 @@ def main(argv=None) -> int:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(_BUS_FACTOR)} (or all)")
     engine_options = json.loads(args.engine) if args.engine else None
     res = run_ranks(_bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials,
-                                              args.all_algos, False, engine_options), timeout=args.timeout)[0]
+                                              args.all_algos, False, engine_options, args.plans),
+                     timeout=args.timeout)[0]
     gpu = torch.cuda.get_device_name(0)
     if res["symm_error"]:
         print(f"# torch symmetric memory unavailable: {res['symm_error']}")
@@ -341,6 +371,10 @@ def main(argv=None) -> int:
             busbw = r["bytes"] * factor / (r["pyccl"] * 1e-6) / 1e9
             print(f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {busbw:>10.1f} "
                   f"{r['nccl_direct'] / r['pyccl']:>10.2f} {min(others) / r['pyccl']:>16.2f}")
+        for c in _plan_columns(rows):
+            cells = ", ".join(f"{r['bytes']}: {r[c]:.2f} ({r[c + ':shape'][0]} x {r[c + ':shape'][1]})"
+                              for r in rows if r.get(c) is not None)
+            print(f"# {c} us (instances x threads): {cells}")
         errors = {k: v for r in rows for k, v in r.items() if k.endswith("_error")}
         for k, v in errors.items():
             print(f"# {k}: {v}")

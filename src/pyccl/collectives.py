@@ -174,15 +174,17 @@ _tables: Dict[Tuple[torch.device, int, torch.dtype], Optional[dict]] = {}
 
 
 def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[dict]:
-    """The tuning table the automatic choice uses on `device` (None in host mode
-    or where no table matches; see pyccl.tuning). Looked up once per key: every
-    collective call asks."""
-    if device.type != "cuda":
+    """The tuning table the automatic choice uses on `device`, or None where no
+    table matches (see pyccl.tuning). In host mode, only the one
+    ``PYCCL_TUNING_FILE`` names: the shipped tables are measured on GPUs.
+    Looked up once per key: every collective call asks."""
+    if device.type != "cuda" and not os.environ.get("PYCCL_TUNING_FILE"):
         return None
     key = (device, world, dtype)
     with _lock:
         if key not in _tables:
-            _tables[key] = tuning.load_table(torch.cuda.get_device_name(device), world, str(dtype).split(".")[-1])
+            gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "host"
+            _tables[key] = tuning.load_table(gpu, world, str(dtype).split(".")[-1])
         return _tables[key]
 
 
@@ -203,15 +205,20 @@ class _Call:
         self.forced = self.algorithm is not None
         self.nbytes = nbytes = nbytes_of(self.comm.world_size)
         nccl_here = self.from_group and tensor.is_cuda and _has_nccl(group)
+        self.tuned_plan: Optional[dict] = None  # a table entry naming a library plan
         if self.algorithm is None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
             # The measured table for this GPU and world size, where there is one.
-            tuned = tuning.select(table_for(tensor.device, self.comm.world_size, tensor.dtype), collective, nbytes)
-            if tuned is not None and (tuned != "nccl" or nccl_here):
+            entry = tuning.select_entry(table_for(tensor.device, self.comm.world_size, tensor.dtype), collective,
+                                        nbytes)
+            tuned = None if entry is None else entry["algorithm"]
+            if tuned == "plan":
+                self.tuned_plan = entry
+            elif tuned is not None and (tuned != "nccl" or nccl_here):
                 self.algorithm = tuned
         self.use_nccl = False
         self.nccl_here = nccl_here
         if nccl_here:
-            self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and
+            self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and self.tuned_plan is None and
                                                          nbytes >= _nccl_min_bytes(collective))
         if self.algorithm == "nccl" and not self.use_nccl:
             raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a torch "
@@ -222,12 +229,16 @@ class _Call:
         return None if self.algorithm == "nccl" else self.algorithm
 
 
-def _run_registered(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> bool:
-    """Runs the call with a plan from pyccl.register_algorithm, if one applies
-    (never when the call forces an algorithm)."""
+def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> bool:
+    """Runs the call with a DSL plan, if one applies (never when the call forces
+    an algorithm): one from pyccl.register_algorithm first, else the library
+    plan the tuning table names for this size. Where the plan cannot take the
+    call (see pyccl.registry), the usual choice runs it."""
     if call.forced:
         return False
     runner = registry.find(collective, call.comm, call.nbytes, tensor)
+    if runner is None and call.tuned_plan is not None:
+        runner = registry.library_runner(call.comm, call.tuned_plan, collective, call.nbytes, tensor)
     if runner is None:
         return False
     if op == "avg":
@@ -283,7 +294,7 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     op_name = _op_name(op)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    if _run_registered(call, "all_reduce", tensor, out, op_name):
+    if _run_plan(call, "all_reduce", tensor, out, op_name):
         return out
     engine = getattr(call.comm, "_engine", None)
     if not call.forced and engine is not None and engine.is_symmetric(tensor) and engine.is_symmetric(out):
@@ -326,7 +337,7 @@ def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
     if out is None:
         shape = (world * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() > 0 else (world,)
         out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-    if _run_registered(call, "all_gather", tensor, out):
+    if _run_plan(call, "all_gather", tensor, out):
         return out
     if call.use_nccl:
         dist.all_gather_into_tensor(out, tensor, group=group)
@@ -360,7 +371,7 @@ def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessG
         else:
             shape = (tensor.numel() // world,)
         out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-    if _run_registered(call, "reduce_scatter", tensor, out, op_name):
+    if _run_plan(call, "reduce_scatter", tensor, out, op_name):
         return out
     if call.use_nccl:
         dist.reduce_scatter_tensor(out, tensor, op=_DIST_OPS[op_name], group=group)
@@ -383,7 +394,7 @@ def all_to_all(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
     call = _Call("all_to_all", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    if _run_registered(call, "all_to_all", tensor, out):
+    if _run_plan(call, "all_to_all", tensor, out):
         return out
     if call.use_nccl:
         if out.data_ptr() == tensor.data_ptr():

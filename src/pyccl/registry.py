@@ -13,6 +13,10 @@ same algorithms in the same order, as every rank must make the same calls.
 Sizes that the plan cannot split into whole chunks fall back to the usual
 choice. So does a first use during CUDA-graph capture, because setting up a
 plan allocates: make one eager call first.
+
+A tuning table (``pyccl.tuning``) may also name a plan of pyccl's own library
+(``pyccl.algorithms``) for a size range: :func:`library_runner` sets it up the
+same way, at the table's instances and threads.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import torch
 from .dsl import Plan, Program
 from .errors import InvalidArgumentError
 
-__all__ = ["RegisteredAlgorithm", "find", "register_algorithm", "registered_algorithms", "unregister_algorithm"]
+__all__ = ["RegisteredAlgorithm", "find", "library_runner", "register_algorithm", "registered_algorithms",
+           "unregister_algorithm"]
 
 # pyccl function -> the DSL collective's name
 _COLLECTIVES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
@@ -103,17 +108,62 @@ def find(collective: str, comm, nbytes: int, tensor: torch.Tensor):
         entries = [e for e in _registry if e.collective == collective and e.world_size == comm.world_size
                    and e.min_bytes <= nbytes <= e.max_bytes]
     for e in entries:
-        unit = e.plan.buffers["input"] * tensor.element_size()
-        if tensor.numel() * tensor.element_size() % unit != 0:
+        if not _takes(e.plan, tensor):
             continue
-        runners: Dict[int, object] = comm.__dict__.setdefault("_plan_runners", {})
-        runner = runners.get(id(e))
-        if runner is None:
-            if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
-                return None
-            from .plans import PlanRunner
-
-            runner = PlanRunner(e.plan, comm, max_bytes=e.max_bytes)
-            runners[id(e)] = runner
-        return runner
+        runner = _runner(comm, id(e), tensor, lambda: e.plan, max_bytes=e.max_bytes)
+        if runner is not None:
+            return runner
     return None
+
+
+def _takes(plan: Plan, tensor: torch.Tensor) -> bool:
+    """Whether the plan splits this input into whole chunks."""
+    return tensor.numel() * tensor.element_size() % (plan.buffers["input"] * tensor.element_size()) == 0
+
+
+def _runner(comm, key, tensor: torch.Tensor, make_plan, max_bytes: int, threads: int = 512):
+    """The communicator's runner under `key`, set up at first use (None while a
+    CUDA graph is being captured: setting up allocates). Closed with the communicator."""
+    runners: Dict[object, object] = comm.__dict__.setdefault("_plan_runners", {})
+    runner = runners.get(key)
+    if runner is None:
+        if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        from .plans import PlanRunner
+
+        runner = PlanRunner(make_plan(), comm, max_bytes=max_bytes, threads=threads)
+        runners[key] = runner
+    return runner
+
+
+_library_plans: Dict[tuple, Plan] = {}
+
+
+def _library_plan(name: str, world: int, instances: int) -> Plan:
+    key = (name, world, instances)
+    with _lock:
+        plan = _library_plans.get(key)
+    if plan is None:
+        from .algorithms import LIBRARY
+
+        plan = LIBRARY[name](world, instances=instances).lower()
+        with _lock:
+            _library_plans[key] = plan
+    return plan
+
+
+def library_runner(comm, entry: dict, collective: str, nbytes: int, tensor: torch.Tensor):
+    """The runner for a tuning-table entry naming a library plan (``{"plan",
+    "instances", "threads", "max_bytes"}``), or None where the plan cannot take
+    the call: an input it cannot split into whole chunks, or a first use during
+    CUDA-graph capture."""
+    world = comm.world_size
+    plan = _library_plan(entry["plan"], world, entry["instances"])
+    if not _takes(plan, tensor):
+        return None
+    # One runner per entry; an entry without a limit gets one per power of two.
+    limit = entry["max_bytes"] if entry["max_bytes"] is not None else 1 << max(16, (nbytes - 1).bit_length())
+    # The runner's bound is on the input, and nbytes counts an all-gather's whole output.
+    input_limit = -(-limit // world) if collective == "all_gather" else limit
+    key = ("library", entry["plan"], entry["instances"], entry["threads"], limit)
+    return _runner(comm, key, tensor, lambda: plan, max_bytes=input_limit, threads=entry["threads"])

@@ -1,7 +1,8 @@
 """Measure every algorithm of every collective on this machine and write the
 tuning table pyccl's automatic choice uses: ``python -m pyccl.tune``.
 
-Each candidate (pyccl's kernels, each forced, and NCCL through
+Each candidate (pyccl's kernels, each forced, the DSL plans of
+``pyccl.algorithms`` at several launch shapes, and NCCL through
 ProcessGroupNCCL) runs captured in a CUDA graph at every size from
 ``--min-bytes`` to ``--max-bytes`` (doubling), as in ``pyccl.bench``; the
 fastest wins its size, and runs of the same winner become one entry (see
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--trials", type=int, default=9, help="graph replays (median)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before the ranks are stopped")
+    parser.add_argument("--no-plans", action="store_true", help="leave the DSL plans out (kernels and NCCL only)")
     parser.add_argument("--out", default=None, help="the table file (default: pyccl_tuning_<gpu>_w<N>_<dtype>.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     from ._spawn import run_ranks
 
     res = run_ranks(bench._bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials, True,
-                                                    True), timeout=args.timeout)[0]
+                                                    True, None, not args.no_plans), timeout=args.timeout)[0]
     gpu = torch.cuda.get_device_name(0)
     table = tuning.build_table(res["tables"], gpu=gpu, world=world, dtype=args.dtype,
                                date=str(datetime.date.today()),
@@ -63,8 +65,12 @@ def main(argv=None) -> int:
     with open(out, "w") as f:
         json.dump(table, f, indent=1)
     for collective, entries in table["collectives"].items():
-        ranges = ", ".join(f"{e['algorithm']} to {e['max_bytes']} B" if e["max_bytes"] is not None
-                           else f"{e['algorithm']} above" for e in entries)
+        def name(e: dict) -> str:
+            return f"plan {e['plan']} ({e['instances']} x {e['threads']})" if e["algorithm"] == "plan" \
+                else e["algorithm"]
+
+        ranges = ", ".join(f"{name(e)} to {e['max_bytes']} B" if e["max_bytes"] is not None
+                           else f"{name(e)} above" for e in entries)
         print(f"{collective}: {ranges}")
     print(f"wrote {out}; use it with PYCCL_TUNING_FILE={out}")
     return 0

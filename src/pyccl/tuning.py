@@ -12,8 +12,13 @@ A table is JSON (``"version": 1``)::
 Entries are in increasing ``max_bytes``; a message of n bytes (the whole
 buffer, as nccl-tests counts it) takes the first entry with n <= max_bytes
 (``null``: no limit). ``"nccl"`` means the torch group's NCCL, where the call
-has one. Tables ship in ``pyccl/tuning_tables/``; ``PYCCL_TUNING_FILE`` points
-at another (e.g. one ``pyccl.tune`` wrote for this machine).
+has one. ``"plan"`` means a plan of pyccl's DSL library run by the plan
+interpreter, named with its launch shape::
+
+    {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 512}
+
+Tables ship in ``pyccl/tuning_tables/``; ``PYCCL_TUNING_FILE`` points at
+another (e.g. one ``pyccl.tune`` wrote for this machine).
 """
 
 from __future__ import annotations
@@ -40,14 +45,43 @@ CANDIDATES: Dict[str, tuple] = {
 # The collectives pyccl.bench and pyccl.tune measure (all_reduce_symmetric comes
 # from the all-reduce rows).
 COLLECTIVES = tuple(c for c in CANDIDATES if c != "all_reduce_symmetric")
+# Library plans (pyccl.algorithms.LIBRARY) that a table may choose, per collective,
+# and the launch shapes pyccl.tune tries for each: instances (thread blocks per
+# plan block) and threads per block.
+PLANS: Dict[str, tuple] = {
+    "all_reduce": ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb", "allreduce_ring"),
+    "all_gather": ("allgather_allpairs", "allgather_ring"),
+    "reduce_scatter": ("reduce_scatter_ring",),
+}
+PLAN_SHAPES = tuple((instances, threads) for instances in (8, 32, 128) for threads in (256, 512))
+_MAX_INSTANCES = 1024
+
+
+def plan_column(name: str) -> str:
+    """A bench row's column for library plan `name` (its best launch shape's
+    time); the shape is under ``plan_column(name) + ":shape"``."""
+    return f"plan:{name}"
+
+
+def _winner_entry(row: dict, candidates: Dict[str, float]) -> dict:
+    best = min(candidates, key=candidates.get)
+    if best.startswith("plan:"):
+        instances, threads = row[best + ":shape"]
+        return {"algorithm": "plan", "plan": best[len("plan:"):], "instances": instances, "threads": threads}
+    return {"algorithm": best}
+
+
+def _same_choice(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k != "max_bytes"} == {k: v for k, v in b.items() if k != "max_bytes"}
 
 
 def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: str, date: str,
                 command: str) -> dict:
     """A table from the bench's rows (``pyccl.bench._bench_rank`` with all
-    algorithms): at each measured size the fastest candidate wins; runs of the
-    same winner merge into one entry. All-reduce rows with a zero-copy column
-    (``pyccl_sym_2pa_hb``) also give the ``all_reduce_symmetric`` entries."""
+    algorithms): at each measured size the fastest candidate wins, library
+    plans (``plan:<name>`` columns) included; runs of the same winner merge into
+    one entry. All-reduce rows with a zero-copy column (``pyccl_sym_2pa_hb``)
+    also give the ``all_reduce_symmetric`` entries (kernels and NCCL only)."""
     tables = dict(tables)
     if any("pyccl_sym_2pa_hb" in r for r in tables.get("all_reduce", ())):
         tables["all_reduce_symmetric"] = tables["all_reduce"]
@@ -63,13 +97,18 @@ def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: s
                 t = row.get(column)
                 if t is not None:
                     times[algo] = t
+            if collective != "all_reduce_symmetric":
+                for name in PLANS.get(collective, ()):
+                    t = row.get(plan_column(name))
+                    if t is not None:
+                        times[plan_column(name)] = t
             if not times:
                 continue
-            best = min(times, key=times.get)
-            if entries and entries[-1]["algorithm"] == best:
+            best = _winner_entry(row, times)
+            if entries and _same_choice(entries[-1], best):
                 entries[-1]["max_bytes"] = row["bytes"]
             else:
-                entries.append({"max_bytes": row["bytes"], "algorithm": best})
+                entries.append({"max_bytes": row["bytes"], **best})
         if entries:
             entries[-1]["max_bytes"] = None  # the largest winner goes on beyond the measured range
             collectives[collective] = entries
@@ -87,9 +126,12 @@ def check_table(table: dict, where: str) -> dict:
             raise InvalidArgumentError(f"tuning table {where}: unknown collective {collective!r}")
         last = -1
         for i, e in enumerate(entries):
-            if e.get("algorithm") not in CANDIDATES[collective]:
+            if e.get("algorithm") == "plan" and collective in PLANS:
+                _check_plan_entry(e, f"tuning table {where}: {collective} entry {i}", PLANS[collective])
+            elif e.get("algorithm") not in CANDIDATES[collective]:
                 raise InvalidArgumentError(f"tuning table {where}: {collective} entry {i} has algorithm "
-                                           f"{e.get('algorithm')!r} (expected one of {CANDIDATES[collective]})")
+                                           f"{e.get('algorithm')!r} (expected one of {CANDIDATES[collective]}"
+                                           f"{' or plan' if collective in PLANS else ''})")
             limit = e.get("max_bytes")
             if limit is None and i != len(entries) - 1:
                 raise InvalidArgumentError(f"tuning table {where}: {collective} entry {i}: only the last "
@@ -100,15 +142,33 @@ def check_table(table: dict, where: str) -> dict:
     return table
 
 
-def select(table: Optional[dict], collective: str, nbytes: int) -> Optional[str]:
-    """The table's algorithm for a message of `nbytes`, or None (no table, or
-    no entry for the collective)."""
+def _check_plan_entry(e: dict, where: str, names: tuple) -> None:
+    if e.get("plan") not in names:
+        raise InvalidArgumentError(f"{where}: plan {e.get('plan')!r} is not a library plan of this collective "
+                                   f"(expected one of {', '.join(names)})")
+    instances, threads = e.get("instances"), e.get("threads")
+    if not isinstance(instances, int) or not 1 <= instances <= _MAX_INSTANCES:
+        raise InvalidArgumentError(f"{where}: 'instances' must be an integer in 1..{_MAX_INSTANCES}, got {instances!r}")
+    if not isinstance(threads, int) or not 32 <= threads <= 1024 or threads % 32:
+        raise InvalidArgumentError(f"{where}: 'threads' must be a multiple of 32 in 32..1024, got {threads!r}")
+
+
+def select_entry(table: Optional[dict], collective: str, nbytes: int) -> Optional[dict]:
+    """The table's entry for a message of `nbytes`, or None (no table, or no
+    entry for the collective)."""
     if table is None:
         return None
     for e in table.get("collectives", {}).get(collective, ()):
         if e["max_bytes"] is None or nbytes <= e["max_bytes"]:
-            return e["algorithm"]
+            return e
     return None
+
+
+def select(table: Optional[dict], collective: str, nbytes: int) -> Optional[str]:
+    """The table's algorithm for a message of `nbytes` ("plan" for a library
+    plan: see :func:`select_entry`), or None."""
+    entry = select_entry(table, collective, nbytes)
+    return None if entry is None else entry["algorithm"]
 
 
 def nccl_from(table: Optional[dict], collective: str) -> Optional[int]:
