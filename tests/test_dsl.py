@@ -71,6 +71,16 @@ def test_fusion_and_synchronization():
     assert kinds.count("multi_reduce") == 1 and kinds.count("get") == 3
     reduce_op = hb.threadblocks(0)[0]["ops"][kinds.index("multi_reduce")]
     assert sorted(c[0] for c in reduce_op["srcs"]) == [1, 2, 3] and len(reduce_op["channels"]) == 3
+    # The copy of the reduced chunk into the output is a second destination of
+    # the reduction (stored from registers), not an op of its own.
+    assert reduce_op["copy_to"] == [[0, "output", 0, 1]] and "copy" in kinds[:1] and kinds.count("copy") == 1
+    # A copy that does not take the reduction's result stays a copy.
+    with Program("no_copy_to", AllReduce(2, chunks=2, in_place=False), protocol="hb") as p:
+        for r in range(2):
+            p.output(r)[0:2].copy(p.input(r)[0:2], tb=0)
+            p.output(r)[0].reduce(p.input(r)[1], tb=0)
+            p.output(r)[1].copy(p.input(r)[0], tb=0)
+    assert "copy_to" not in p.lower().threadblocks(0)[0]["ops"][2] and _kinds(p.lower())[-1] == "copy"
     # A reduce whose result is put next becomes reduce_put; puts of one chunk
     # to several peers become multi_put.
     push = _push_allreduce(4).lower()

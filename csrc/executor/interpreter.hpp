@@ -181,9 +181,13 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       for (int d = 0; d < op.numDsts; ++d) copyBytes(chunkPtr(c, op.dsts[d]), src, bytes, tid, numThreads);
       return true;
     }
-    case PlanOpKind::kReduce:
-      reduceElements<T>(c, op, redOp, true, chunkPtr(c, op.dsts[0]), nullptr, 0, tid, numThreads);
+    case PlanOpKind::kReduce: {
+      // dsts[0] is reduced into; the others get the result too (the DSL's copy_to).
+      char* extra[kPlanMaxOperands];
+      for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d]);
+      reduceElements<T>(c, op, redOp, true, chunkPtr(c, op.dsts[0]), extra, op.numDsts - 1, tid, numThreads);
       return true;
+    }
     case PlanOpKind::kSwitchReduce:
       reduceElements<T>(c, op, redOp, false, chunkPtr(c, op.dsts[0]), nullptr, 0, tid, numThreads);
       return true;

@@ -15,7 +15,7 @@ constexpr int kPlanMaxRanks = 8;      ///< ranks of a plan run in one node
 /// Op kinds, in pyccl/plans.py's order.
 enum class PlanOpKind : int32_t {
   kCopy = 0,
-  kReduce,
+  kReduce,         ///< into dsts[0] from every src; every other dst gets the result too
   kUnpack,
   kReducePackets,  ///< dsts[0] reduced with the packets of every src
   kPut,            ///< to every dst (multi_put too); port puts complete in the op here

@@ -63,7 +63,8 @@ def _chunks_touched(op: dict) -> List[Tuple[list, bool]]:
     def named(c: list, packets: bool) -> list:
         return [c[0], "packets", c[2], c[3]] if packets else c
 
-    out = [(named(c, kind in _PACKET_WRITES), True) for c in ([op["dst"]] if "dst" in op else []) + op.get("dsts", [])]
+    written = ([op["dst"]] if "dst" in op else []) + op.get("dsts", []) + op.get("copy_to", [])
+    out = [(named(c, kind in _PACKET_WRITES), True) for c in written]
     for i, c in enumerate(op.get("srcs", [])):
         out.append((named(c, kind in _PACKET_READS), kind == "reduce_put" and i == 0))
     return out
@@ -173,8 +174,8 @@ def pack_plan(plan: Plan, rank: int) -> dict:
                 out.append(_op_words("put", srcs=srcs, dsts=op["dsts"]))
             elif kind == "multi_put_packets":
                 out.append(_op_words("put_packets", srcs=srcs, dsts=op["dsts"]))
-            elif kind in ("reduce", "channel_reduce", "multi_reduce"):
-                out.append(_op_words("reduce", red, srcs=srcs, dsts=dst))
+            elif kind in ("reduce", "channel_reduce", "multi_reduce"):  # copy_to: more destinations
+                out.append(_op_words("reduce", red, srcs=srcs, dsts=dst + op.get("copy_to", [])))
             elif kind in ("unpack", "reduce_packets", "put_packets", "reduce_put", "switch_reduce"):
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
             elif kind in ("signal", "multi_signal"):

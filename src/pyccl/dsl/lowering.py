@@ -16,7 +16,9 @@ The passes, in order:
    to several peers, and back-to-back signals or waits on several channels,
    become one multi-peer op; back-to-back reductions into the same chunks
    (MemoryChannel ``reduce`` from several peers, ``reduce_packets`` of several
-   peers' packets) become one op that reads every source at once.
+   peers' packets) become one op that reads every source at once; a local
+   copy of a reduction's result right after it becomes a second destination
+   of the reduction (``copy_to``: the result is stored twice from registers).
 4. **Synchronization**: the threads of a block split each op's data their own
    way, so an op that reads or writes chunks that an earlier op of the same
    block wrote (or reads what it overwrites) needs a ``sync`` first. The data
@@ -120,10 +122,17 @@ def _fuse(ops: List[Op], channel_types: List[str]) -> List[Op]:
 
 def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
     """Merges `op` into `prev` (the last op of its thread block) where allowed."""
+    if prev.copy_to:
+        return False  # a reduction already fused with a copy takes nothing more
     if (prev.kind == "reduce" and op.kind == "put" and channel_types[op.channel] == "memory"
             and op.srcs[0] == prev.dst and op.tb_group is None):
         out[-1] = Op("reduce_put", op.rank, op.tb, dst=op.dst, srcs=[prev.dst, *prev.srcs], channel=op.channel,
                      reduce_op=prev.reduce_op, line=op.line)
+        return True
+    if (prev.kind in ("reduce", "channel_reduce", "multi_reduce") and op.kind == "copy" and prev.tb_group is None
+            and op.tb_group is None and op.srcs[0] == prev.dst and op.dst.rank == prev.rank
+            and not any(op.dst.overlaps(c) for c in [prev.dst, *prev.srcs])):
+        prev.copy_to.append(op.dst)
         return True
     if (prev.kind == "put" and op.kind == "signal" and prev.channel == op.channel
             and channel_types[op.channel] == "port"):
@@ -221,6 +230,8 @@ def _op_json(op: Op) -> dict:
         d["channels"] = list(op.channels)
     if getattr(op, "dsts", None):
         d["dsts"] = [_chunk_json(c) for c in op.dsts]
+    if op.copy_to:
+        d["copy_to"] = [_chunk_json(c) for c in op.copy_to]
     if op.reduce_op is not None:
         d["reduce_op"] = op.reduce_op
     if op.tb_group is not None:

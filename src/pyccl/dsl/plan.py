@@ -51,6 +51,7 @@ OP_KINDS: Dict[str, tuple] = {
     "sync": (False, 0, False),
 }
 CHANNEL_TYPES = ("memory", "port", "switch")
+_MAX_OPERANDS = 8  # sources, destinations or channels of one op in the interpreter
 
 
 class PlanError(DSLError):
@@ -248,6 +249,16 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
                 _fail(where, f"{op['op']} needs one dst per channel")
             for c in dsts:
                 _chunk(c, where, buffers, num_ranks)
+    if "copy_to" in op:
+        copies = op["copy_to"]
+        if op["op"] not in ("reduce", "channel_reduce", "multi_reduce") or not isinstance(copies, list) or \
+                not 1 <= len(copies) <= _MAX_OPERANDS - 1:
+            _fail(where, f"copy_to (1 to {_MAX_OPERANDS - 1} chunks) belongs to reduce, channel_reduce and "
+                         f"multi_reduce, got {copies!r} on {op['op']}")
+        for c in copies:
+            _chunk(c, where, buffers, num_ranks)
+            if c[0] != rank or c[3] != op["dst"][3]:
+                _fail(where, f"copy_to chunk {c} must be rank {rank}'s, of the destination's size")
     if op["op"] == "barrier":
         tbs = _int_list(op.get("tbs"), where, "barrier thread blocks", num_tbs, 2)
         if tb not in tbs:

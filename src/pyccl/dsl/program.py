@@ -134,6 +134,8 @@ class Op:
     tb_group: Optional[Tuple[int, ...]] = None  # thread blocks sharing the op (MemoryChannel)
     barrier_tbs: Optional[Tuple[int, ...]] = None  # for "barrier"
     line: str = "?"
+    # Local chunks that also get a reduction's result (fusion of a copy of it).
+    copy_to: List[ChunkRange] = field(default_factory=list)
 
     def reads(self) -> List[ChunkRange]:
         """The chunks this op reads (a reduce also reads its destination)."""
@@ -142,7 +144,7 @@ class Op:
         return list(self.srcs) + extra
 
     def writes(self) -> List[ChunkRange]:
-        return [self.dst] if self.dst is not None else []
+        return ([self.dst] if self.dst is not None else []) + list(self.copy_to)
 
 
 class Program:

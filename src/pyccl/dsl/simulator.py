@@ -208,6 +208,8 @@ class _Sim:
                 v = self._read(i, s, where)
                 acc = v if acc is None else red(acc, v)
             self._write(i, op["dst"], acc, where)
+            for c in op.get("copy_to", ()):
+                self._write(i, c, acc, where)
         elif kind == "unpack":
             for s in self._slots(op["srcs"][0]):
                 self._acquire(i, self.packets[s])
