@@ -225,7 +225,7 @@ def tuned_plans(rank, world, store, on_gpu, seed):
     table names it and its chunks divide the input, the kernels elsewhere
     (including sizes that the plan cannot split), every result against float64.
     Returns the failures."""
-    from pyccl.registry import _library_plan
+    from pyccl.registry import library_plan
 
     comm, device = _setup(store, rank, world, on_gpu)
     rng = random.Random(seed)
@@ -235,7 +235,7 @@ def tuned_plans(rank, world, store, on_gpu, seed):
         entry = next(e for e in entries[collective] if e["max_bytes"] is None or nbytes <= e["max_bytes"])
         if entry["algorithm"] != "plan":
             return None
-        return _library_plan(entry["plan"], world, entry["instances"]).buffers["input"]
+        return library_plan(entry["plan"], world, entry["instances"]).buffers["input"]
 
     def plan_calls():
         return sum(r.calls for r in getattr(comm, "_plan_runners", {}).values())

@@ -76,7 +76,6 @@ def test_gpu_create_destroy_cycles_leak_nothing():
         assert after["gpu_used_mib"] - before["gpu_used_mib"] <= 8, (before, after)
 
 
-
 @requires_gpus(2)
 def test_first_launches_of_two_communicators_in_crossed_order_complete():
     # With lazy module loading, a kernel's first launch may wait for the kernels

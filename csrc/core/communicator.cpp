@@ -548,11 +548,7 @@ void Communicator::checkCallMatches(const char* op, uint64_t seq, const std::str
   }
   if (ranksBySignature.size() == 1) return;
   std::string table;
-  for (const auto& [sig, ranks] : ranksBySignature) {
-    std::string list;
-    for (int q : ranks) list += strCat(list.empty() ? "" : ", ", q);
-    table += strCat("\n  rank(s) ", list, ": ", sig);
-  }
+  for (const auto& [sig, ranks] : ranksBySignature) table += strCat("\n  rank(s) ", rankList(ranks), ": ", sig);
   throw RemoteError(strCat(op, " (call ", seq, " of communicator '", name(), "'): the ranks disagree on the call, "
                            "so none of them ran it:", table));
 }

@@ -16,13 +16,13 @@ constexpr auto kWatchPeriod = std::chrono::milliseconds(20);
 // How long a reader waits for a failing wait to finish filling the record.
 constexpr uint64_t kRecordFillNs = 100'000'000ull;
 
-std::string peerList(uint32_t mask) {
+}  // namespace
+
+std::string rankList(const std::vector<int>& ranks) {
   std::string out;
-  for (int q : ranksInMask(mask)) out += strCat(out.empty() ? "" : ", ", q);
+  for (int q : ranks) out += strCat(out.empty() ? "" : ", ", q);
   return out;
 }
-
-}  // namespace
 
 std::vector<int> ranksInMask(uint32_t mask) {
   std::vector<int> ranks;
@@ -139,7 +139,8 @@ bool CommunicatorHealth::absorbRecord() {
   } else {
     message += strCat("aborted while waiting for rank ", record_->peer);
   }
-  const std::string peers = peerList(mask | (record_->peer >= 0 && record_->peer < 32 ? 1u << record_->peer : 0u));
+  const std::string peers =
+      rankList(ranksInMask(mask | (record_->peer >= 0 && record_->peer < 32 ? 1u << record_->peer : 0u)));
   message += strCat("; rank(s) waited on in vain: ", peers);
   fail(timedOut ? ErrorCode::kTimeout : ErrorCode::kAborted, message);
   return true;

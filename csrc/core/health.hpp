@@ -45,6 +45,8 @@ const char* callOpName(CallOp op);
 uint64_t makeCallTag(CallOp op, uint64_t seq, bool captured);
 /// The ranks whose bits are set in `mask` (bit q: rank q), ascending.
 std::vector<int> ranksInMask(uint32_t mask);
+/// "0, 2, 3": `ranks` for a message.
+std::string rankList(const std::vector<int>& ranks);
 
 /// "all_reduce call 12", with " (captured in a CUDA graph; failed on a replay)" where so.
 std::string describeCallTag(uint64_t tag);

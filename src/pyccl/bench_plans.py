@@ -16,8 +16,8 @@ from typing import Callable, Dict, List
 import torch
 
 from . import tuning
-from .algorithms import LIBRARY
 from .plans import PlanRunner
+from .registry import library_plan
 
 # LL plans past this multiple of the engine's LL limit are slow and say nothing
 # new (the 2PA LL kernel column stops at the same point).
@@ -32,25 +32,26 @@ def time_library_plans(comm, collective: str, rows: List[dict], make_tensors: Ca
     expected output; check(label, got, expected, nbytes) raises on a wrong
     result; time_graph(fn) -> µs per call."""
     world = comm.world_size
+    # Every plan and shape runs on the same tensors per size, checked against one reference.
+    cases: Dict[int, tuple] = {}
+    for row in rows:
+        x, out = make_tensors(row["bytes"])
+        cases[row["bytes"]] = (row, x, out, reference(x, out))
     for name in tuning.PLANS.get(collective, ()):
+        label = tuning.plan_column(name)
         for instances, threads in tuning.PLAN_SHAPES:
-            plan = LIBRARY[name](world, instances=instances).lower()
+            plan = library_plan(name, world, instances)
             limit = _LL_LIMIT_FACTOR * world * ll_max_bytes if plan.protocol == "ll" else None
-            todo = [r for r in rows if limit is None or r["bytes"] <= limit]
-            cases: Dict[int, tuple] = {}
-            for row in todo:
-                x, out = make_tensors(row["bytes"])
-                if x.numel() % plan.buffers["input"] == 0:
-                    cases[row["bytes"]] = (row, x, out)
-            if not cases:
+            todo = [case for nbytes, case in cases.items() if (limit is None or nbytes <= limit)
+                    and case[1].numel() % plan.buffers["input"] == 0]
+            if not todo:
                 continue
-            max_input = max(x.numel() * x.element_size() for _, x, _ in cases.values())
+            max_input = max(x.numel() * x.element_size() for _, x, _, _ in todo)
             runner = PlanRunner(plan, comm, max_bytes=max_input, threads=threads)
             try:
-                for nbytes, (row, x, out) in cases.items():
-                    label = tuning.plan_column(name)
+                for row, x, out, expected in todo:
                     runner(x, out=out)
-                    check(f"{label} ({instances} x {threads})", out, reference(x, out), nbytes)
+                    check(f"{label} ({instances} x {threads})", out, expected, row["bytes"])
                     t = time_graph(lambda: runner(x, out=out))
                     if row.get(label) is None or t < row[label]:
                         row[label] = t

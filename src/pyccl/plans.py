@@ -23,7 +23,7 @@ import torch
 
 from . import _C
 from .communicator import Communicator
-from .dsl.plan import Plan
+from .dsl.plan import MAX_OPERANDS as _MAX, Plan
 from .errors import InvalidArgumentError
 
 __all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
@@ -33,7 +33,6 @@ _KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "p
           "barrier": 12, "sync": 13}
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
 _REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
-_MAX = 8  # kPlanMaxOperands
 _REDUCING = ("reduce", "reduce_packets", "channel_reduce", "multi_reduce", "reduce_put", "switch_reduce")
 _PACKET_READS = ("unpack", "reduce_packets")
 _PACKET_WRITES = ("put_packets", "multi_put_packets")

@@ -30,8 +30,8 @@ import torch
 from .dsl import Plan, Program
 from .errors import InvalidArgumentError
 
-__all__ = ["RegisteredAlgorithm", "find", "library_runner", "register_algorithm", "registered_algorithms",
-           "unregister_algorithm"]
+__all__ = ["RegisteredAlgorithm", "find", "library_plan", "library_runner", "register_algorithm",
+           "registered_algorithms", "unregister_algorithm"]
 
 # pyccl function -> the DSL collective's name
 _COLLECTIVES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
@@ -139,7 +139,9 @@ def _runner(comm, key, tensor: torch.Tensor, make_plan, max_bytes: int, threads:
 _library_plans: Dict[tuple, Plan] = {}
 
 
-def _library_plan(name: str, world: int, instances: int) -> Plan:
+def library_plan(name: str, world: int, instances: int) -> Plan:
+    """Library plan `name` of pyccl.algorithms for `world` ranks at `instances`,
+    lowered once per process."""
     key = (name, world, instances)
     with _lock:
         plan = _library_plans.get(key)
@@ -158,7 +160,7 @@ def library_runner(comm, entry: dict, collective: str, nbytes: int, tensor: torc
     the call: an input it cannot split into whole chunks, or a first use during
     CUDA-graph capture."""
     world = comm.world_size
-    plan = _library_plan(entry["plan"], world, entry["instances"])
+    plan = library_plan(entry["plan"], world, entry["instances"])
     if not _takes(plan, tensor):
         return None
     # One runner per entry; an entry without a limit gets one per power of two.

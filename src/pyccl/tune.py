@@ -25,6 +25,13 @@ import torch
 from . import bench, tuning
 
 
+def _choice(entry: dict) -> str:
+    """A table entry's algorithm, with its plan and launch shape where it names one."""
+    if entry["algorithm"] == "plan":
+        return f"plan {entry['plan']} ({entry['instances']} x {entry['threads']})"
+    return entry["algorithm"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
@@ -65,12 +72,8 @@ def main(argv=None) -> int:
     with open(out, "w") as f:
         json.dump(table, f, indent=1)
     for collective, entries in table["collectives"].items():
-        def name(e: dict) -> str:
-            return f"plan {e['plan']} ({e['instances']} x {e['threads']})" if e["algorithm"] == "plan" \
-                else e["algorithm"]
-
-        ranges = ", ".join(f"{name(e)} to {e['max_bytes']} B" if e["max_bytes"] is not None
-                           else f"{name(e)} above" for e in entries)
+        ranges = ", ".join(f"{_choice(e)} to {e['max_bytes']} B" if e["max_bytes"] is not None
+                           else f"{_choice(e)} above" for e in entries)
         print(f"{collective}: {ranges}")
     print(f"wrote {out}; use it with PYCCL_TUNING_FILE={out}")
     return 0

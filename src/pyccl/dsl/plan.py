@@ -51,7 +51,7 @@ OP_KINDS: Dict[str, tuple] = {
     "sync": (False, 0, False),
 }
 CHANNEL_TYPES = ("memory", "port", "switch")
-_MAX_OPERANDS = 8  # sources, destinations or channels of one op in the interpreter
+MAX_OPERANDS = 8  # sources, destinations or channels of one op in the interpreter (kPlanMaxOperands)
 
 
 class PlanError(DSLError):
@@ -252,8 +252,8 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
     if "copy_to" in op:
         copies = op["copy_to"]
         if op["op"] not in ("reduce", "channel_reduce", "multi_reduce") or not isinstance(copies, list) or \
-                not 1 <= len(copies) <= _MAX_OPERANDS - 1:
-            _fail(where, f"copy_to (1 to {_MAX_OPERANDS - 1} chunks) belongs to reduce, channel_reduce and "
+                not 1 <= len(copies) <= MAX_OPERANDS - 1:
+            _fail(where, f"copy_to (1 to {MAX_OPERANDS - 1} chunks) belongs to reduce, channel_reduce and "
                          f"multi_reduce, got {copies!r} on {op['op']}")
         for c in copies:
             _chunk(c, where, buffers, num_ranks)
