@@ -60,6 +60,14 @@ def summarize(log: str) -> Tuple[str, str]:
     return ",".join(errors) or "?", (outcome[-1] if outcome else "no pytest summary").replace(" ", "_")
 
 
+def _job_env(gpus: str) -> dict:
+    """The test's environment: its GPUs, and waits bounded 10x longer (unless set),
+    since proxy copies run far slower under a sanitizer than the tests' timeouts allow."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus)
+    env.setdefault("PYCCL_TEST_SLOWDOWN", "10")
+    return env
+
+
 class Job:
     def __init__(self, tool: str, test: str, gpus: str, sanitizer: str, logs: str) -> None:
         self.tool, self.test, self.started = tool, test, time.time()
@@ -69,7 +77,7 @@ class Job:
                sys.executable, "-m", "pytest", "-v", "-rfs", "-p", "no:cacheprovider", test]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpus))
+                                         env=_job_env(gpus))
 
     def kill(self) -> None:
         try:

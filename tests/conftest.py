@@ -21,6 +21,12 @@ def gpu_worlds(*worlds: int, least: int = 2) -> list:
     return [w for w in worlds if w <= max(gpu_count(), least)]
 
 
+def slowed(seconds: float) -> float:
+    """A test's time limit, times PYCCL_TEST_SLOWDOWN (scripts/sanitize_tests.py
+    raises it: under a sanitizer the ranks run many times slower)."""
+    return seconds * float(os.environ.get("PYCCL_TEST_SLOWDOWN", "1"))
+
+
 def requires_gpus(n: int):
     """Skips (saying why) unless this build has CUDA and at least n GPUs are visible."""
     if not pyccl._C.cuda_built():

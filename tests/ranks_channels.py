@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import random
 import threading
 import time
@@ -16,7 +17,12 @@ from pyccl.primitives import pingpong as pyccl_pingpong
 MARK = 0xAB  # what the receiver's buffer holds where nothing may be written
 
 
-def _setup(store, rank, world, on_gpu, timeout_s=20.0, name=None):
+def _setup(store, rank, world, on_gpu, timeout_s=None, name=None):
+    """A communicator whose waits give up after `timeout_s` (default 20 s, times
+    PYCCL_TEST_SLOWDOWN, which scripts/sanitize_tests.py raises: under a sanitizer
+    the proxy's copies run many times slower)."""
+    if timeout_s is None:
+        timeout_s = 20.0 * float(os.environ.get("PYCCL_TEST_SLOWDOWN", "1"))
     device = "cpu"
     if on_gpu:
         torch.cuda.set_device(rank)
@@ -181,7 +187,7 @@ def port_flood(rank, world, store, on_gpu, count):
     _sync(comm, on_gpu)
     if rank == 0:
         res = run(comm, [Op.port_put(0, 8 * 16, 8 * 16, 64, signal=True)], port=[pch], repeat=count)
-        run(comm, [Op.port_flush(0)], port=[pch])
+        res.failures += run(comm, [Op.port_flush(0)], port=[pch]).failures
         executed = comm.proxy_stats()["executed"]
     else:
         res = run(comm, [Op.port_wait(0)], port=[pch], repeat=count)
@@ -318,8 +324,6 @@ def port_transfers(rank, world, store, seed, count, size, transport, split_nodes
     random puts with signals and flushes, then a flood of signalled puts. With
     split_nodes each rank is its own "node" (PYCCL_NODE_ID), so there is no P2P
     and "auto" must pick the socket."""
-    import os
-
     if split_nodes:
         os.environ["PYCCL_NODE_ID"] = f"node{rank}"
     comm, device = _setup(store, rank, world, False)

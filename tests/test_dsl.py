@@ -91,10 +91,23 @@ def test_fusion_and_synchronization():
     # The first put sends the chunk the copy before it wrote: the block syncs
     # between (put_with_signal syncs only before its signal).
     assert _kinds(ring)[:3] == ["copy", "sync", "put_with_signal"]
-    # 1PA LL: one packet put to every peer, and one reduction of every peer's packets.
+    # 1PA LL: one packet put to every peer, and one reduction of every peer's
+    # packets that starts from the input (the copy into the output fused in:
+    # no copy, no sync).
     ll = algorithms.allreduce_allpairs_ll(4).lower()
-    assert _kinds(ll) == ["multi_put_packets", "copy", "sync", "reduce_packets"]
-    assert len(ll.threadblocks(0)[0]["ops"][-1]["srcs"]) == 3
+    assert _kinds(ll) == ["multi_put_packets", "reduce_packets"]
+    last = ll.threadblocks(0)[0]["ops"][-1]
+    assert len(last["srcs"]) == 3 and last["init"] == [0, "input", 0, 1] and last["dst"] == [0, "output", 0, 1]
+    # A copy with another op between it and the reduction stays a copy.
+    with Program("no_init", AllReduce(2, chunks=1, in_place=False), protocol="ll") as p:
+        for r in range(2):
+            q = 1 - r
+            MemoryChannel(q, r).put_packets(p.scratch(q, 2)[0], p.input(r)[0], tb=0)
+            p.output(r)[0].copy(p.input(r)[0], tb=0)
+            p.scratch(r, 2)[1].copy(p.input(r)[0], tb=0)
+            p.output(r)[0].reduce_packets(p.scratch(r, 2)[0], tb=0)
+    ops = p.lower().threadblocks(0)[0]["ops"]
+    assert all("init" not in op for op in ops) and _kinds(p.lower()).count("copy") == 2
     for plan in (hb, push, ring, ll, algorithms.reduce_scatter_ring(4).lower()):
         for r in range(plan.num_ranks):
             for tb in plan.threadblocks(r):
@@ -267,11 +280,12 @@ def _mutate(d, rng):
 
 
 def test_fuzzed_plan_files_give_clear_errors(tmp_path):
-    good = algorithms.allreduce_allpairs_hb(3).lower().to_dict()
+    # 2PA HB has copy_to, 1PA LL init: both fields get mutated too.
+    good = [algorithms.allreduce_allpairs_hb(3).lower().to_dict(), algorithms.allreduce_allpairs_ll(3).lower().to_dict()]
     rng = random.Random(random.randrange(1 << 20))
     outcomes = {"ok": 0, "error": 0}
     for i in range(400):
-        d = copy.deepcopy(good)
+        d = copy.deepcopy(good[i % 2])
         for _ in range(rng.randrange(1, 4)):
             _mutate(d, rng)
         path = tmp_path / f"p{i}.json"
@@ -290,6 +304,39 @@ def test_fuzzed_plan_files_give_clear_errors(tmp_path):
         load_plan(str(tmp_path / "bad.json"))
     with pytest.raises(PlanError, match="version"):
         Plan.from_dict({"version": 99})
+
+
+def test_plan_checks_reduction_init():
+    good = algorithms.allreduce_allpairs_ll(2).lower().to_dict()
+    Plan.from_dict(good)
+
+    def with_op(change):
+        d = copy.deepcopy(good)
+        op = d["ranks"][0]["threadblocks"][0]["ops"][-1]
+        assert op["op"] == "reduce_packets"
+        change(op, d["ranks"][0]["threadblocks"][0]["ops"])
+        return d
+
+    cases = [
+        (lambda op, ops: op.update(init=[1, "input", 0, 1]), "must be rank 0's"),
+        (lambda op, ops: op.update(init=[0, "input", 0, 2]), "init chunk|fit|range"),
+        (lambda op, ops: op.update(init="input"), "chunk"),
+        (lambda op, ops: ops[0].update(init=[0, "input", 0, 1]), "init belongs to reduce_packets"),
+    ]
+    for change, message in cases:
+        with pytest.raises(PlanError, match=message):
+            Plan.from_dict(with_op(change))
+    # An init that partly overlaps the destination would race with its stores.
+    with Program("overlap", AllReduce(2, chunks=2, in_place=True), protocol="ll") as p:
+        for r in range(2):
+            q = 1 - r
+            MemoryChannel(q, r).put_packets(p.scratch(q, 2)[0:2], p.input(r)[0:2], tb=0)
+            p.input(r)[0:2].reduce_packets(p.scratch(r, 2)[0:2], tb=0)
+    d = p.lower().to_dict()
+    d["ranks"][0]["threadblocks"][0]["ops"][-1]["init"] = [0, "input", 1, 2]
+    d["buffers"]["input"] = 3
+    with pytest.raises(PlanError, match="overlaps|fit|range|size"):
+        Plan.from_dict(d)
 
 
 def test_collective_definitions():

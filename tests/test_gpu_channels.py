@@ -5,7 +5,7 @@ import random
 import pytest
 
 import ranks_channels as rc
-from conftest import gpu_worlds, requires_gpus
+from conftest import gpu_worlds, requires_gpus, slowed
 from pyccl._spawn import run_ranks
 
 
@@ -13,7 +13,7 @@ from pyccl._spawn import run_ranks
 @pytest.mark.parametrize("blocks", [1, 8])
 def test_random_transfers_all_protocols_bitwise(blocks):
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(rc.transfers, 2, args=(True, seed, 60, 1 << 20, blocks), timeout=150):
+    for bad in run_ranks(rc.transfers, 2, args=(True, seed, 60, 1 << 20, blocks), timeout=slowed(150)):
         assert bad == [], f"seed {seed}: {bad}"
 
 
@@ -23,7 +23,7 @@ def test_one_million_signal_rounds_no_lost_or_early_wakeups():
     # signal: an early wake-up reads the previous round's value (a mismatch),
     # a lost signal leaves a wait to time out (a failure).
     for failures, mismatches, done, _, record in run_ranks(rc.pingpong, 2, args=(True, 1_000_000, "signal"),
-                                                           timeout=150):
+                                                           timeout=slowed(150)):
         assert (failures, mismatches, done) == (0, 0, 1_000_000), record
 
 
@@ -32,21 +32,21 @@ def test_one_million_signal_rounds_no_lost_or_early_wakeups():
 def test_pingpong_carries_every_round(kind):
     rounds = 100_000 if kind != "port_signal" else 20_000
     for failures, mismatches, done, _, record in run_ranks(rc.pingpong, 2, args=(True, rounds, kind),
-                                                           timeout=150):
+                                                           timeout=slowed(150)):
         assert (failures, mismatches, done) == (0, 0, rounds), record
 
 
 @requires_gpus(2)
 @pytest.mark.parametrize("kind", ["signal", "ll", "port"])
 def test_op_runner_pingpong_rounds(kind):
-    for failures, _, record in run_ranks(rc.op_runner_pingpong, 2, args=(True, 20000, kind), timeout=150):
+    for failures, _, record in run_ranks(rc.op_runner_pingpong, 2, args=(True, 20000, kind), timeout=slowed(150)):
         assert failures == 0, record
 
 
 @requires_gpus(2)
 def test_fifo_wraps_around_under_load():
     count = 100_000
-    results = run_ranks(rc.port_flood, 2, args=(True, count), timeout=150)
+    results = run_ranks(rc.port_flood, 2, args=(True, count), timeout=slowed(150))
     assert [r[0] for r in results] == [0, 0]
     assert results[0][1] == count + 1
     assert results[1][2] is True
@@ -54,13 +54,13 @@ def test_fifo_wraps_around_under_load():
 
 @requires_gpus(2)
 def test_flush_lets_the_source_be_reused():
-    for wrong in run_ranks(rc.flush_ordering, 2, args=(True, 64 << 20, 10), timeout=150):
+    for wrong in run_ranks(rc.flush_ordering, 2, args=(True, 64 << 20, 10), timeout=slowed(150)):
         assert wrong == 0
 
 
 @requires_gpus(2)
 def test_waits_on_a_silent_peer_give_up_at_the_timeout():
-    out = run_ranks(rc.silent_peer_waits, 2, args=(True,), timeout=120)[0]
+    out = run_ranks(rc.silent_peer_waits, 2, args=(True,), timeout=slowed(120))[0]
     for label in ("port_wait", "wait", "read_packets"):
         failures, took = out[label]
         assert failures == 1, (label, out)
@@ -71,5 +71,5 @@ def test_waits_on_a_silent_peer_give_up_at_the_timeout():
 @pytest.mark.parametrize("world", gpu_worlds(3, 4, least=3))
 def test_all_pairs_at_once(world):
     for wrong in run_ranks(rc.all_pairs, world, args=(True, (1 << 20) + 3, random.randrange(1 << 20)),
-                           timeout=150):
+                           timeout=slowed(150)):
         assert wrong == 0

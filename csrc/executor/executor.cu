@@ -21,22 +21,28 @@ __global__ void __launch_bounds__(1024) planKernel(const __grid_constant__ PlanC
                                                    bool staged) {
   extern __shared__ int4 stagedOps[];
   __shared__ PlanContext call;
+  static_assert(sizeof(PlanContext) % sizeof(uint64_t) == 0, "the context is copied in 8-byte words");
   const uint32_t tb = blockIdx.x;
   const PlanOp* ops = context.ops + context.tbOffsets[tb];
   const int32_t count = context.tbOffsets[tb + 1] - context.tbOffsets[tb];
+  // The op tables never change and the context is this launch's own, so
+  // these copies (every thread a word at a time, not one thread the whole
+  // context) overlap the previous kernel's tail under PDL.
   if (staged) {
-    // The op tables never change, so this overlaps the previous kernel's tail under PDL.
     const int words = count * static_cast<int>(sizeof(PlanOp) / 4);
     const auto* from = reinterpret_cast<const int32_t*>(ops);
     auto* to = reinterpret_cast<int32_t*>(stagedOps);
     for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = from[i];
     ops = reinterpret_cast<const PlanOp*>(stagedOps);
   }
-  collectiveKernelPrologue();  // the call counters and buffers are the previous kernel's after this
-  if (threadIdx.x == 0) {
-    call = context;
-    preparePlanCall(call, tb);
+  {
+    const auto* from = reinterpret_cast<const uint64_t*>(&context);
+    auto* to = reinterpret_cast<uint64_t*>(&call);
+    for (int i = threadIdx.x; i < static_cast<int>(sizeof(PlanContext) / 8); i += blockDim.x) to[i] = from[i];
   }
+  __syncthreads();
+  collectiveKernelPrologue();  // the call counters and buffers are the previous kernel's after this
+  if (threadIdx.x == 0) preparePlanCall(call, tb);
   __syncthreads();
   runPlanCall<T>(call, ops, count, callOp, tb, threadIdx.x, blockDim.x);
 }

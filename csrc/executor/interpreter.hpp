@@ -214,8 +214,10 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
     case PlanOpKind::kUnpack:
     case PlanOpKind::kReducePackets: {
       // One packet index per thread: poll it in every source (the peers'
-      // packets land in several slots), reduce in fp32, store once.
+      // packets land in several slots), reduce in fp32, store once. A second
+      // destination is the chunk the reduction starts from (the plan's init).
       const bool reducing = static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePackets;
+      const int from = reducing && op.numDsts > 1 ? 1 : 0;
       constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
       const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
       const uint64_t packets = perChunk * op.dsts[0].count;
@@ -230,7 +232,8 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
                                                                  : kLanes;
         T* elems = reinterpret_cast<T*>(dst) + i * kLanes;  // this packet's elements
         if (reducing) {
-          for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(elems[l]);
+          const T* start = reinterpret_cast<const T*>(chunkPtr(c, op.dsts[from]) + j * c.chunkBytes) + i * kLanes;
+          for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(start[l]);
         }
         for (int s = 0; ok && s < op.numSrcs; ++s) {
           const LL16Packet* src = packetPtr(c, op.srcs[s].rank, op.srcs[s].index + j, call);

@@ -17,7 +17,7 @@ enum class PlanOpKind : int32_t {
   kCopy = 0,
   kReduce,         ///< into dsts[0] from every src; every other dst gets the result too
   kUnpack,
-  kReducePackets,  ///< dsts[0] reduced with the packets of every src
+  kReducePackets,  ///< dsts[0] reduced with the packets of every src; a dsts[1] is where it starts instead
   kPut,            ///< to every dst (multi_put too); port puts complete in the op here
   kPutPackets,     ///< to every dst (multi_put_packets too)
   kChannelReduce,

@@ -66,6 +66,8 @@ def _chunks_touched(op: dict) -> List[Tuple[list, bool]]:
     out = [(named(c, kind in _PACKET_WRITES), True) for c in written]
     for i, c in enumerate(op.get("srcs", [])):
         out.append((named(c, kind in _PACKET_READS), kind == "reduce_put" and i == 0))
+    if "init" in op:
+        out.append((op["init"], False))
     return out
 
 
@@ -175,7 +177,9 @@ def pack_plan(plan: Plan, rank: int) -> dict:
                 out.append(_op_words("put_packets", srcs=srcs, dsts=op["dsts"]))
             elif kind in ("reduce", "channel_reduce", "multi_reduce"):  # copy_to: more destinations
                 out.append(_op_words("reduce", red, srcs=srcs, dsts=dst + op.get("copy_to", [])))
-            elif kind in ("unpack", "reduce_packets", "put_packets", "reduce_put", "switch_reduce"):
+            elif kind == "reduce_packets":  # init: a second entry, where the reduction starts
+                out.append(_op_words(kind, red, srcs=srcs, dsts=dst + ([op["init"]] if "init" in op else [])))
+            elif kind in ("unpack", "put_packets", "reduce_put", "switch_reduce"):
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
             elif kind in ("signal", "multi_signal"):
                 out.append(_op_words("signal", channels=op.get("channels") or [op["channel"]]))

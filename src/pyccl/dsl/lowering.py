@@ -18,7 +18,10 @@ The passes, in order:
    (MemoryChannel ``reduce`` from several peers, ``reduce_packets`` of several
    peers' packets) become one op that reads every source at once; a local
    copy of a reduction's result right after it becomes a second destination
-   of the reduction (``copy_to``: the result is stored twice from registers).
+   of the reduction (``copy_to``: the result is stored twice from registers);
+   a local copy into chunks followed by ``reduce_packets`` into them becomes
+   the reduction's ``init`` (it starts from the copy's source: one pass and
+   one block sync fewer, as 1PA reduces from its input).
 4. **Synchronization**: the threads of a block split each op's data their own
    way, so an op that reads or writes chunks that an earlier op of the same
    block wrote (or reads what it overwrites) needs a ``sync`` first. The data
@@ -134,6 +137,11 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
             and not any(op.dst.overlaps(c) for c in [prev.dst, *prev.srcs])):
         prev.copy_to.append(op.dst)
         return True
+    if (prev.kind == "copy" and op.kind == "reduce_packets" and prev.dst == op.dst and prev.tb_group is None
+            and op.tb_group is None and not prev.srcs[0].overlaps(prev.dst)):
+        out[-1] = Op("reduce_packets", op.rank, op.tb, dst=op.dst, srcs=list(op.srcs), reduce_op=op.reduce_op,
+                     line=op.line, init=prev.srcs[0])
+        return True
     if (prev.kind == "put" and op.kind == "signal" and prev.channel == op.channel
             and channel_types[op.channel] == "port"):
         out[-1] = Op("put_with_signal", op.rank, op.tb, dst=prev.dst, srcs=prev.srcs, channel=op.channel,
@@ -165,7 +173,7 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
     if (op.kind == "reduce_packets" and prev.kind == "reduce_packets" and prev.dst == op.dst
             and prev.reduce_op == op.reduce_op):
         out[-1] = Op("reduce_packets", prev.rank, prev.tb, dst=prev.dst, srcs=[*prev.srcs, *op.srcs],
-                     reduce_op=prev.reduce_op, line=prev.line)
+                     reduce_op=prev.reduce_op, line=prev.line, init=prev.init)
         return True
     for single, multi in (("signal", "multi_signal"), ("wait", "multi_wait")):
         if op.kind == single and prev.kind in (single, multi) and channel_types[op.channel] == "memory":
@@ -232,6 +240,8 @@ def _op_json(op: Op) -> dict:
         d["dsts"] = [_chunk_json(c) for c in op.dsts]
     if op.copy_to:
         d["copy_to"] = [_chunk_json(c) for c in op.copy_to]
+    if op.init is not None:
+        d["init"] = _chunk_json(op.init)
     if op.reduce_op is not None:
         d["reduce_op"] = op.reduce_op
     if op.tb_group is not None:

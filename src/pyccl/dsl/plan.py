@@ -259,6 +259,16 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
             _chunk(c, where, buffers, num_ranks)
             if c[0] != rank or c[3] != op["dst"][3]:
                 _fail(where, f"copy_to chunk {c} must be rank {rank}'s, of the destination's size")
+    if "init" in op:
+        if op["op"] != "reduce_packets":
+            _fail(where, f"init belongs to reduce_packets, got it on {op['op']}")
+        init = op["init"]
+        _chunk(init, where, buffers, num_ranks)
+        if init[0] != rank or init[3] != op["dst"][3]:
+            _fail(where, f"init chunk {init} must be rank {rank}'s, of the destination's size")
+        dst = op["dst"]
+        if init != dst and init[1] == dst[1] and init[2] < dst[2] + dst[3] and dst[2] < init[2] + init[3]:
+            _fail(where, f"init chunk {init} partly overlaps the destination {dst}")
     if op["op"] == "barrier":
         tbs = _int_list(op.get("tbs"), where, "barrier thread blocks", num_tbs, 2)
         if tb not in tbs:

@@ -136,9 +136,14 @@ class Op:
     line: str = "?"
     # Local chunks that also get a reduction's result (fusion of a copy of it).
     copy_to: List[ChunkRange] = field(default_factory=list)
+    # reduce_packets only: the local chunk the reduction starts from instead of
+    # its destination (fusion of a copy into the destination before it).
+    init: Optional[ChunkRange] = None
 
     def reads(self) -> List[ChunkRange]:
-        """The chunks this op reads (a reduce also reads its destination)."""
+        """The chunks this op reads (a reduce also reads its destination, or its init)."""
+        if self.init is not None:
+            return list(self.srcs) + [self.init]
         extra = [self.dst] if self.kind in ("reduce", "reduce_packets", "channel_reduce", "multi_reduce") and self.dst \
             else []
         return list(self.srcs) + extra

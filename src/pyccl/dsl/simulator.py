@@ -215,7 +215,7 @@ class _Sim:
                 self._acquire(i, self.packets[s])
             self._write(i, op["dst"], self._read(i, op["srcs"][0], where), where)
         elif kind == "reduce_packets":
-            acc = self._read(i, op["dst"], where)
+            acc = self._read(i, op.get("init", op["dst"]), where)
             for src in op["srcs"]:
                 for s in self._slots(src):
                     self._acquire(i, self.packets[s])
