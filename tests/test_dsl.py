@@ -281,7 +281,8 @@ def _mutate(d, rng):
 
 def test_fuzzed_plan_files_give_clear_errors(tmp_path):
     # 2PA HB has copy_to, 1PA LL init: both fields get mutated too.
-    good = [algorithms.allreduce_allpairs_hb(3).lower().to_dict(), algorithms.allreduce_allpairs_ll(3).lower().to_dict()]
+    good = [algorithms.allreduce_allpairs_hb(3).lower().to_dict(),
+            algorithms.allreduce_allpairs_ll(3).lower().to_dict()]
     rng = random.Random(random.randrange(1 << 20))
     outcomes = {"ok": 0, "error": 0}
     for i in range(400):
