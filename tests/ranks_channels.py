@@ -14,6 +14,8 @@ import pyccl
 from pyccl.primitives import Op, run
 from pyccl.primitives import pingpong as pyccl_pingpong
 
+from conftest import slowed
+
 MARK = 0xAB  # what the receiver's buffer holds where nothing may be written
 
 
@@ -22,7 +24,7 @@ def _setup(store, rank, world, on_gpu, timeout_s=None, name=None):
     PYCCL_TEST_SLOWDOWN, which scripts/sanitize_tests.py raises: under a sanitizer
     the proxy's copies run many times slower)."""
     if timeout_s is None:
-        timeout_s = 20.0 * float(os.environ.get("PYCCL_TEST_SLOWDOWN", "1"))
+        timeout_s = slowed(20.0)
     device = "cpu"
     if on_gpu:
         torch.cuda.set_device(rank)

@@ -224,6 +224,14 @@ _LOCAL = ("copy", "reduce", "unpack", "reduce_packets")
 _PUTS = ("put", "put_packets", "put_with_signal")
 
 
+def _destination_sized_local_chunk(c, field: str, op: dict, where: str, buffers, num_ranks: int,
+                                   rank: int) -> None:
+    """`c`, named by the op's `field`, is a valid chunk of this rank of the op's destination's size."""
+    _chunk(c, where, buffers, num_ranks)
+    if c[0] != rank or c[3] != op["dst"][3]:
+        _fail(where, f"{field} chunk {c} must be rank {rank}'s, of the destination's size")
+
+
 def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tbs: int, rank: int,
                  tb: int) -> None:
     num_channels = len(channels)
@@ -256,17 +264,12 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
             _fail(where, f"copy_to (1 to {MAX_OPERANDS - 1} chunks) belongs to reduce, channel_reduce and "
                          f"multi_reduce, got {copies!r} on {op['op']}")
         for c in copies:
-            _chunk(c, where, buffers, num_ranks)
-            if c[0] != rank or c[3] != op["dst"][3]:
-                _fail(where, f"copy_to chunk {c} must be rank {rank}'s, of the destination's size")
+            _destination_sized_local_chunk(c, "copy_to", op, where, buffers, num_ranks, rank)
     if "init" in op:
         if op["op"] != "reduce_packets":
             _fail(where, f"init belongs to reduce_packets, got it on {op['op']}")
-        init = op["init"]
-        _chunk(init, where, buffers, num_ranks)
-        if init[0] != rank or init[3] != op["dst"][3]:
-            _fail(where, f"init chunk {init} must be rank {rank}'s, of the destination's size")
-        dst = op["dst"]
+        init, dst = op["init"], op["dst"]
+        _destination_sized_local_chunk(init, "init", op, where, buffers, num_ranks, rank)
         if init != dst and init[1] == dst[1] and init[2] < dst[2] + dst[3] and dst[2] < init[2] + init[3]:
             _fail(where, f"init chunk {init} partly overlaps the destination {dst}")
     if op["op"] == "barrier":
