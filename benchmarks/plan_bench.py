@@ -1,9 +1,13 @@
 """The DSL plan interpreter against the hand-written kernel of the same
 algorithm: all-reduce, bf16, CUDA graph of 20 calls, median of 7, on 4 GPUs.
 
-Each plan runs at several instance counts (thread blocks) and block sizes;
-the table shows the best of them beside the kernel, and every row goes to
-the JSON file if one is named.
+1. Sweep: each plan runs at several instance counts (thread blocks) and
+   block sizes; every row goes to the JSON file if one is named.
+2. Head to head: for each size, the best launch shape of the sweep (rank
+   0's choice) and the kernel are timed in turn, 5 rounds; the table gives
+   the medians of the rounds. The kernel's own time drifts by up to a
+   microsecond between phases of one run, so only times taken side by side
+   are compared.
 
     python benchmarks/plan_bench.py [--world 4] [--json rows.json]
 """
@@ -11,6 +15,7 @@ the JSON file if one is named.
 import argparse
 import json
 import math
+import statistics
 
 import torch
 
@@ -29,17 +34,23 @@ CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 
 ITERS, TRIALS = 20, 7
 
 
+ROUNDS = 5
+
+
+def _kernel_call(x, y, comm, algo):
+    return lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
+
+
 def body(rank, world, store):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="plan_bench")
-    rows = []
+    rows, head_to_head = [], []
     for name, algo, sizes, instance_counts, thread_counts in CASES:
         inputs = {n: torch.randn(n // 2, device=device).to(torch.bfloat16) for n in sizes}
         outputs = {n: torch.empty_like(x) for n, x in inputs.items()}
         for n in sizes:
-            x, y = inputs[n], outputs[n]
-            t = _time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo), ITERS, TRIALS)
+            t = _time_graph(_kernel_call(inputs[n], outputs[n], comm, algo), ITERS, TRIALS)
             rows.append({"plan": name, "kernel": algo, "bytes": n, "instances": 0, "threads": 0, "us": t})
         for k in instance_counts:
             plan = algorithms.LIBRARY[name](world, instances=k).lower()
@@ -53,8 +64,26 @@ def body(rank, world, store):
                     t = _time_graph(lambda: run(x, out=y), ITERS, TRIALS)
                     rows.append({"plan": name, "kernel": algo, "bytes": n, "instances": k, "threads": threads, "us": t})
                 run.close()
+        for n in sizes:
+            # Every rank runs rank 0's choice: the calls must match.
+            key = f"plan_bench/{name}/{n}"
+            if rank == 0:
+                best = min((r for r in rows if r["plan"] == name and r["bytes"] == n and r["instances"]),
+                           key=lambda r: r["us"])
+                store.set(key, json.dumps([best["instances"], best["threads"]]))
+            k, threads = json.loads(store.get(key))
+            run = PlanRunner(algorithms.LIBRARY[name](world, instances=k).lower(), comm, max_bytes=n, threads=threads)
+            x, y = inputs[n], outputs[n]
+            kernel_us, plan_us = [], []
+            for _ in range(ROUNDS):
+                kernel_us.append(_time_graph(_kernel_call(x, y, comm, algo), ITERS, TRIALS))
+                plan_us.append(_time_graph(lambda: run(x, out=y), ITERS, TRIALS))
+            run.close()
+            head_to_head.append({"plan": name, "kernel": algo, "bytes": n, "instances": k, "threads": threads,
+                                 "kernel_us": statistics.median(kernel_us), "plan_us": statistics.median(plan_us),
+                                 "kernel_rounds": kernel_us, "plan_rounds": plan_us})
     comm.close()
-    return rows if rank == 0 else None
+    return (rows, head_to_head) if rank == 0 else None
 
 
 def _size(n: int) -> str:
@@ -66,21 +95,18 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args()
-    rows = run_ranks(body, args.world, timeout=600)[0]
+    rows, head_to_head = run_ranks(body, args.world, timeout=900)[0]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"sweep": rows, "head_to_head": head_to_head}, f, indent=1)
     print(f"| plan (kernel) | size | kernel µs | plan µs (instances x threads) | plan / kernel |")
     print("|---|---:|---:|---:|---:|")
     ratios = {}
-    for name, algo, sizes, _, _ in CASES:
-        for n in sizes:
-            kernel = next(r["us"] for r in rows if r["plan"] == name and r["bytes"] == n and r["instances"] == 0)
-            best = min((r for r in rows if r["plan"] == name and r["bytes"] == n and r["instances"]),
-                       key=lambda r: r["us"])
-            ratios.setdefault(name, []).append(best["us"] / kernel)
-            print(f"| {name} ({algo}) | {_size(n)} | {kernel:.2f} | {best['us']:.2f} ({best['instances']} x "
-                  f"{best['threads']}) | {best['us'] / kernel:.2f} |")
+    for r in head_to_head:
+        ratio = r["plan_us"] / r["kernel_us"]
+        ratios.setdefault(r["plan"], []).append(ratio)
+        print(f"| {r['plan']} ({r['kernel']}) | {_size(r['bytes'])} | {r['kernel_us']:.2f} | {r['plan_us']:.2f} "
+              f"({r['instances']} x {r['threads']}) | {ratio:.2f} |")
     for name, rs in ratios.items():
         print(f"{name}: geometric mean plan / kernel {math.exp(sum(map(math.log, rs)) / len(rs)):.3f}, "
               f"worst {max(rs):.2f}")

@@ -42,7 +42,8 @@ def library_plans(rank, world, store, on_gpu, seed, calls, max_elems):
         for instances in (1, 2):
             plan = build(world, instances=instances).lower()
             unit = plan.buffers["input"]
-            runner = PlanRunner(plan, comm, max_bytes=max_elems * 4 + unit * 4)
+            # Up to 512 threads take the kernel with more registers, 1024 the other.
+            runner = PlanRunner(plan, comm, max_bytes=max_elems * 4 + unit * 4, threads=rng.choice((256, 512, 1024)))
             reduces = plan.collective["name"] in ("allreduce", "reducescatter")
             for i in range(calls):
                 dtype = rng.choice(_FLOATS) if reduces else rng.choice(_FLOATS + (torch.int32, torch.uint8))
@@ -104,11 +105,43 @@ def plan_errors(rank, world, store):
     except pyccl.InvalidArgumentError as e:
         messages["overlap"] = str(e)
     ring.close()
+    # The executor checks the packed op table too: pairs must come whole.
+    from pyccl import _C
+    from pyccl.plans import pack_plan
+    args = pack_plan(algorithms.allreduce_allpairs_ll2(world).lower(), rank)
+    ops = args["ops"].clone()
+    ops[0, 2] = ops[0, 3] + 1  # one more source than destinations
+    args["ops"] = ops
+    args.pop("reduces")
+    try:
+        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
+    except pyccl.InvalidArgumentError as e:
+        messages["pairs"] = str(e)
     y = runner(torch.full((world * 4,), float(rank + 1)))  # still works
     messages["sum_ok"] = bool(torch.all(y == world * (world + 1) / 2))
     runner.close()
     comm.close()
     return messages
+
+
+def too_wide(rank, world, store, seed):
+    """A plan of more thread blocks than the GPU holds at once is refused when
+    made (its blocks wait on each other), with no buffers exchanged; a plan
+    that fits still runs after."""
+    comm, device = _setup(store, rank, world, True)
+    message = None
+    try:
+        PlanRunner(algorithms.allreduce_allpairs_ll(world, instances=1000).lower(), comm, max_bytes=1 << 20,
+                   threads=1024)
+    except pyccl.InvalidArgumentError as e:
+        message = str(e)
+    runner = PlanRunner(algorithms.allreduce_allpairs_ll(world, instances=4).lower(), comm, max_bytes=4096)
+    inputs = [torch.randn(1024, generator=torch.Generator().manual_seed(seed * 31 + r)) for r in range(world)]
+    y = runner(inputs[rank].to(device)).cpu()
+    ok = torch.allclose(y.double(), sum(x.double() for x in inputs), rtol=1e-5, atol=1e-5)
+    runner.close()
+    comm.close()
+    return message, ok
 
 
 def missing_peer(rank, world, store):

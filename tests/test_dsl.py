@@ -66,9 +66,12 @@ def test_fusion_and_synchronization():
     hb = algorithms.allreduce_allpairs_hb(4).lower()
     kinds = _kinds(hb)
     # Signals and waits on every peer become one op each; reductions reading
-    # the three peers become one multi_reduce; the pulls stay one op per peer.
+    # the three peers become one multi_reduce; the pulls of the three peers'
+    # chunks become one multi_get of pairs.
     assert kinds.count("multi_signal") == 2 and kinds.count("multi_wait") == 2
-    assert kinds.count("multi_reduce") == 1 and kinds.count("get") == 3
+    assert kinds.count("multi_reduce") == 1 and kinds.count("get") == 0 and kinds.count("multi_get") == 1
+    gets = hb.threadblocks(0)[0]["ops"][kinds.index("multi_get")]
+    assert [d[2] for d in gets["dsts"]] == [1, 2, 3] and [s[0] for s in gets["srcs"]] == [1, 2, 3]
     reduce_op = hb.threadblocks(0)[0]["ops"][kinds.index("multi_reduce")]
     assert sorted(c[0] for c in reduce_op["srcs"]) == [1, 2, 3] and len(reduce_op["channels"]) == 3
     # The copy of the reduced chunk into the output is a second destination of
@@ -108,7 +111,47 @@ def test_fusion_and_synchronization():
             p.output(r)[0].reduce_packets(p.scratch(r, 2)[0], tb=0)
     ops = p.lower().threadblocks(0)[0]["ops"]
     assert all("init" not in op for op in ops) and _kinds(p.lower()).count("copy") == 2
-    for plan in (hb, push, ring, ll, algorithms.reduce_scatter_ring(4).lower()):
+    # 2PA LL: packet ops split chunks among threads alike, so the reduced
+    # chunk goes to the peers with no sync between (the same thread wrote each
+    # packet's bytes); a packet put of part of those chunks, or a plain copy of
+    # them, still syncs first.
+    # Chunk q to rank q for every q is one multi_put_packets of pairs; the
+    # three results are one multi_unpack.
+    ll2 = algorithms.allreduce_allpairs_ll2(4).lower()
+    assert _kinds(ll2) == ["multi_put_packets", "reduce_packets", "multi_put_packets", "multi_unpack"], _kinds(ll2)
+    first, _, result, unpack = ll2.threadblocks(0)[0]["ops"]
+    assert len(first["srcs"]) == 3 and len(result["srcs"]) == 1 and len(result["dsts"]) == 3
+    assert len(unpack["srcs"]) == 3 and len(unpack["dsts"]) == 3
+    # Pairs that would touch each other's chunks stay apart.
+    with Program("two_gets", AllGather(2), protocol="hb") as p:
+        for r in range(2):
+            q = 1 - r
+            MemoryChannel(q, r).get(p.output(r)[q], p.output(q)[q], tb=0)
+            MemoryChannel(q, r).get(p.scratch(r, 1)[0], p.output(q)[q], tb=0)
+    assert _kinds(p.lower()) == ["multi_get"]
+    with Program("overlapping_unpacks", AllReduce(2, chunks=2, in_place=False), protocol="ll") as p:
+        for r in range(2):
+            q = 1 - r
+            MemoryChannel(q, r).put_packets(p.scratch(q, 4)[0:2], p.input(r)[0:2], tb=0)
+            p.output(r)[0].unpack(p.scratch(r, 4)[0], tb=0)
+            p.output(r)[0].unpack(p.scratch(r, 4)[1], tb=0)
+    assert "multi_unpack" not in _kinds(p.lower()), _kinds(p.lower())
+    for n, expect_sync in ((2, False), (1, True)):
+        with Program("packets_then_put", AllReduce(2, chunks=2, in_place=False), protocol="ll") as p:
+            for r in range(2):
+                q = 1 - r
+                MemoryChannel(q, r).put_packets(p.scratch(q, 4)[0:2], p.input(r)[0:2], tb=0)
+                p.output(r)[0:2].reduce_packets(p.scratch(r, 4)[0:2], tb=0)
+                MemoryChannel(q, r).put_packets(p.scratch(q, 4)[2:2 + n], p.output(r)[0:n], tb=0)
+        assert ("sync" in _kinds(p.lower())) == expect_sync, (n, _kinds(p.lower()))
+    with Program("packets_then_copy", AllReduce(2, chunks=2, in_place=False), protocol="ll") as p:
+        for r in range(2):
+            q = 1 - r
+            MemoryChannel(q, r).put_packets(p.scratch(q, 4)[0:2], p.input(r)[0:2], tb=0)
+            p.output(r)[0:2].reduce_packets(p.scratch(r, 4)[0:2], tb=0)
+            p.input(r)[0:2].copy(p.output(r)[0:2], tb=0)
+    assert _kinds(p.lower())[-2:] == ["sync", "copy"], _kinds(p.lower())
+    for plan in (hb, push, ring, ll, ll2, algorithms.reduce_scatter_ring(4).lower()):
         for r in range(plan.num_ranks):
             for tb in plan.threadblocks(r):
                 ks = [op["op"] for op in tb["ops"]]
@@ -280,13 +323,15 @@ def _mutate(d, rng):
 
 
 def test_fuzzed_plan_files_give_clear_errors(tmp_path):
-    # 2PA HB has copy_to, 1PA LL init: both fields get mutated too.
+    # 2PA HB has copy_to and multi_get, 1PA LL init, 2PA LL pairs of packet
+    # puts and multi_unpack: those fields get mutated too.
     good = [algorithms.allreduce_allpairs_hb(3).lower().to_dict(),
-            algorithms.allreduce_allpairs_ll(3).lower().to_dict()]
+            algorithms.allreduce_allpairs_ll(3).lower().to_dict(),
+            algorithms.allreduce_allpairs_ll2(3).lower().to_dict()]
     rng = random.Random(random.randrange(1 << 20))
     outcomes = {"ok": 0, "error": 0}
     for i in range(400):
-        d = copy.deepcopy(good[i % 2])
+        d = copy.deepcopy(good[i % len(good)])
         for _ in range(rng.randrange(1, 4)):
             _mutate(d, rng)
         path = tmp_path / f"p{i}.json"
@@ -338,6 +383,34 @@ def test_plan_checks_reduction_init():
     d["buffers"]["input"] = 3
     with pytest.raises(PlanError, match="overlaps|fit|range|size"):
         Plan.from_dict(d)
+
+
+def test_plan_checks_pairs():
+    good = algorithms.allreduce_allpairs_ll2(3).lower().to_dict()
+    hb = algorithms.allreduce_allpairs_hb(3).lower().to_dict()
+    Plan.from_dict(good)
+    Plan.from_dict(hb)
+
+    def with_op(plan, kind, change):
+        d = copy.deepcopy(plan)
+        op = next(o for o in d["ranks"][0]["threadblocks"][0]["ops"] if o["op"] == kind)
+        change(op)
+        return d
+
+    cases = [
+        (good, "multi_unpack", lambda op: op["srcs"].pop(), "one source chunk per dst"),
+        (good, "multi_unpack", lambda op: op["dsts"].__setitem__(1, op["dsts"][0]), "overlaps"),
+        (good, "multi_unpack", lambda op: op["srcs"].__setitem__(0, [0, "input", 0, 1]), "scratch"),
+        (good, "multi_unpack", lambda op: op["dsts"].__setitem__(0, [1, "output", 0, 1]), "rank 0's chunks"),
+        (good, "multi_put_packets", lambda op: op["srcs"].append(op["srcs"][0]), "one source chunk per dst"),
+        (good, "multi_put_packets", lambda op: op["srcs"].__setitem__(0, [1, "input", 0, 1]), "this rank's"),
+        (hb, "multi_get", lambda op: op["srcs"].pop(), "one source chunk per channel"),
+        (hb, "multi_get", lambda op: op["srcs"].__setitem__(0, [0, "scratch", 1, 1]), "channel"),
+        (hb, "multi_get", lambda op: op["dsts"].__setitem__(1, op["dsts"][0]), "overlaps"),
+    ]
+    for plan, kind, change, message in cases:
+        with pytest.raises(PlanError, match=message):
+            Plan.from_dict(with_op(plan, kind, change))
 
 
 def test_collective_definitions():

@@ -26,3 +26,11 @@ def test_tuning_table_plans_join_the_automatic_choice_on_gpus(tmp_path):
     seed = random.randrange(1 << 20)
     for bad in run_ranks(rp.tuned_plans, 2, args=(True, seed), env={"PYCCL_TUNING_FILE": str(path)}, timeout=180):
         assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+def test_a_plan_wider_than_the_gpu_is_refused_when_made():
+    seed = random.randrange(1 << 20)
+    for message, ok in run_ranks(rp.too_wide, 2, args=(seed,), timeout=180):
+        assert message is not None and "must all be resident at once" in message and "1000 thread blocks" in message
+        assert ok, f"seed {seed}: the plan that fits gave a wrong result"

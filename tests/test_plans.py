@@ -29,6 +29,7 @@ def test_plan_calls_reject_bad_arguments():
         assert "'out'" in m["out"]
         assert "'plan'" in m["world"]
         assert "'out'" in m["overlap"] and "partly overlaps" in m["overlap"]
+        assert "'plan'" in m["pairs"] and "pairs" in m["pairs"] and "destinations" in m["pairs"]
         assert m["sum_ok"]
 
 

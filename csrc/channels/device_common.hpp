@@ -169,20 +169,28 @@ struct AbortState {
   }
 };
 
+/// The default `stop` of boundedPoll: never.
+struct NeverStop {
+  PYCCL_HOST_DEVICE bool operator()() const { return false; }
+};
+
 /// Polls `ready()` until it returns true, the abort flag rises, or the
 /// timeout passes. The clock and the flag are read every `kCheckEvery` polls,
 /// so the fast path stays one poll. On giving up it records (peer, expected,
-/// lastSeen()) in the error record and says why. Host threads back off to
-/// yielding and then short sleeps: other ranks may share the cores.
-template <typename Ready, typename LastSeen>
+/// lastSeen()) in the error record and says why. `stop()`, read as often as
+/// the flag, ends the wait as aborted without a record (the caller's earlier
+/// wait already gave up and was recorded). Host threads back off to yielding
+/// and then short sleeps: other ranks may share the cores.
+template <typename Ready, typename LastSeen, typename Stop = NeverStop>
 PYCCL_HOST_DEVICE WaitStatus boundedPoll(Ready&& ready, LastSeen&& lastSeen, const AbortState& abort,
-                                         int peer, uint64_t expected) {
+                                         int peer, uint64_t expected, Stop&& stop = Stop{}) {
   constexpr uint32_t kCheckEvery = 1024;
   if (ready()) return WaitStatus::kOk;
   const uint64_t start = nowNs();
   for (uint32_t polls = 1;; ++polls) {
     if (ready()) return WaitStatus::kOk;
     if (polls % kCheckEvery == 0) {
+      if (stop()) return WaitStatus::kAborted;
       if (abort.aborted()) {
         abort.record(WaitStatus::kAborted, peer, expected, lastSeen());
         return WaitStatus::kAborted;

@@ -36,6 +36,18 @@ void checkProgram(const PlanProgram& p, int world) {
                     op.numSrcs <= kPlanMaxOperands && op.numDsts >= 0 && op.numDsts <= kPlanMaxOperands &&
                     op.numChannels >= 0 && op.numChannels <= kPlanMaxOperands;
     PYCCL_CHECK_ARG(ok, "plan", "op ", i, " is malformed");
+    // What each kind reads of srcs[0] and dsts[0] must be there; pairs come whole.
+    const auto kind = static_cast<PlanOpKind>(op.kind);
+    const bool moves = kind == PlanOpKind::kCopy || kind == PlanOpKind::kPut || kind == PlanOpKind::kPutPackets;
+    if (moves || kind == PlanOpKind::kUnpack) {
+      PYCCL_CHECK_ARG(op.numSrcs >= 1 && op.numDsts >= 1, "plan", "op ", i, " needs a source and a destination");
+      PYCCL_CHECK_ARG(op.numSrcs == 1 ? kind != PlanOpKind::kUnpack || op.numDsts == 1 : op.numSrcs == op.numDsts,
+                      "plan", "op ", i, " pairs ", op.numSrcs, " sources with ", op.numDsts, " destinations");
+      bool sameSize = true;
+      for (int s = 0; s < op.numSrcs; ++s) sameSize = sameSize && op.srcs[s].count == op.srcs[0].count;
+      for (int d = 0; d < op.numDsts; ++d) sameSize = sameSize && op.dsts[d].count == op.srcs[0].count;
+      PYCCL_CHECK_ARG(sameSize, "plan", "op ", i, " moves chunks of different sizes");
+    }
     for (int s = 0; s < op.numSrcs; ++s) PYCCL_CHECK_ARG(chunkOk(op.srcs[s]), "plan", "op ", i, " reads out of range");
     for (int d = 0; d < op.numDsts; ++d) PYCCL_CHECK_ARG(chunkOk(op.dsts[d]), "plan", "op ", i, " writes out of range");
     for (int k = 0; k < op.numChannels; ++k) {
@@ -81,7 +93,16 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
     }
   }
   const bool host = comm.hostMode();
-  if (!host) gpu::loadKernelsOnce(comm.device(), "plan", planKernels());
+  for (int t = 0; t < numThreadBlocks(); ++t) {
+    maxOpsPerBlock_ = std::max(maxOpsPerBlock_, program_.tbOffsets[t + 1] - program_.tbOffsets[t]);
+  }
+  if (!host) {
+    gpu::loadKernelsOnce(comm.device(), "plan", planKernels());
+#ifdef PYCCL_WITH_CUDA
+    // Before the buffers are exchanged: every rank fails here alike, none waits for the others.
+    roomyKernel_ = choosePlanKernel(comm.device(), numThreadBlocks(), threads_, maxOpsPerBlock_);
+#endif
+  }
   const uint64_t c = maxChunkBytes_;
   const uint64_t scratch = std::max<int32_t>(program_.scratchChunks, 1);
   // Every staging region has two phases (by call parity). The input staging
@@ -132,16 +153,15 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
     PYCCL_CHECK_ARG(region_.peers[q].has_value(), "comm", "plans need P2P between all ranks; rank ", q,
                     " is unreachable");
     char* base = static_cast<char*>(region_.peers[q]->data());
-    context_.buffers[q][0] = base + offsets[0];
-    context_.buffers[q][1] = program_.inPlace ? base + offsets[0] : base + offsets[1];
-    context_.buffers[q][2] = base + offsets[2];
+    const uint64_t firstPhase[3] = {offsets[0], program_.inPlace ? offsets[0] : offsets[1], offsets[2]};
+    const uint64_t phaseBytes[3] = {phase[0], program_.inPlace ? phase[0] : phase[1], phase[2]};
+    for (int parity = 0; parity < 2; ++parity) {
+      for (int k = 0; k < 3; ++k) context_.buffers[parity][q][k] = base + firstPhase[k] + parity * phaseBytes[k];
+    }
     context_.packets[q] = base + offsets[3];
     context_.counters[q] = reinterpret_cast<uint64_t*>(base + offsets[4]);
   }
   context_.packetPhaseBytes = phase[3];
-  context_.phaseBytes[0] = phase[0];
-  context_.phaseBytes[1] = program_.inPlace ? phase[0] : phase[1];
-  context_.phaseBytes[2] = phase[2];
   context_.ops = reinterpret_cast<const PlanOp*>(tables);
   context_.tbOffsets = reinterpret_cast<const int32_t*>(tables + offTb);
   context_.channelSrc = reinterpret_cast<const int32_t*>(tables + offSrc);
@@ -155,9 +175,6 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   context_.calls = reinterpret_cast<uint64_t*>(tables + offCalls);
   context_.rankBarriers = reinterpret_cast<uint64_t*>(tables + offBarriers);
   context_.failed = reinterpret_cast<uint64_t*>(tables + offFailed);
-  for (int t = 0; t < numThreadBlocks(); ++t) {
-    maxOpsPerBlock_ = std::max(maxOpsPerBlock_, p.tbOffsets[t + 1] - p.tbOffsets[t]);
-  }
   programmatic_ = programmaticLaunchAllowed();
   context_.abort = comm.abortState();
   PYCCL_LOG(Info, "plan executor: " << p.ops.size() << " ops on " << numThreadBlocks() << " thread blocks, "
@@ -215,10 +232,21 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   ctx.userOutput = static_cast<char*>(output);
   ctx.inputBytes = inputBytes;
   ctx.outputBytes = outputBytes;
+  // This rank's unstaged buffers are the call's tensors, in both phases; an
+  // in-place plan works on the output, which first receives the input.
+  for (auto& phase : ctx.buffers) {
+    char*& input = phase[comm_.rank()][0];
+    if (!ctx.inputStaged) input = program_.inPlace ? out : const_cast<char*>(in);
+    if (program_.inPlace) {
+      phase[comm_.rank()][1] = input;
+    } else if (!ctx.outputStaged) {
+      phase[comm_.rank()][1] = out;
+    }
+  }
   const int tbs = numThreadBlocks();
 #ifdef PYCCL_WITH_CUDA
   if (!comm_.hostMode()) {
-    runPlanDevice(ctx, tbs, threads_, maxOpsPerBlock_, programmatic_, dtype, op, stream);
+    runPlanDevice(ctx, tbs, threads_, maxOpsPerBlock_, roomyKernel_, programmatic_, dtype, op, stream);
     return;
   }
 #endif
@@ -228,10 +256,9 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
     std::vector<std::thread> threads;
     for (int t = 0; t < tbs; ++t) {
       threads.emplace_back([&ctx, op, t] {
-        PlanContext call = ctx;
-        preparePlanCall(call, t);
-        const int32_t first = call.tbOffsets[t];
-        runPlanCall<T>(call, call.ops + first, call.tbOffsets[t + 1] - first, static_cast<int>(op), t, 0, 1);
+        const int32_t first = ctx.tbOffsets[t];
+        runPlanCall<T>(ctx, ctx.ops + first, ctx.tbOffsets[t + 1] - first, static_cast<int>(op), t, ctx.calls[t], 0,
+                       1);
       });
     }
     for (auto& th : threads) th.join();

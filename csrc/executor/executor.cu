@@ -2,6 +2,8 @@
 // shared memory where they fit, with the call's context in shared memory.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "collectives/collective_launch.hpp"  // dispatchReduction
 #include "collectives/kernel_launch.cuh"
 #include "core/errors.hpp"
@@ -16,11 +18,17 @@ namespace {
 /// (within the default per-block limit with the context, so no opt-in is needed).
 constexpr int kStagedOpsBytes = 44 << 10;
 
-template <typename T>
-__global__ void __launch_bounds__(1024) planKernel(const __grid_constant__ PlanContext context, int callOp,
-                                                   bool staged) {
+/// Blocks of up to 512 threads get up to 128 registers each (one block per
+/// SM): a reduction then keeps a batch of sources' loads in flight without
+/// spilling. 1024-thread blocks, and grids wider than one such block per SM,
+/// take the variant held to 64 registers.
+constexpr uint32_t kRoomyThreads = 512;
+
+template <typename T, bool Roomy>
+__global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
+    planKernel(const __grid_constant__ PlanContext context, int callOp, bool staged) {
   extern __shared__ int4 stagedOps[];
-  __shared__ PlanContext call;
+  __shared__ PlanContext shared;
   static_assert(sizeof(PlanContext) % sizeof(uint64_t) == 0, "the context is copied in 8-byte words");
   const uint32_t tb = blockIdx.x;
   const PlanOp* ops = context.ops + context.tbOffsets[tb];
@@ -37,33 +45,78 @@ __global__ void __launch_bounds__(1024) planKernel(const __grid_constant__ PlanC
   }
   {
     const auto* from = reinterpret_cast<const uint64_t*>(&context);
-    auto* to = reinterpret_cast<uint64_t*>(&call);
+    auto* to = reinterpret_cast<uint64_t*>(&shared);
     for (int i = threadIdx.x; i < static_cast<int>(sizeof(PlanContext) / 8); i += blockDim.x) to[i] = from[i];
   }
   __syncthreads();
   collectiveKernelPrologue();  // the call counters and buffers are the previous kernel's after this
-  if (threadIdx.x == 0) preparePlanCall(call, tb);
-  __syncthreads();
-  runPlanCall<T>(call, ops, count, callOp, tb, threadIdx.x, blockDim.x);
+  // Every thread reads the count itself (one load per warp, as the
+  // hand-written kernels read their flags): no step between the PDL wait and
+  // the first op but this load.
+  const uint64_t call = context.calls[tb];
+  runPlanCall<T, Roomy ? 4 : 1>(shared, ops, count, callOp, tb, call, threadIdx.x, blockDim.x);
+}
+
+uint64_t stagedOpBytes(int maxOpsPerBlock) {
+  const uint64_t bytes = static_cast<uint64_t>(maxOpsPerBlock) * sizeof(PlanOp);
+  return bytes <= kStagedOpsBytes ? bytes : 0;
+}
+
+template <bool Roomy>
+int residentBlocks(int device, uint32_t threads, uint64_t sharedBytes) {
+  int sms = 0;
+  PYCCL_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int fewest = 0;
+  bool first = true;
+  for (const void* kernel : {reinterpret_cast<const void*>(planKernel<float, Roomy>),
+                             reinterpret_cast<const void*>(planKernel<Half, Roomy>),
+                             reinterpret_cast<const void*>(planKernel<BFloat16, Roomy>)}) {
+    int perSm = 0;
+    PYCCL_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, static_cast<int>(threads),
+                                                                   sharedBytes));
+    fewest = first ? perSm * sms : std::min(fewest, perSm * sms);
+    first = false;
+  }
+  return fewest;
 }
 
 }  // namespace
 
+bool choosePlanKernel(int device, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock) {
+  gpu::DeviceGuard onDevice(device);
+  const uint64_t shared = stagedOpBytes(maxOpsPerBlock);
+  if (threads <= kRoomyThreads && residentBlocks<true>(device, threads, shared) >= numThreadBlocks) return true;
+  const int resident = residentBlocks<false>(device, threads, shared);
+  // Thread blocks wait for each other (barriers, a peer's signals to another
+  // block): a block that waits for a free SM behind them would wait forever.
+  PYCCL_CHECK_ARG(resident >= numThreadBlocks, "plan", "runs ", numThreadBlocks, " thread blocks of ", threads,
+                  " threads, which must all be resident at once; device ", device, " holds ", resident,
+                  " (use fewer instances or threads)");
+  return false;
+}
+
 void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock,
-                   bool programmatic, DataType dtype, ReduceOp op, void* stream) {
+                   bool roomy, bool programmatic, DataType dtype, ReduceOp op, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  const uint64_t opBytes = static_cast<uint64_t>(maxOpsPerBlock) * sizeof(PlanOp);
-  const bool staged = opBytes <= kStagedOpsBytes;
-  const KernelLaunch launch{threads, programmatic, staged ? static_cast<uint32_t>(opBytes) : 0u};
+  const uint64_t shared = stagedOpBytes(maxOpsPerBlock);
+  const KernelLaunch launch{threads, programmatic, static_cast<uint32_t>(shared)};
   dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
-    launchCollectiveKernel(planKernel<T>, static_cast<uint32_t>(numThreadBlocks), launch, s, context,
-                           static_cast<int>(op), staged);
+    auto kernel = roomy ? planKernel<T, true> : planKernel<T, false>;
+    launchCollectiveKernel(kernel, static_cast<uint32_t>(numThreadBlocks), launch, s, context, static_cast<int>(op),
+                           shared > 0);
   });
 }
 
 std::vector<const void*> planKernels() {
-  return {reinterpret_cast<const void*>(planKernel<float>), reinterpret_cast<const void*>(planKernel<Half>),
-          reinterpret_cast<const void*>(planKernel<BFloat16>)};
+  std::vector<const void*> kernels;
+  auto add = [&]<bool Roomy>() {
+    kernels.push_back(reinterpret_cast<const void*>(planKernel<float, Roomy>));
+    kernels.push_back(reinterpret_cast<const void*>(planKernel<Half, Roomy>));
+    kernels.push_back(reinterpret_cast<const void*>(planKernel<BFloat16, Roomy>));
+  };
+  add.template operator()<true>();
+  add.template operator()<false>();
+  return kernels;
 }
 
 }  // namespace pyccl

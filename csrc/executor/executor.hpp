@@ -68,15 +68,22 @@ class PlanExecutor {
   ExchangedMemory region_;
   bool closed_ = false;
   bool programmatic_ = true;
+  bool roomyKernel_ = false;  ///< choosePlanKernel's choice
   int maxOpsPerBlock_ = 0;
 };
 
 #ifdef PYCCL_WITH_CUDA
+/// Which interpreter kernel runs a plan of `numThreadBlocks` blocks of
+/// `threads` threads on `device`: true for the one with more registers per
+/// thread, where all blocks still fit on the device at once. Throws if even
+/// the other one cannot hold them all at once (the blocks wait on each other).
+bool choosePlanKernel(int device, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock);
 /// Enqueues the interpreter kernel (one block per thread block of the plan;
 /// it copies the input in and the output out itself) on `stream`.
-/// `maxOpsPerBlock` ops are staged in shared memory where they fit;
-/// `programmatic`: programmatic dependent launch (kernel_launch.cuh).
-void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock,
+/// `maxOpsPerBlock` ops are staged in shared memory where they fit; `roomy`:
+/// choosePlanKernel's choice; `programmatic`: programmatic dependent launch
+/// (kernel_launch.cuh).
+void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock, bool roomy,
                    bool programmatic, DataType dtype, ReduceOp op, void* stream);
 #endif
 /// The host stubs of the plan kernels (empty in CPU-only builds); an executor

@@ -28,8 +28,24 @@
 namespace pyccl {
 namespace plan_detail {
 
-PYCCL_HOST_DEVICE char* chunkPtr(const PlanContext& c, const PlanChunk& ch) {
-  return c.buffers[ch.rank][ch.buffer] + static_cast<uint64_t>(ch.index) * c.chunkBytes;
+/// Chunk `ch` in call `call`'s phase of the buffers.
+PYCCL_HOST_DEVICE char* chunkPtr(const PlanContext& c, const PlanChunk& ch, uint64_t call) {
+  return c.buffers[call & 1][ch.rank][ch.buffer] + static_cast<uint64_t>(ch.index) * c.chunkBytes;
+}
+
+/// Packet `p` of an op over `count` chunks of `perChunk` packets: chunk j,
+/// packet i within it. Every packet op (put_packets, unpack, reduce_packets)
+/// gives packet p to thread p mod threads, so an op that reads the packets
+/// of chunks another packet op of the block just wrote, chunk for chunk, reads
+/// only what the same thread wrote: lowering places no sync between them.
+PYCCL_HOST_DEVICE void packetOf(uint64_t p, uint64_t perChunk, int32_t count, uint64_t* j, uint64_t* i) {
+  if (count == 1) {  // the common case, without a 64-bit division
+    *j = 0;
+    *i = p;
+  } else {
+    *j = p / perChunk;
+    *i = p - *j * perChunk;
+  }
 }
 
 /// The LL packets of chunk `index` (+ `j`) of `rank`'s scratch: each chunk
@@ -40,11 +56,11 @@ PYCCL_HOST_DEVICE LL16Packet* packetPtr(const PlanContext& c, int rank, int64_t 
                                        static_cast<uint64_t>(index) * slot);
 }
 
-/// Whether a wait of this executor already gave up: later waits then return
-/// at once, so every thread still passes every block sync (uniform control
-/// flow) and the call ends quickly; the host raises the error (from the
-/// communicator's error record). The flag is in device memory: the error
-/// record is in host memory, a PCIe round trip per read.
+/// Whether a wait of this executor already gave up: later waits then give up
+/// within a few polls, so every thread still passes every block sync
+/// (uniform control flow) and the call ends quickly; the host raises the
+/// error (from the communicator's error record). The flag is in device
+/// memory: the error record is in host memory, a PCIe round trip per read.
 PYCCL_HOST_DEVICE bool failedAlready(const PlanContext& c) { return atomicLoadRelaxed(c.failed) != 0; }
 
 /// `status` is kOk; otherwise later waits are told to give up at once.
@@ -55,14 +71,14 @@ PYCCL_HOST_DEVICE bool waitSucceeded(const PlanContext& c, WaitStatus status) {
 }
 
 /// Polls until `ready()` (bounded, abortable); false if the wait gave up or
-/// an earlier one did. Something that is ready at once costs one load: the
-/// failure flag is read only on the slow path.
+/// an earlier one did. The failure flag is read with the abort flag, every
+/// so many polls: a packet that arrives while the first poll missed is seen
+/// at the next poll, not after a load of the flag.
 template <typename Ready, typename LastSeen>
 PYCCL_HOST_DEVICE bool planPoll(const PlanContext& c, Ready&& ready, LastSeen&& lastSeen, int peer,
                                 uint64_t expected) {
   if (ready()) return true;
-  if (failedAlready(c)) return false;
-  return waitSucceeded(c, boundedPoll(ready, lastSeen, c.abort, peer, expected));
+  return waitSucceeded(c, boundedPoll(ready, lastSeen, c.abort, peer, expected, [&] { return failedAlready(c); }));
 }
 
 /// Waits until `*counter >= target` (acquire), as planPoll.
@@ -119,33 +135,41 @@ PYCCL_HOST_DEVICE void storeVec(char* base, uint64_t v, const detail::Vec16& x) 
 }
 
 /// dst[i] = reduce(dst[i] if withDst, srcs...) for the op's elements; also
-/// stores the result into extra destinations.
-template <typename T>
-PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, int redOp, bool withDst, char* dst,
-                                      char* const* extra, int numExtra, uint32_t tid, uint32_t numThreads) {
+/// stores the result into extra destinations. `LoadBatch` inputs are loaded
+/// before any is reduced (more of them take more registers).
+template <typename T, int LoadBatch>
+PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, uint64_t call, int redOp, bool withDst,
+                                      char* dst, char* const* extra, int numExtra, uint32_t tid, uint32_t numThreads) {
   constexpr uint32_t kVec = 16 / sizeof(T);
   const uint64_t n = static_cast<uint64_t>(op.srcs[0].count) * c.chunkBytes / sizeof(T);
-  const char* srcs[kPlanMaxOperands];
+  // What is reduced, in order: dst (where read), then every source.
+  const char* inputs[kPlanMaxOperands + 1];
+  int numInputs = 0;
+  if (withDst) inputs[numInputs++] = dst;
+  for (int s = 0; s < op.numSrcs; ++s) inputs[numInputs++] = chunkPtr(c, op.srcs[s], call);
   uintptr_t bits = reinterpret_cast<uintptr_t>(dst);
-  for (int s = 0; s < op.numSrcs; ++s) {
-    srcs[s] = chunkPtr(c, op.srcs[s]);
-    bits |= reinterpret_cast<uintptr_t>(srcs[s]);
-  }
+  for (int k = 0; k < numInputs; ++k) bits |= reinterpret_cast<uintptr_t>(inputs[k]);
   for (int e = 0; e < numExtra; ++e) bits |= reinterpret_cast<uintptr_t>(extra[e]);
   // 16-byte vectors where every pointer allows them, element by element after.
   const uint64_t vectors = (bits & 15) == 0 ? n / kVec : 0;
   for (uint64_t v = tid; v < vectors; v += numThreads) {
     float acc[kVec];
-    auto accumulate = [&](const char* base, bool first) {
-      const detail::Vec16 raw = loadVec(base, v);
-      for (uint32_t l = 0; l < kVec; ++l) {
-        // Byte copies, not a cast: reading the vector's ints as T breaks strict aliasing.
-        const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(&raw), l));
-        acc[l] = first ? x : applyReduce(redOp, acc[l], x);
+    // The inputs are mostly peers' memory: a batch of loads is issued before
+    // any is used, so their latencies overlap (a loop that reduces as it
+    // loads waits out one NVLink read per source).
+    for (int k0 = 0; k0 < numInputs; k0 += LoadBatch) {
+      detail::Vec16 raw[LoadBatch];
+      for (int b = 0; b < LoadBatch; ++b) {
+        if (k0 + b < numInputs) raw[b] = loadVec(inputs[k0 + b], v);
       }
-    };
-    accumulate(withDst ? dst : srcs[0], true);
-    for (int s = withDst ? 0 : 1; s < op.numSrcs; ++s) accumulate(srcs[s], false);
+      for (int b = 0; b < LoadBatch && k0 + b < numInputs; ++b) {
+        for (uint32_t l = 0; l < kVec; ++l) {
+          // Byte copies, not a cast: reading the vector's ints as T breaks strict aliasing.
+          const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(&raw[b]), l));
+          acc[l] = k0 + b == 0 ? x : applyReduce(redOp, acc[l], x);
+        }
+      }
+    }
     detail::Vec16 packed;
     for (uint32_t l = 0; l < kVec; ++l) {
       const T r = ElementTraits<T>::fromFloat(acc[l]);
@@ -157,10 +181,9 @@ PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, in
     for (int e = 0; e < numExtra; ++e) storeVec(extra[e], v, packed);
   }
   for (uint64_t i = vectors * kVec + tid; i < n; i += numThreads) {
-    float acc = withDst ? ElementTraits<T>::toFloat(reinterpret_cast<const T*>(dst)[i])
-                        : ElementTraits<T>::toFloat(elementAt<T>(srcs[0], i));
-    for (int s = withDst ? 0 : 1; s < op.numSrcs; ++s) {
-      acc = applyReduce(redOp, acc, ElementTraits<T>::toFloat(elementAt<T>(srcs[s], i)));
+    float acc = ElementTraits<T>::toFloat(elementAt<T>(inputs[0], i));
+    for (int k = 1; k < numInputs; ++k) {
+      acc = applyReduce(redOp, acc, ElementTraits<T>::toFloat(elementAt<T>(inputs[k], i)));
     }
     const T r = ElementTraits<T>::fromFloat(acc);
     reinterpret_cast<T*>(dst)[i] = r;
@@ -168,8 +191,42 @@ PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, in
   }
 }
 
+/// dsts[k] = srcs[k] for every pair of the op (`bytes` each). Where each
+/// thread has few vectors per pair, it loads `LoadBatch` pairs' vectors before
+/// it stores any, so reads from several peers overlap; larger copies go pair
+/// by pair (copyBytes keeps four loads in flight itself).
+template <int LoadBatch>
+PYCCL_HOST_DEVICE void copyPairs(const PlanContext& c, const PlanOp& op, uint64_t call, uint64_t bytes, uint32_t tid,
+                                 uint32_t numThreads) {
+  const char* srcs[kPlanMaxOperands];
+  char* dsts[kPlanMaxOperands];
+  uintptr_t bits = 0;
+  const int n = op.numSrcs;
+  for (int k = 0; k < n; ++k) {
+    srcs[k] = chunkPtr(c, op.srcs[k], call);
+    dsts[k] = chunkPtr(c, op.dsts[k], call);
+    bits |= reinterpret_cast<uintptr_t>(srcs[k]) | reinterpret_cast<uintptr_t>(dsts[k]);
+  }
+  const uint64_t vectors = bytes / 16;
+  if ((bits & 15) != 0 || vectors >= 4ull * numThreads) {
+    for (int k = 0; k < n; ++k) copyBytes(dsts[k], srcs[k], bytes, tid, numThreads);
+    return;
+  }
+  for (uint64_t v = tid; v < vectors; v += numThreads) {
+    for (int k0 = 0; k0 < n; k0 += LoadBatch) {
+      detail::Vec16 raw[LoadBatch];
+      for (int b = 0; b < LoadBatch; ++b) {
+        if (k0 + b < n) raw[b] = loadVec(srcs[k0 + b], v);
+      }
+      for (int b = 0; b < LoadBatch && k0 + b < n; ++b) storeVec(dsts[k0 + b], v, raw[b]);
+    }
+  }
+  const uint64_t done = vectors * 16;
+  for (int k = 0; k < n; ++k) copyBytes(dsts[k] + done, srcs[k] + done, bytes - done, tid, numThreads);
+}
+
 /// One op of thread block `tb`; false once a wait gave up (timeout or abort).
-template <typename T>
+template <typename T, int LoadBatch>
 PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp, uint64_t call, uint32_t tid,
                              uint32_t numThreads) {
   const int redOp = op.reduceOp >= 0 ? op.reduceOp : callOp;
@@ -177,80 +234,106 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
   switch (static_cast<PlanOpKind>(op.kind)) {
     case PlanOpKind::kCopy:
     case PlanOpKind::kPut: {
-      const char* src = chunkPtr(c, op.srcs[0]);
-      for (int d = 0; d < op.numDsts; ++d) copyBytes(chunkPtr(c, op.dsts[d]), src, bytes, tid, numThreads);
+      if (op.numSrcs > 1) {  // pairs (the DSL's multi_get and multi_put of several chunks)
+        copyPairs<LoadBatch>(c, op, call, bytes, tid, numThreads);
+        return true;
+      }
+      const char* src = chunkPtr(c, op.srcs[0], call);
+      for (int d = 0; d < op.numDsts; ++d) copyBytes(chunkPtr(c, op.dsts[d], call), src, bytes, tid, numThreads);
       return true;
     }
     case PlanOpKind::kReduce: {
       // dsts[0] is reduced into; the others get the result too (the DSL's copy_to).
       char* extra[kPlanMaxOperands];
-      for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d]);
-      reduceElements<T>(c, op, redOp, true, chunkPtr(c, op.dsts[0]), extra, op.numDsts - 1, tid, numThreads);
+      for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
+      reduceElements<T, LoadBatch>(c, op, call, redOp, true, chunkPtr(c, op.dsts[0], call), extra, op.numDsts - 1,
+                                   tid, numThreads);
       return true;
     }
     case PlanOpKind::kSwitchReduce:
-      reduceElements<T>(c, op, redOp, false, chunkPtr(c, op.dsts[0]), nullptr, 0, tid, numThreads);
+      reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.dsts[0], call), nullptr, 0, tid,
+                                   numThreads);
       return true;
     case PlanOpKind::kReducePut: {
       char* extra[kPlanMaxOperands];
-      for (int d = 0; d < op.numDsts; ++d) extra[d] = chunkPtr(c, op.dsts[d]);
-      reduceElements<T>(c, op, redOp, false, chunkPtr(c, op.srcs[0]), extra, op.numDsts, tid, numThreads);
+      for (int d = 0; d < op.numDsts; ++d) extra[d] = chunkPtr(c, op.dsts[d], call);
+      reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.srcs[0], call), extra, op.numDsts,
+                                   tid, numThreads);
       return true;
     }
     case PlanOpKind::kPutPackets: {
       const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
       const uint64_t packets = perChunk * op.srcs[0].count;
       const uint32_t flag = packetFlag(call);
+      const bool pairs = op.numSrcs > 1;  // srcs[d] to dsts[d], else srcs[0] to every dst
       for (uint64_t p = tid; p < packets; p += numThreads) {
-        const uint64_t j = p / perChunk, i = p % perChunk;
+        uint64_t j, i;
+        packetOf(p, perChunk, op.srcs[0].count, &j, &i);
         uint32_t payload[2];
-        packPayload<LL16Packet>(chunkPtr(c, op.srcs[0]) + j * c.chunkBytes, i, c.chunkBytes, payload);
         for (int d = 0; d < op.numDsts; ++d) {
+          if (d == 0 || pairs) {
+            packPayload<LL16Packet>(chunkPtr(c, op.srcs[pairs ? d : 0], call) + j * c.chunkBytes, i, c.chunkBytes,
+                                    payload);
+          }
           packetPtr(c, op.dsts[d].rank, op.dsts[d].index + j, call)[i].write(payload, flag);
         }
       }
       return true;
     }
-    case PlanOpKind::kUnpack:
+    case PlanOpKind::kUnpack: {
+      // Pairs: dsts[k] from the packets in srcs[k]. One packet index per
+      // thread, polled in every pair's source before the next index.
+      const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
+      const uint64_t packets = perChunk * op.dsts[0].count;
+      const uint32_t flag = packetFlag(call);
+      bool ok = true;
+      for (uint64_t p = tid; ok && p < packets; p += numThreads) {
+        uint64_t j, i;
+        packetOf(p, perChunk, op.dsts[0].count, &j, &i);
+        for (int k = 0; ok && k < op.numSrcs; ++k) {
+          const LL16Packet* src = packetPtr(c, op.srcs[k].rank, op.srcs[k].index + j, call);
+          uint32_t payload[2];
+          ok = planPoll(c, [&] { return src[i].tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
+                        op.srcs[k].rank, flag);
+          if (ok) unpackPayload<LL16Packet>(chunkPtr(c, op.dsts[k], call) + j * c.chunkBytes, i, c.chunkBytes, payload);
+        }
+      }
+      return ok;
+    }
     case PlanOpKind::kReducePackets: {
       // One packet index per thread: poll it in every source (the peers'
       // packets land in several slots), reduce in fp32, store once. A second
       // destination is the chunk the reduction starts from (the plan's init).
-      const bool reducing = static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePackets;
-      const int from = reducing && op.numDsts > 1 ? 1 : 0;
+      const int from = op.numDsts > 1 ? 1 : 0;
       constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
       const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
       const uint64_t packets = perChunk * op.dsts[0].count;
       const uint64_t chunkElems = c.chunkBytes / sizeof(T);
       const uint32_t flag = packetFlag(call);
       bool ok = true;
+      char* const dstBase = chunkPtr(c, op.dsts[0], call);
+      const char* const startBase = chunkPtr(c, op.dsts[from], call);
       for (uint64_t p = tid; ok && p < packets; p += numThreads) {
-        const uint64_t j = p / perChunk, i = p % perChunk;
-        char* dst = chunkPtr(c, op.dsts[0]) + j * c.chunkBytes;
+        uint64_t j, i;
+        packetOf(p, perChunk, op.dsts[0].count, &j, &i);
         float acc[kLanes];
         const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes)
                                                                  : kLanes;
-        T* elems = reinterpret_cast<T*>(dst) + i * kLanes;  // this packet's elements
-        if (reducing) {
-          const T* start = reinterpret_cast<const T*>(chunkPtr(c, op.dsts[from]) + j * c.chunkBytes) + i * kLanes;
-          for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(start[l]);
-        }
+        T* elems = reinterpret_cast<T*>(dstBase + j * c.chunkBytes) + i * kLanes;  // this packet's elements
+        const T* start = reinterpret_cast<const T*>(startBase + j * c.chunkBytes) + i * kLanes;
+        for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(start[l]);
         for (int s = 0; ok && s < op.numSrcs; ++s) {
           const LL16Packet* src = packetPtr(c, op.srcs[s].rank, op.srcs[s].index + j, call);
           uint32_t payload[2];
           ok = planPoll(c, [&] { return src[i].tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
                         op.srcs[s].rank, flag);
           if (!ok) break;
-          if (!reducing) {
-            unpackPayload<LL16Packet>(dst, i, c.chunkBytes, payload);
-            break;
-          }
           for (uint32_t l = 0; l < lanes; ++l) {
             const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payload), l));
             acc[l] = applyReduce(redOp, acc[l], x);
           }
         }
-        if (ok && reducing) {
+        if (ok) {
           for (uint32_t l = 0; l < lanes; ++l) elems[l] = ElementTraits<T>::fromFloat(acc[l]);
         }
       }
@@ -343,29 +426,9 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
 
 }  // namespace plan_detail
 
-/// Turns the executor's context into this call's: staging pointers in the
-/// call's phase, this rank's unstaged buffers pointing at the user's tensors
-/// (an in-place plan then works on the output, which first receives the
-/// input), and the call's ordinal. One thread does it (on the device, into
-/// shared memory that the block then reads).
-PYCCL_HOST_DEVICE void preparePlanCall(PlanContext& c, uint32_t tb) {
-  c.call = c.calls[tb];
-  c.passedRankBarriers = c.rankBarriers[tb];
-  const uint64_t parity = c.call & 1;
-  for (int q = 0; q < c.worldSize; ++q) {
-    for (int k = 0; k < 3; ++k) c.buffers[q][k] += parity * c.phaseBytes[k];
-  }
-  char* input = c.inputStaged ? c.buffers[c.rank][0] : (c.inPlace ? c.userOutput : const_cast<char*>(c.userInput));
-  c.buffers[c.rank][0] = input;
-  if (c.inPlace) {
-    c.buffers[c.rank][1] = input;
-  } else if (!c.outputStaged) {
-    c.buffers[c.rank][1] = c.userOutput;
-  }
-}
-
-/// Runs one call of the plan on thread block `tb` (context from
-/// preparePlanCall), whose `count` ops start at `ops`:
+/// Runs call `call` of the plan (the thread block's count of completed calls,
+/// read after the previous kernel finished) on thread block `tb`, whose
+/// `count` ops start at `ops`:
 ///  1. where the input is staged (or an in-place plan works on the user's
 ///     output), its share of the input copy, then a barrier of this rank's
 ///     thread blocks;
@@ -374,16 +437,18 @@ PYCCL_HOST_DEVICE void preparePlanCall(PlanContext& c, uint32_t tb) {
 ///  4. where the output is staged, a barrier of this rank's thread blocks,
 ///     then its share of the copy into the user's output.
 /// Without staging and entry barrier a call is only the plan's ops, which is
-/// what the hand-written kernels of the same algorithm do.
-template <typename T>
+/// what the hand-written kernels of the same algorithm do. `LoadBatch`: see
+/// reduceElements.
+template <typename T, int LoadBatch = 4>
 PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int32_t count, int callOp, uint32_t tb,
-                                   uint32_t tid, uint32_t numThreads) {
-  const uint64_t call = c.call;
-  uint64_t barriers = c.passedRankBarriers;
-  char* input = c.buffers[c.rank][0];
+                                   uint64_t call, uint32_t tid, uint32_t numThreads) {
+  char* input = c.buffers[call & 1][c.rank][0];
+  const bool stagedIn = input != c.userInput;
+  // Only calls that stage pass rank barriers: the others never read the count.
+  uint64_t barriers = stagedIn || c.outputStaged ? c.rankBarriers[tb] : 0;
   uint64_t* rankCounter = &c.counters[c.rank][c.entryBase + c.worldSize + 1];
   uint64_t b = 0, e = 0;
-  if (input != c.userInput) {
+  if (stagedIn) {
     plan_detail::blockShare(c, tb, c.inputBytes, &b, &e);
     if (e > b) copyBytes(input + b, c.userInput + b, e - b, tid, numThreads);
     plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
@@ -391,17 +456,18 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int3
   if (c.entryBarrier) plan_detail::entryBarrier(c, call, tb, tid, numThreads);
 
   // No early exit on a failed wait: every thread must reach every block sync.
-  for (int32_t i = 0; i < count; ++i) plan_detail::runOp<T>(c, ops[i], callOp, call, tid, numThreads);
+  for (int32_t i = 0; i < count; ++i) plan_detail::runOp<T, LoadBatch>(c, ops[i], callOp, call, tid, numThreads);
 
   if (c.outputStaged) {
     plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
     plan_detail::blockShare(c, tb, c.outputBytes, &b, &e);
-    if (e > b) copyBytes(c.userOutput + b, c.buffers[c.rank][1] + b, e - b, tid, numThreads);
+    if (e > b) copyBytes(c.userOutput + b, c.buffers[call & 1][c.rank][1] + b, e - b, tid, numThreads);
   }
+  // Every thread read the call count before any of them passes this sync.
   syncBlock();
   if (tid == 0) {
     c.calls[tb] = call + 1;
-    c.rankBarriers[tb] = barriers;
+    if (stagedIn || c.outputStaged) c.rankBarriers[tb] = barriers;
   }
 }
 

@@ -67,8 +67,12 @@ struct PlanContext {
   int rank;
   int worldSize;
   uint64_t chunkBytes;  ///< bytes per chunk in this call
-  /// Every rank's buffers, mapped here: [rank][PlanBuffer].
-  char* buffers[kPlanMaxRanks][3];
+  /// Every rank's buffers, mapped here, by call parity: [call & 1][rank][PlanBuffer].
+  /// Staging regions (input, output, scratch) are double-buffered, as a peer
+  /// may still be finishing the previous call in the other phase; this rank's
+  /// unstaged buffers are the call's tensors in both phases (the host sets
+  /// them per call, so a kernel does no set-up after its PDL wait).
+  char* buffers[2][kPlanMaxRanks][3];
   /// Every rank's LL packet region (2 phases x scratch chunks x 2 x chunk bytes).
   char* packets[kPlanMaxRanks];
   uint64_t packetPhaseBytes;
@@ -84,10 +88,6 @@ struct PlanContext {
   /// Counters from here: one per rank (call entries, added by that rank), then
   /// this rank's "entry passed" and rank-barrier counters.
   int32_t entryBase;
-  /// Staging regions (input, output, scratch and so on) are double-buffered by
-  /// call parity: phase 1 of buffer kind k is phaseBytes[k] past buffers[q][k].
-  /// A peer may still be finishing the previous call in the other phase.
-  uint64_t phaseBytes[3];
   bool inPlace;       ///< the output buffer is the input buffer
   bool inputStaged;   ///< this call's input is copied into staging (else the plan works on the user's tensor)
   bool outputStaged;  ///< the plan writes the output staging, copied out at the end (else the user's tensor)
@@ -98,8 +98,6 @@ struct PlanContext {
   uint64_t outputBytes;
   uint64_t* calls;           ///< [thread block] calls completed (this rank's memory)
   uint64_t* rankBarriers;    ///< [thread block] rank barriers passed (this rank's memory)
-  uint64_t call;                ///< this call's ordinal (preparePlanCall)
-  uint64_t passedRankBarriers;  ///< rank barriers this thread block passed before the call
   uint64_t* failed;          ///< non-zero once a wait of this executor gave up (this rank's memory)
   AbortState abort;
 };

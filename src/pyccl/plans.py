@@ -34,7 +34,7 @@ _KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "p
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
 _REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 _REDUCING = ("reduce", "reduce_packets", "channel_reduce", "multi_reduce", "reduce_put", "switch_reduce")
-_PACKET_READS = ("unpack", "reduce_packets")
+_PACKET_READS = ("unpack", "multi_unpack", "reduce_packets")
 _PACKET_WRITES = ("put_packets", "multi_put_packets")
 
 
@@ -171,10 +171,12 @@ def pack_plan(plan: Plan, rank: int) -> dict:
                 out.append(_op_words("put", srcs=srcs, dsts=dst))
                 if kind == "put_with_signal":
                     out.append(_op_words("signal", channels=[op["channel"]]))
-            elif kind == "multi_put":
+            elif kind in ("multi_put", "multi_get"):  # several sources: pairs
                 out.append(_op_words("put", srcs=srcs, dsts=op["dsts"]))
             elif kind == "multi_put_packets":
                 out.append(_op_words("put_packets", srcs=srcs, dsts=op["dsts"]))
+            elif kind == "multi_unpack":
+                out.append(_op_words("unpack", srcs=srcs, dsts=op["dsts"]))
             elif kind in ("reduce", "channel_reduce", "multi_reduce"):  # copy_to: more destinations
                 out.append(_op_words("reduce", red, srcs=srcs, dsts=dst + op.get("copy_to", [])))
             elif kind == "reduce_packets":  # init: a second entry, where the reduction starts

@@ -14,7 +14,11 @@ The passes, in order:
    goes from registers); a PortChannel put followed by a signal on the same
    channel becomes ``put_with_signal``; back-to-back puts of the same chunks
    to several peers, and back-to-back signals or waits on several channels,
-   become one multi-peer op; back-to-back reductions into the same chunks
+   become one multi-peer op; back-to-back puts, packet puts, gets or unpacks
+   of different chunks of one size become one op of (source, destination)
+   pairs (``multi_put``, ``multi_put_packets``, ``multi_get``,
+   ``multi_unpack``) that issues every pair's loads before it stores any, so
+   their latencies overlap; back-to-back reductions into the same chunks
    (MemoryChannel ``reduce`` from several peers, ``reduce_packets`` of several
    peers' packets) become one op that reads every source at once; a local
    copy of a reduction's result right after it becomes a second destination
@@ -30,6 +34,10 @@ The passes, in order:
    synchronize the block themselves, so no sync is placed next to them and
    back-to-back syncs collapse into one. put_with_signal synchronizes only
    after its put: a put of chunks that the op before it wrote needs a sync.
+   Packet ops (put_packets, unpack, reduce_packets) split their chunks among
+   the threads the same way, so one that reads or writes exactly the chunks
+   another packet op wrote or read needs no sync: in 2PA LL the reduced chunk
+   goes to the peers with no sync between reduction and put.
 """
 
 from __future__ import annotations
@@ -37,13 +45,16 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from .plan import Plan
+from .plan import MAX_OPERANDS, Plan
 from .program import ChunkRange, DSLError, Op, Program
 
 __all__ = ["lower"]
 
 _SOURCE_SIDE = ("put", "get", "put_packets", "put_with_signal", "channel_reduce", "reduce_put", "signal", "flush")
 _SYNCS_ITSELF = ("signal", "wait", "barrier", "multi_signal", "multi_wait")
+_PACKET_OPS = ("put_packets", "multi_put_packets", "unpack", "multi_unpack", "reduce_packets")
+# op kind -> the kind of several of them fused as (source, destination) pairs
+_PAIRS = {"put": "multi_put", "put_packets": "multi_put_packets", "get": "multi_get", "unpack": "multi_unpack"}
 
 
 def _check(prog: Program) -> None:
@@ -123,6 +134,39 @@ def _fuse(ops: List[Op], channel_types: List[str]) -> List[Op]:
     return out
 
 
+def _fused_pair(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
+    """Merges `op` into `prev` as one more (source, destination) pair: back-to-back
+    puts, packet puts, gets or unpacks of different chunks of one size. The
+    fused op issues every pair's loads (or packet polls) before it stores any."""
+    multi = _PAIRS.get(op.kind)
+    if multi is None or op.tb_group is not None or prev.tb_group is not None:
+        return False
+    if op.channel is not None and channel_types[op.channel] != "memory":
+        return False
+    if prev.kind == op.kind:
+        if prev.channel is not None and channel_types[prev.channel] != "memory":
+            return False
+        srcs, dsts = [prev.srcs[0]], [prev.dst]
+        chans = [prev.channel] if prev.channel is not None else []
+    elif prev.kind == multi:
+        srcs = prev.srcs * len(prev.dsts) if len(prev.srcs) == 1 else list(prev.srcs)  # a broadcast as pairs
+        dsts, chans = list(prev.dsts), list(getattr(prev, "channels", []))
+    else:
+        return False
+    src, dst = op.srcs[0], op.dst
+    if len(dsts) >= MAX_OPERANDS or src.count != srcs[0].count:
+        return False
+    # Every pair is done at once: no pair may write what another reads or writes.
+    if any(dst.overlaps(c) for c in srcs + dsts) or any(src.overlaps(d) for d in dsts):
+        return False
+    fused = Op(multi, prev.rank, prev.tb, srcs=srcs + [src], line=prev.line)
+    fused.dsts = dsts + [dst]
+    if op.channel is not None:
+        fused.channels = chans + [op.channel]
+    out[-1] = fused
+    return True
+
+
 def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
     """Merges `op` into `prev` (the last op of its thread block) where allowed."""
     if prev.copy_to:
@@ -158,6 +202,8 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
             prev.channels.append(op.channel)
             prev.dsts.append(op.dst)
             return True
+    if _fused_pair(prev, op, channel_types, out):
+        return True
     if (op.kind == "channel_reduce" and channel_types[op.channel] == "memory" and op.tb_group is None
             and prev.kind in ("channel_reduce", "multi_reduce") and prev.tb_group is None and prev.dst == op.dst
             and prev.reduce_op == op.reduce_op
@@ -196,10 +242,21 @@ def _chunks_of(op: Op) -> Tuple[List[ChunkRange], List[ChunkRange]]:
     return reads, writes
 
 
+def _conflicts(earlier: Tuple[ChunkRange, bool], later: ChunkRange, by_packets: bool) -> bool:
+    """Whether an access to `later` must wait for the block's earlier access
+    (range, made by a packet op) of the same chunks. Packet ops give packet p of
+    their chunks to thread p mod threads (interpreter.hpp), so two packet ops
+    on exactly the same chunks touch each byte from the same thread."""
+    chunk, earlier_by_packets = earlier
+    if by_packets and earlier_by_packets and chunk == later:
+        return False
+    return chunk.overlaps(later)
+
+
 def _insert_syncs(ops: List[Op]) -> List[Op]:
     out: List[Op] = []
-    written: List[ChunkRange] = []
-    read: List[ChunkRange] = []
+    written: List[Tuple[ChunkRange, bool]] = []
+    read: List[Tuple[ChunkRange, bool]] = []
     for op in ops:
         if op.kind in _SYNCS_ITSELF:
             if out and out[-1].kind == "sync":
@@ -208,8 +265,9 @@ def _insert_syncs(ops: List[Op]) -> List[Op]:
             written, read = [], []
             continue
         reads, writes = _chunks_of(op)
-        conflict = any(r.overlaps(w) for r in reads for w in written) or \
-            any(w.overlaps(x) for w in writes for x in written + read)
+        by_packets = op.kind in _PACKET_OPS
+        conflict = any(_conflicts(w, r, by_packets) for r in reads for w in written) or \
+            any(_conflicts(x, w, by_packets) for w in writes for x in written + read)
         if conflict and out and out[-1].kind not in ("sync", "wait", "barrier", "multi_wait", "put_with_signal"):
             out.append(Op("sync", op.rank, op.tb, line=op.line))
             written, read = [], []
@@ -217,8 +275,8 @@ def _insert_syncs(ops: List[Op]) -> List[Op]:
         if op.kind == "put_with_signal":  # its signal synchronizes the block after the put
             written, read = [], []
         else:
-            written += writes
-            read += reads
+            written += [(w, by_packets) for w in writes]
+            read += [(r, by_packets) for r in reads]
     return out
 
 

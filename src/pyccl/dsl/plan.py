@@ -38,8 +38,11 @@ OP_KINDS: Dict[str, tuple] = {
     "channel_reduce": (True, 1, True),
     "multi_reduce": (True, None, False),  # srcs[k] read over "channels"[k]
     "reduce_put": (True, None, True),
-    "multi_put": (False, 1, False),  # "dsts" and "channels" lists
-    "multi_put_packets": (False, 1, False),
+    # "dsts" and "channels" lists; one source for every dst, or one per dst (pairs)
+    "multi_put": (False, None, False),
+    "multi_put_packets": (False, None, False),
+    "multi_get": (False, None, False),  # pairs: dsts[k] (this rank's) from srcs[k] over channels[k]
+    "multi_unpack": (False, None, False),  # pairs: dsts[k] from the packets in srcs[k]
     "signal": (False, 0, True),
     "wait": (False, 0, True),
     "multi_signal": (False, 0, False),  # "channels" list
@@ -220,8 +223,9 @@ def _validate(d: Any, where: str) -> None:
                 _validate_op(op, f"{wt} op {k}", buffers, n, channels, len(entry["threadblocks"]), r, t)
 
 
-_LOCAL = ("copy", "reduce", "unpack", "reduce_packets")
+_LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "reduce_packets")
 _PUTS = ("put", "put_packets", "put_with_signal")
+_MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack")
 
 
 def _destination_sized_local_chunk(c, field: str, op: dict, where: str, buffers, num_ranks: int,
@@ -247,16 +251,28 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         _chunk(s, where, buffers, num_ranks)
     if needs_channel:
         _int(op.get("channel"), where, "channel", 0, num_channels)
-    if op["op"] in ("multi_put", "multi_put_packets", "multi_signal", "multi_wait", "multi_reduce"):
+    if op["op"] in ("multi_put", "multi_put_packets", "multi_get", "multi_signal", "multi_wait", "multi_reduce"):
         chans = _int_list(op.get("channels"), where, f"{op['op']} channels", num_channels, 1)
-        if op["op"] == "multi_reduce" and len(srcs) != len(chans):
-            _fail(where, "multi_reduce needs one source chunk per channel")
-        if op["op"] in ("multi_put", "multi_put_packets"):
+        if op["op"] in ("multi_reduce", "multi_get") and len(srcs) != len(chans):
+            _fail(where, f"{op['op']} needs one source chunk per channel")
+        if op["op"] in ("multi_put", "multi_put_packets", "multi_get"):
             dsts = op.get("dsts")
             if not isinstance(dsts, list) or len(dsts) != len(chans):
                 _fail(where, f"{op['op']} needs one dst per channel")
-            for c in dsts:
-                _chunk(c, where, buffers, num_ranks)
+    if op["op"] in _MULTI_PAIRS:
+        dsts = op.get("dsts")
+        if not isinstance(dsts, list) or not 1 <= len(dsts) <= MAX_OPERANDS:
+            _fail(where, f"{op['op']} needs a list of 1 to {MAX_OPERANDS} dsts")
+        if len(srcs) != len(dsts) and not (len(srcs) == 1 and op["op"] in ("multi_put", "multi_put_packets")):
+            _fail(where, f"{op['op']} takes one source chunk per dst" +
+                  (" (or one for all)" if op["op"] in ("multi_put", "multi_put_packets") else ""))
+        for c in dsts:
+            _chunk(c, where, buffers, num_ranks)
+        # The pairs are done at once: none may write what another reads or writes.
+        for k, d in enumerate(dsts):
+            for other in dsts[k + 1:] + srcs:
+                if d[:2] == other[:2] and d[2] < other[2] + other[3] and other[2] < d[2] + d[3]:
+                    _fail(where, f"{op['op']} destination {d} overlaps {other}")
     if "copy_to" in op:
         copies = op["copy_to"]
         if op["op"] not in ("reduce", "channel_reduce", "multi_reduce") or not isinstance(copies, list) or \
@@ -287,13 +303,15 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     kind = op["op"]
     dst, srcs = op.get("dst"), op.get("srcs", [])
     counts = {c[3] for c in srcs} | ({dst[3]} if dst else set())
-    if kind in ("multi_put", "multi_put_packets"):
+    if kind in _MULTI_PAIRS:
         counts |= {c[3] for c in op["dsts"]}
     if len(counts) > 1:
         _fail(where, f"{kind} moves chunks of different sizes {sorted(counts)}")
     if kind in _LOCAL:
-        if any(c[0] != rank for c in srcs + [dst]):
+        if any(c[0] != rank for c in srcs + ([dst] if dst else []) + op.get("dsts", [])):
             _fail(where, f"{kind} on rank {rank} may only touch rank {rank}'s chunks")
+        if kind == "multi_unpack" and any(c[1] != "scratch" for c in srcs):
+            _fail(where, f"{kind} reads packets from scratch buffers, got {srcs}")
         return
     chans = [op["channel"]] if "channel" in op else op.get("channels", [])
     for cid in chans:
@@ -321,8 +339,13 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
         for cid, s in zip(op["channels"], srcs):
             if channels[cid]["type"] != "memory" or s[0] != channels[cid]["dst"]:
                 _fail(where, f"multi_reduce source {s} does not match memory channel {cid}")
+    if kind == "multi_get":
+        for cid, d, src in zip(op["channels"], op["dsts"], srcs):
+            if channels[cid]["type"] != "memory" or d[0] != rank or src[0] != channels[cid]["dst"]:
+                _fail(where, f"{kind} must write this rank's chunks and read source {src} over memory channel "
+                             f"{cid}'s destination")
     if kind in ("multi_put", "multi_put_packets"):
-        if srcs[0][0] != rank:
+        if any(c[0] != rank for c in srcs):
             _fail(where, f"{kind} must read this rank's chunks")
         for cid, d in zip(op["channels"], op["dsts"]):
             if channels[cid]["type"] != "memory" or d[0] != channels[cid]["dst"]:

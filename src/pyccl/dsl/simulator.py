@@ -176,7 +176,7 @@ class _Sim:
             return all(len(self.signals.get(c, [])) > self.waited.get(c, 0) for c in chans)
         if kind == "flush":
             return not self.queues.get(op["channel"])
-        if kind in ("unpack", "reduce_packets"):
+        if kind in ("unpack", "multi_unpack", "reduce_packets"):
             return all(s in self.packets for src in op["srcs"] for s in self._slots(src))
         if kind == "barrier":
             key = (r, tuple(op["tbs"]))
@@ -233,9 +233,15 @@ class _Sim:
                         self.packets[s] = self.clock[i].copy()
                 if kind == "put_with_signal":
                     self.signals.setdefault(op["channel"], []).append(self.clock[i].copy())
-        elif kind in ("multi_put", "multi_put_packets"):
-            v = self._read(i, op["srcs"][0], where)
-            for d in op["dsts"]:
+        elif kind in ("multi_put", "multi_put_packets", "multi_get", "multi_unpack"):
+            # Pairs (or one source for every dst): every read happens before any write.
+            srcs = op["srcs"] * len(op["dsts"]) if len(op["srcs"]) == 1 else op["srcs"]
+            if kind == "multi_unpack":
+                for src in srcs:
+                    for s in self._slots(src):
+                        self._acquire(i, self.packets[s])
+            values = [self._read(i, src, where) for src in srcs]
+            for d, v in zip(op["dsts"], values):
                 self._write(i, d, v, where)
                 if kind == "multi_put_packets":
                     for s in self._slots(d):
