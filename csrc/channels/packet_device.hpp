@@ -128,13 +128,19 @@ PYCCL_HOST_DEVICE void unpackPayload(void* dst, uint64_t index, uint64_t bytes,
   }
 }
 
+/// Packets that carry `bytes` of data (the last one may be partly padding).
+template <typename Packet>
+PYCCL_HOST_DEVICE uint64_t packetsFor(uint64_t bytes) {
+  return (bytes + Packet::kDataBytes - 1) / Packet::kDataBytes;
+}
+
 /// Packs `bytes` of `src` into packets at `dst` (a peer's packet buffer):
 /// packet i carries bytes [i * kDataBytes, (i + 1) * kDataBytes), the last one
 /// zero-padded. Threads [0, numThreads) share the packets.
 template <typename Packet>
 PYCCL_HOST_DEVICE void putPacketsTo(Packet* dst, const void* src, uint64_t bytes, uint32_t flag,
                                     uint32_t tid, uint32_t numThreads) {
-  const uint64_t numPackets = (bytes + Packet::kDataBytes - 1) / Packet::kDataBytes;
+  const uint64_t numPackets = packetsFor<Packet>(bytes);
   for (uint64_t i = tid; i < numPackets; i += numThreads) {
     uint32_t payload[Packet::kDataBytes / 4];
     packPayload<Packet>(src, i, bytes, payload);
@@ -149,7 +155,7 @@ PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint6
                                              uint32_t flag, uint32_t tid, uint32_t numThreads,
                                              const AbortState& abort, int peer) {
   constexpr uint32_t kData = Packet::kDataBytes;
-  const uint64_t numPackets = (bytes + kData - 1) / kData;
+  const uint64_t numPackets = packetsFor<Packet>(bytes);
   for (uint64_t i = tid; i < numPackets; i += numThreads) {
     uint32_t payload[kData / 4];
     // On giving up, the record holds the flag waited for and the packet index.
@@ -164,7 +170,7 @@ PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint6
 /// Bytes of packet buffer that `bytes` of data occupy.
 template <typename Packet>
 PYCCL_HOST_DEVICE uint64_t packetBytesFor(uint64_t bytes) {
-  return (bytes + Packet::kDataBytes - 1) / Packet::kDataBytes * sizeof(Packet);
+  return packetsFor<Packet>(bytes) * sizeof(Packet);
 }
 
 }  // namespace pyccl

@@ -64,7 +64,7 @@ PYCCL_HOST_DEVICE void reduceLL(const CollectiveContext& c, const void* input, u
   const uint32_t phase = flag & 1;
   const uint64_t bytes = count * sizeof(T);
   uint64_t lo = 0, hi = 0;
-  detail::blockShare((bytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes, c.llActiveBlocks, block, &lo, &hi);
+  detail::blockShare(packetsFor<LL16Packet>(bytes), c.llActiveBlocks, block, &lo, &hi);
   const auto* in = static_cast<const char*>(input);
   const char* mine = in + c.rank * inStride;
   auto* out = static_cast<T*>(output);

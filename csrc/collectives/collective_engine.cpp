@@ -288,7 +288,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     const uint64_t world = static_cast<uint64_t>(comm_.worldSize());
     const uint64_t pairBytes = algo == AllReduceAlgorithm::kTwoPhaseLL ? (call.count + world - 1) / world * elemSize
                                                                         : call.count * elemSize;
-    CollectiveContext ctx = contextFor((pairBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
+    CollectiveContext ctx = contextFor(packetsFor<LL16Packet>(pairBytes));
     ctx.abort.call = tag;
     launchAllReduce(ctx, call, algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads,
                     stream);
@@ -342,7 +342,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
                       ExchangeArgs{static_cast<const char*>(input) + done, inStride, static_cast<char*>(output) + done,
                                    outStride, chunkBytes - done < piece ? chunkBytes - done : piece, root},
                       dtype, op};
-    CollectiveContext ctx = contextFor((call.args.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes);
+    CollectiveContext ctx = contextFor(packetsFor<LL16Packet>(call.args.chunkBytes));
     ctx.abort.call = tag;
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {

@@ -64,7 +64,7 @@ PYCCL_HOST_DEVICE void exchangeLL(ExchangeKind kind, const CollectiveContext& c,
   const uint32_t phase = flag & 1;
   const uint64_t bytes = a.chunkBytes;
   uint64_t lo = 0, hi = 0;
-  detail::blockShare((bytes + kData - 1) / kData, c.llActiveBlocks, block, &lo, &hi);
+  detail::blockShare(packetsFor<LL16Packet>(bytes), c.llActiveBlocks, block, &lo, &hi);
 
   // 1. Send. Ranks that send no data in a broadcast send one packet to every
   //    peer instead, so that every rank hears from every peer in every LL call

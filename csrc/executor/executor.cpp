@@ -41,8 +41,9 @@ void checkProgram(const PlanProgram& p, int world) {
     const bool moves = kind == PlanOpKind::kCopy || kind == PlanOpKind::kPut || kind == PlanOpKind::kPutPackets;
     if (moves || kind == PlanOpKind::kUnpack) {
       PYCCL_CHECK_ARG(op.numSrcs >= 1 && op.numDsts >= 1, "plan", "op ", i, " needs a source and a destination");
-      PYCCL_CHECK_ARG(op.numSrcs == 1 ? kind != PlanOpKind::kUnpack || op.numDsts == 1 : op.numSrcs == op.numDsts,
-                      "plan", "op ", i, " pairs ", op.numSrcs, " sources with ", op.numDsts, " destinations");
+      // One source for every destination (moves only), or one per destination (pairs).
+      PYCCL_CHECK_ARG(op.numSrcs == op.numDsts || (moves && op.numSrcs == 1), "plan", "op ", i, " pairs ", op.numSrcs,
+                      " sources with ", op.numDsts, " destinations");
       bool sameSize = true;
       for (int s = 0; s < op.numSrcs; ++s) sameSize = sameSize && op.srcs[s].count == op.srcs[0].count;
       for (int d = 0; d < op.numDsts; ++d) sameSize = sameSize && op.dsts[d].count == op.srcs[0].count;

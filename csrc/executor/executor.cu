@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <limits>
 
 #include "collectives/collective_launch.hpp"  // dispatchReduction
 #include "collectives/kernel_launch.cuh"
@@ -62,22 +64,27 @@ uint64_t stagedOpBytes(int maxOpsPerBlock) {
   return bytes <= kStagedOpsBytes ? bytes : 0;
 }
 
+/// The variant's kernel for every dtype.
+template <bool Roomy>
+std::array<const void*, 3> planKernelsOf() {
+  return {reinterpret_cast<const void*>(planKernel<float, Roomy>),
+          reinterpret_cast<const void*>(planKernel<Half, Roomy>),
+          reinterpret_cast<const void*>(planKernel<BFloat16, Roomy>)};
+}
+
+/// Blocks of the variant (the fewest over the dtypes) that `device` holds at once.
 template <bool Roomy>
 int residentBlocks(int device, uint32_t threads, uint64_t sharedBytes) {
   int sms = 0;
   PYCCL_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  int fewest = 0;
-  bool first = true;
-  for (const void* kernel : {reinterpret_cast<const void*>(planKernel<float, Roomy>),
-                             reinterpret_cast<const void*>(planKernel<Half, Roomy>),
-                             reinterpret_cast<const void*>(planKernel<BFloat16, Roomy>)}) {
+  int fewestPerSm = std::numeric_limits<int>::max();
+  for (const void* kernel : planKernelsOf<Roomy>()) {
     int perSm = 0;
     PYCCL_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, static_cast<int>(threads),
                                                                    sharedBytes));
-    fewest = first ? perSm * sms : std::min(fewest, perSm * sms);
-    first = false;
+    fewestPerSm = std::min(fewestPerSm, perSm);
   }
-  return fewest;
+  return fewestPerSm * sms;
 }
 
 }  // namespace
@@ -109,13 +116,8 @@ void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t thr
 
 std::vector<const void*> planKernels() {
   std::vector<const void*> kernels;
-  auto add = [&]<bool Roomy>() {
-    kernels.push_back(reinterpret_cast<const void*>(planKernel<float, Roomy>));
-    kernels.push_back(reinterpret_cast<const void*>(planKernel<Half, Roomy>));
-    kernels.push_back(reinterpret_cast<const void*>(planKernel<BFloat16, Roomy>));
-  };
-  add.template operator()<true>();
-  add.template operator()<false>();
+  for (const void* kernel : planKernelsOf<true>()) kernels.push_back(kernel);
+  for (const void* kernel : planKernelsOf<false>()) kernels.push_back(kernel);
   return kernels;
 }
 

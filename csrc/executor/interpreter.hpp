@@ -262,7 +262,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       return true;
     }
     case PlanOpKind::kPutPackets: {
-      const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
+      const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
       const uint64_t packets = perChunk * op.srcs[0].count;
       const uint32_t flag = packetFlag(call);
       const bool pairs = op.numSrcs > 1;  // srcs[d] to dsts[d], else srcs[0] to every dst
@@ -283,7 +283,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
     case PlanOpKind::kUnpack: {
       // Pairs: dsts[k] from the packets in srcs[k]. One packet index per
       // thread, polled in every pair's source before the next index.
-      const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
+      const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
       const uint64_t packets = perChunk * op.dsts[0].count;
       const uint32_t flag = packetFlag(call);
       bool ok = true;
@@ -306,7 +306,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       // destination is the chunk the reduction starts from (the plan's init).
       const int from = op.numDsts > 1 ? 1 : 0;
       constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
-      const uint64_t perChunk = (c.chunkBytes + LL16Packet::kDataBytes - 1) / LL16Packet::kDataBytes;
+      const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
       const uint64_t packets = perChunk * op.dsts[0].count;
       const uint64_t chunkElems = c.chunkBytes / sizeof(T);
       const uint32_t flag = packetFlag(call);

@@ -228,6 +228,11 @@ _PUTS = ("put", "put_packets", "put_with_signal")
 _MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack")
 
 
+def _chunks_overlap(a: list, b: list) -> bool:
+    """Whether chunk ranges `a` and `b` ([rank, buffer, index, count]) share a chunk."""
+    return a[:2] == b[:2] and a[2] < b[2] + b[3] and b[2] < a[2] + a[3]
+
+
 def _destination_sized_local_chunk(c, field: str, op: dict, where: str, buffers, num_ranks: int,
                                    rank: int) -> None:
     """`c`, named by the op's `field`, is a valid chunk of this rank of the op's destination's size."""
@@ -271,7 +276,7 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         # The pairs are done at once: none may write what another reads or writes.
         for k, d in enumerate(dsts):
             for other in dsts[k + 1:] + srcs:
-                if d[:2] == other[:2] and d[2] < other[2] + other[3] and other[2] < d[2] + d[3]:
+                if _chunks_overlap(d, other):
                     _fail(where, f"{op['op']} destination {d} overlaps {other}")
     if "copy_to" in op:
         copies = op["copy_to"]
@@ -286,7 +291,7 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
             _fail(where, f"init belongs to reduce_packets, got it on {op['op']}")
         init, dst = op["init"], op["dst"]
         _destination_sized_local_chunk(init, "init", op, where, buffers, num_ranks, rank)
-        if init != dst and init[1] == dst[1] and init[2] < dst[2] + dst[3] and dst[2] < init[2] + init[3]:
+        if init != dst and _chunks_overlap(init, dst):
             _fail(where, f"init chunk {init} partly overlaps the destination {dst}")
     if op["op"] == "barrier":
         tbs = _int_list(op.get("tbs"), where, "barrier thread blocks", num_tbs, 2)
