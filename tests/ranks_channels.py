@@ -230,27 +230,47 @@ def flush_ordering(rank, world, store, on_gpu, nbytes, rounds):
 
 
 def silent_peer_waits(rank, world, store, on_gpu):
-    """Waits on a peer that never sends give up at the 2 s timeout."""
-    comm, device = _setup(store, rank, world, on_gpu, timeout_s=2)
+    """Each kind of wait on a peer that never sends gives up at the 2 s timeout.
+    Each gets a communicator of its own: the first timeout breaks the
+    communicator, whose channels then refuse further work at the call."""
+    out = {} if rank == 0 else None
     peer = 1 - rank
-    buf = pyccl.empty(4096, dtype=torch.uint8, device=device)
-    mem = comm.register(buf)
-    mch = comm.memory_channel(peer, mem, comm.register(pyccl.empty(8192, dtype=torch.uint8, device=device)))
-    pch = comm.port_channel(peer, mem)
-    out = None
-    if rank == 0:
-        out = {}
-        for label, op in [("port_wait", Op.port_wait(0)), ("wait", Op.wait(0)),
-                          ("read_packets", Op.read_packets(0, 0, 0, 64, 7))]:
+    for label, op in [("port_wait", Op.port_wait(0)), ("wait", Op.wait(0)),
+                      ("read_packets", Op.read_packets(0, 0, 0, 64, 7))]:
+        comm, device = _setup(store, rank, world, on_gpu, timeout_s=2, name=f"silent_{label}")
+        buf = pyccl.empty(4096, dtype=torch.uint8, device=device)
+        mem = comm.register(buf)
+        mch = comm.memory_channel(peer, mem, comm.register(pyccl.empty(8192, dtype=torch.uint8, device=device)))
+        pch = comm.port_channel(peer, mem)
+        if rank == 0:
             t0 = time.monotonic()
             res = run(comm, [op], memory=[mch], port=[pch])
-            out[label] = (res.failures, time.monotonic() - t0)
-        out["record"] = comm.device_error()
-        store.set("silent_done", b"1")
-    else:
-        store.get("silent_done")
-    comm.close()
+            took = time.monotonic() - t0
+            failure = comm.failure  # reads the record now, as the watchdog would within its period
+            refused = None
+            try:
+                run(comm, [op], memory=[mch], port=[pch])
+            except pyccl.AbortedError as e:
+                refused = str(e)
+            out[label] = (res.failures, took, comm.device_error(), failure, refused)
+            store.set(f"silent_{label}_done", b"1")
+        else:
+            store.get(f"silent_{label}_done")
+        comm.close()
     return out
+
+
+def check_silent_peer_waits(out, most_s):
+    """What silent_peer_waits returned: each wait gave up once, at the timeout
+    (not later than `most_s`), recorded why, and broke its communicator."""
+    for label in ("port_wait", "wait", "read_packets"):
+        failures, took, record, failure, refused = out[label]
+        assert failures == 1, (label, out)
+        assert 1.9 <= took <= most_s, (label, took)
+        assert record["status"] == "timeout" and record["peer"] == 1, (label, record)
+        assert failure is not None and "no signal from rank 1" in failure, (label, failure)
+        # The next call on the broken communicator's channels is refused at once.
+        assert refused is not None and "aborted" in refused, (label, refused)
 
 
 def close_with_pending_proxy_work(rank, world, store):

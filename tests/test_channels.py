@@ -54,12 +54,7 @@ def test_flush_lets_the_source_be_reused():
 
 
 def test_waits_on_a_silent_peer_give_up_at_the_timeout():
-    out = run_ranks(rc.silent_peer_waits, 2, args=(False,), timeout=120)[0]
-    for label in ("port_wait", "wait", "read_packets"):
-        failures, took = out[label]
-        assert failures == 1, (label, out)
-        assert 1.9 <= took <= 10, (label, took)
-    assert out["record"]["status"] == "timeout" and out["record"]["peer"] == 1
+    rc.check_silent_peer_waits(run_ranks(rc.silent_peer_waits, 2, args=(False,), timeout=120)[0], 10)
 
 
 def test_close_with_proxy_work_pending_returns():

@@ -128,12 +128,21 @@ struct DeviceErrorRecord {
 /// and the tag of the call a kernel runs (set per launch, so that a failure
 /// names it).
 struct AbortState {
-  const volatile uint32_t* abortFlag;  ///< non-zero: give up at once
+  const volatile uint32_t* abortFlag;  ///< non-zero: give up at once (host-readable)
   uint64_t timeoutNs;                  ///< 0: never time out (not recommended)
   DeviceErrorRecord* errorRecord;      ///< may be null
   uint64_t call;                       ///< tag of the running call (core/health.hpp); 0: none
+  /// The abort flag's copy in the GPU's own memory, which device code reads
+  /// instead of abortFlag where set. abortFlag lies in mapped host memory:
+  /// thousands of waiting threads reading it at once queue behind PCIe for
+  /// hundreds of microseconds, which made every later call wait that long too.
+  const volatile uint32_t* deviceAbortFlag;
 
+  /// Whether the communicator was aborted (a relaxed read; it only ends waits).
   PYCCL_HOST_DEVICE bool aborted() const {
+#if PYCCL_ON_DEVICE
+    if (deviceAbortFlag != nullptr) return loadFlagVolatile(deviceAbortFlag) != 0;
+#endif
     return abortFlag != nullptr && loadFlagVolatile(abortFlag) != 0;
   }
 

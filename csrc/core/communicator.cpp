@@ -60,9 +60,11 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
         static_cast<DeviceErrorRecord*>(gpu::allocPinnedMapped(sizeof(DeviceErrorRecord)));
     abortFlagDevice_ = gpu::devicePointerOf(abortFlagHost_);
     errorRecordDevice_ = gpu::devicePointerOf(errorRecordHost_);
+    abortFlagGpu_ = static_cast<uint32_t*>(gpu::deviceMalloc(device_, sizeof(uint32_t)));
   }
   health_ = std::make_unique<CommunicatorHealth>(options_.name, rank_, options_.timeout, abortFlagHost_,
-                                                 errorRecordHost_, /*watch=*/!hostMode());
+                                                 errorRecordHost_, /*watch=*/!hostMode(),
+                                                 [this] { raiseGpuAbortFlag(); });
   callChecks_ = callChecksFromEnv();
 
   try {
@@ -133,7 +135,9 @@ void Communicator::freeFailureState() {
   } else {
     if (abortFlagHost_ != nullptr) gpu::freePinned(abortFlagHost_);
     if (errorRecordHost_ != nullptr) gpu::freePinned(errorRecordHost_);
+    gpu::deviceFree(device_, abortFlagGpu_);
   }
+  abortFlagGpu_ = nullptr;
   abortFlagHost_ = nullptr;
   errorRecordHost_ = nullptr;
   abortFlagDevice_ = nullptr;
@@ -521,10 +525,23 @@ AbortState Communicator::abortState() const {
     s.errorRecord = errorRecordHost_;
   } else {
     s.abortFlag = static_cast<const volatile uint32_t*>(abortFlagDevice_);
+    s.deviceAbortFlag = abortFlagGpu_;
     s.errorRecord = static_cast<DeviceErrorRecord*>(errorRecordDevice_);
   }
   s.timeoutNs = static_cast<uint64_t>(options_.timeout.count()) * 1000000ull;
   return s;
+}
+
+void Communicator::raiseGpuAbortFlag() noexcept {
+  if (abortFlagGpu_ == nullptr) return;
+  try {
+    // The host flag is raised already: its pinned word is the DMA's source.
+    gpu::raiseDeviceFlag(device_, abortFlagGpu_, abortFlagHost_);
+  } catch (const std::exception& e) {
+    // The GPU is gone (a sticky error): its kernels are not running either.
+    PYCCL_LOG(Error, "communicator '" << options_.name << "': could not raise the abort flag on the GPU: "
+                                      << e.what());
+  }
 }
 
 void Communicator::checkUsable(const char* op) const {
@@ -582,6 +599,7 @@ void Communicator::close() {
   if (closed_.exchange(true)) return;
   // Any wait still running gives up.
   if (abortFlagHost_ != nullptr) std::atomic_ref<uint32_t>(*abortFlagHost_).store(1, std::memory_order_release);
+  raiseGpuAbortFlag();
   std::shared_ptr<ProxyService> proxy;
   {
     std::lock_guard<std::mutex> lock(mu_);

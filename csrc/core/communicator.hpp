@@ -152,6 +152,8 @@ class Communicator {
   /// Frees the abort flag and the error record (after close(); they outlive
   /// it for late readers such as a Work's wait()).
   void freeFailureState();
+  /// Sets the GPU copy of the abort flag (after the host one); logs, never throws.
+  void raiseGpuAbortFlag() noexcept;
 
   int rank_;
   int worldSize_;
@@ -167,6 +169,8 @@ class Communicator {
   uint32_t* abortFlagHost_ = nullptr;
   DeviceErrorRecord* errorRecordHost_ = nullptr;
   void* abortFlagDevice_ = nullptr;
+  /// The abort flag's copy in GPU memory, which kernels poll (see AbortState).
+  uint32_t* abortFlagGpu_ = nullptr;
   void* errorRecordDevice_ = nullptr;
   std::unique_ptr<CommunicatorHealth> health_;
   bool callChecks_ = false;

@@ -125,6 +125,18 @@ void copyToDevice(int device, void* dst, const void* src, size_t size) {
   PYCCL_CHECK_CUDA(cudaStreamSynchronize(s));
 }
 
+void raiseDeviceFlag(int device, uint32_t* flag, const uint32_t* value) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  PYCCL_CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+  try {
+    copyToDevice(device, flag, value, sizeof(*value));
+  } catch (...) {
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    throw;
+  }
+  PYCCL_CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+}
+
 bool isDevicePointer(const void* ptr, int* device) {
   if (deviceCount() == 0) return false;
   cudaPointerAttributes attr{};
@@ -252,6 +264,7 @@ void* deviceMalloc(int, size_t) { noCuda("deviceMalloc"); }
 void deviceFree(int, void*) {}
 void copyToHost(int, void*, const void*, size_t) { noCuda("copyToHost"); }
 void copyToDevice(int, void*, const void*, size_t) { noCuda("copyToDevice"); }
+void raiseDeviceFlag(int, uint32_t*, const uint32_t*) { noCuda("raiseDeviceFlag"); }
 bool isDevicePointer(const void*, int*) { return false; }
 StreamEvent::StreamEvent(int, void*) : device_(-1) { noCuda("StreamEvent"); }
 StreamEvent::~StreamEvent() = default;

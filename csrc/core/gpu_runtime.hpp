@@ -61,6 +61,11 @@ void deviceFree(int device, void* ptr);
 /// thread can read or write device memory while kernels run on other streams.
 void copyToHost(int device, void* dst, const void* src, size_t size);
 void copyToDevice(int device, void* dst, const void* src, size_t size);
+/// Copies the pinned host word `value` into the device word `flag` as
+/// copyToDevice does (a DMA on the private stream), in relaxed capture mode:
+/// a kernel spinning on the GPU, or a graph captured by another thread, does
+/// not hold it up.
+void raiseDeviceFlag(int device, uint32_t* flag, const uint32_t* value);
 
 /// Whether `ptr` is device memory (false for host or unknown pointers).
 bool isDevicePointer(const void* ptr, int* device);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -67,8 +68,10 @@ class CommunicatorHealth {
   /// `abortFlag` and `record` are the communicator's (host addresses); they
   /// outlive this object's stop(). `watch`: start the watchdog thread (GPU
   /// communicators; in host mode a failed wait raises in the calling thread).
+  /// `raiseDeviceFlag`, where given, raises the flag's copy in GPU memory
+  /// (must not throw).
   CommunicatorHealth(std::string commName, int rank, std::chrono::milliseconds timeout, uint32_t* abortFlag,
-                     DeviceErrorRecord* record, bool watch);
+                     DeviceErrorRecord* record, bool watch, std::function<void()> raiseDeviceFlag = {});
   ~CommunicatorHealth();
   CommunicatorHealth(const CommunicatorHealth&) = delete;
   CommunicatorHealth& operator=(const CommunicatorHealth&) = delete;
@@ -104,6 +107,7 @@ class CommunicatorHealth {
   int rank_;
   std::chrono::milliseconds timeout_;
   uint32_t* abortFlag_;
+  std::function<void()> raiseDeviceFlag_;
   DeviceErrorRecord* record_;
   AsyncErrorHandling handling_;
 
