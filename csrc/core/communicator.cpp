@@ -62,9 +62,9 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
     errorRecordDevice_ = gpu::devicePointerOf(errorRecordHost_);
     abortFlagGpu_ = static_cast<uint32_t*>(gpu::deviceMalloc(device_, sizeof(uint32_t)));
   }
-  health_ = std::make_unique<CommunicatorHealth>(options_.name, rank_, options_.timeout, abortFlagHost_,
-                                                 errorRecordHost_, /*watch=*/!hostMode(),
-                                                 [this] { raiseGpuAbortFlag(); });
+  health_ = std::make_unique<CommunicatorHealth>(options_.name, rank_, options_.timeout,
+                                                 [this] { raiseAbortFlag(); }, errorRecordHost_,
+                                                 /*watch=*/!hostMode());
   callChecks_ = callChecksFromEnv();
 
   try {
@@ -532,7 +532,8 @@ AbortState Communicator::abortState() const {
   return s;
 }
 
-void Communicator::raiseGpuAbortFlag() noexcept {
+void Communicator::raiseAbortFlag() noexcept {
+  if (abortFlagHost_ != nullptr) std::atomic_ref<uint32_t>(*abortFlagHost_).store(1, std::memory_order_release);
   if (abortFlagGpu_ == nullptr) return;
   try {
     // The host flag is raised already: its pinned word is the DMA's source.
@@ -598,8 +599,7 @@ bool Communicator::aborted() const {
 void Communicator::close() {
   if (closed_.exchange(true)) return;
   // Any wait still running gives up.
-  if (abortFlagHost_ != nullptr) std::atomic_ref<uint32_t>(*abortFlagHost_).store(1, std::memory_order_release);
-  raiseGpuAbortFlag();
+  raiseAbortFlag();
   std::shared_ptr<ProxyService> proxy;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -152,8 +152,9 @@ class Communicator {
   /// Frees the abort flag and the error record (after close(); they outlive
   /// it for late readers such as a Work's wait()).
   void freeFailureState();
-  /// Sets the GPU copy of the abort flag (after the host one); logs, never throws.
-  void raiseGpuAbortFlag() noexcept;
+  /// Raises the abort flag: the host word, then its copy in GPU memory (a
+  /// failure to reach the GPU is logged, never thrown).
+  void raiseAbortFlag() noexcept;
 
   int rank_;
   int worldSize_;

@@ -73,13 +73,11 @@ bool callChecksFromEnv() {
 }
 
 CommunicatorHealth::CommunicatorHealth(std::string commName, int rank, std::chrono::milliseconds timeout,
-                                       uint32_t* abortFlag, DeviceErrorRecord* record, bool watch,
-                                       std::function<void()> raiseDeviceFlag)
+                                       std::function<void()> raiseAbortFlag, DeviceErrorRecord* record, bool watch)
     : commName_(std::move(commName)),
       rank_(rank),
       timeout_(timeout),
-      abortFlag_(abortFlag),
-      raiseDeviceFlag_(std::move(raiseDeviceFlag)),
+      raiseAbortFlag_(std::move(raiseAbortFlag)),
       record_(record),
       handling_(asyncErrorHandlingFromEnv()) {
   if (watch) watchdog_ = std::thread([this] { this->watch(); });
@@ -112,8 +110,7 @@ void CommunicatorHealth::fail(ErrorCode code, const std::string& message) {
   }
   // Kernels already queued give up at their first wait instead of each
   // waiting out the timeout.
-  if (abortFlag_ != nullptr) std::atomic_ref<uint32_t>(*abortFlag_).store(1, std::memory_order_release);
-  if (raiseDeviceFlag_) raiseDeviceFlag_();
+  raiseAbortFlag_();
   if (code == ErrorCode::kAborted) {
     PYCCL_LOG(Warn, "communicator '" << commName_ << "' is broken: " << message);
   } else {

@@ -65,13 +65,12 @@ bool callChecksFromEnv();
 
 class CommunicatorHealth {
  public:
-  /// `abortFlag` and `record` are the communicator's (host addresses); they
+  /// `raiseAbortFlag` raises every copy of the communicator's abort flag (it
+  /// must not throw); `record` is the communicator's (a host address). Both
   /// outlive this object's stop(). `watch`: start the watchdog thread (GPU
   /// communicators; in host mode a failed wait raises in the calling thread).
-  /// `raiseDeviceFlag`, where given, raises the flag's copy in GPU memory
-  /// (must not throw).
-  CommunicatorHealth(std::string commName, int rank, std::chrono::milliseconds timeout, uint32_t* abortFlag,
-                     DeviceErrorRecord* record, bool watch, std::function<void()> raiseDeviceFlag = {});
+  CommunicatorHealth(std::string commName, int rank, std::chrono::milliseconds timeout,
+                     std::function<void()> raiseAbortFlag, DeviceErrorRecord* record, bool watch);
   ~CommunicatorHealth();
   CommunicatorHealth(const CommunicatorHealth&) = delete;
   CommunicatorHealth& operator=(const CommunicatorHealth&) = delete;
@@ -106,8 +105,7 @@ class CommunicatorHealth {
   std::string commName_;
   int rank_;
   std::chrono::milliseconds timeout_;
-  uint32_t* abortFlag_;
-  std::function<void()> raiseDeviceFlag_;
+  std::function<void()> raiseAbortFlag_;
   DeviceErrorRecord* record_;
   AsyncErrorHandling handling_;
 
