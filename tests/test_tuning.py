@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pyccl import tuning
+from pyccl import collectives, tuning
 from pyccl.errors import InvalidArgumentError
 
 
@@ -30,6 +30,17 @@ def test_build_merges_runs_of_the_same_winner():
     assert tuning.select(table, "all_reduce", 1 << 30) == "nccl"
     assert tuning.select(table, "all_gather", 10) is None
     assert tuning.nccl_from(table, "all_reduce") == 4097
+    assert tuning.nccl_from(table, "all_gather") is None  # no entries: the caller's default
+
+
+def test_a_table_without_nccl_keeps_every_size_off_nccl():
+    # The 2-GPU table runs 2PA HB up to 256 MiB and more: the process group's
+    # hand-off must not fall back to the built-in 16 MiB rule.
+    table = {"collectives": {"all_reduce": [{"max_bytes": 1 << 20, "algorithm": "1pa_ll"},
+                                            {"max_bytes": None, "algorithm": "2pa_hb"}]}}
+    assert tuning.nccl_from(table, "all_reduce") == tuning.NEVER
+    assert collectives._nccl_min_bytes("all_reduce", table) == tuning.NEVER > 1 << 40
+    assert collectives._nccl_min_bytes("all_gather", table) == collectives.NCCL_MIN_BYTES["all_gather"]
 
 
 def test_zero_copy_column_gives_the_symmetric_entries():

@@ -171,11 +171,19 @@ def select(table: Optional[dict], collective: str, nbytes: int) -> Optional[str]
     return None if entry is None else entry["algorithm"]
 
 
+# nccl_from's answer for a table that keeps every size of a collective off NCCL.
+NEVER = 1 << 62
+
+
 def nccl_from(table: Optional[dict], collective: str) -> Optional[int]:
-    """The size from which the table hands every message to NCCL, or None."""
+    """The size from which the table hands every message to NCCL; NEVER when
+    its entries for the collective end with a pyccl algorithm; None when it
+    has none (the caller's default applies)."""
     entries = (table or {}).get("collectives", {}).get(collective)
-    if not entries or entries[-1]["algorithm"] != "nccl":
+    if not entries:
         return None
+    if entries[-1]["algorithm"] != "nccl":
+        return NEVER
     return entries[-2]["max_bytes"] + 1 if len(entries) > 1 else 0
 
 
