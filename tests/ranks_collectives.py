@@ -191,19 +191,25 @@ def graph_replays(rank, world, store, replays):
     return bad
 
 
-def large_cases(rank, world, store, on_gpu, seed, n32=700_001, n16=1_300_003):
-    """Messages larger than one HB piece, every dtype."""
-    comm, device = _setup(store, rank, world, on_gpu)
+def large_cases(rank, world, store, on_gpu, seed, n32=700_001, n16=1_300_003, engine_options=None):
+    """Messages larger than one HB round (several rounds per kernel, or
+    launches with `hb_rounds_per_launch`), every dtype, out of place and in
+    place at a misaligned offset; results bitwise equal across ranks."""
+    comm, device = _setup(store, rank, world, on_gpu, engine_options=engine_options)
     bad = []
     for i, dtype in enumerate(DTYPES.values()):
         for algo in ("2pa_hb", "2pa_ll"):
-            n = n32 if dtype == torch.float32 else n16
-            inputs = [rank_input(seed, i, r, n, dtype, "sum") for r in range(world)]
-            y = pyccl.all_reduce(inputs[rank].to(device), comm=comm, algorithm=algo).cpu()
-            expect = reference(inputs, "sum")
-            rtol, atol = TOLERANCE[dtype]
-            if not torch.allclose(y.to(torch.float64), expect, rtol=rtol, atol=atol * error_scale(inputs)):
-                bad.append((str(dtype), n, algo))
+            for in_place in (False, True):
+                n = n32 if dtype == torch.float32 else n16
+                inputs = [rank_input(seed, 2 * i + in_place, r, n, dtype, "sum") for r in range(world)]
+                if in_place:
+                    base = torch.empty(n + 1, dtype=dtype, device=device)
+                    x = base[1:]  # misaligned: the push path stages its own chunk too
+                    x.copy_(inputs[rank])
+                    y = pyccl.all_reduce(x, out=x, comm=comm, algorithm=algo)
+                else:
+                    y = pyccl.all_reduce(inputs[rank].to(device), comm=comm, algorithm=algo)
+                bad += check_reduction(comm, y, inputs, "sum", (str(dtype), n, algo, in_place))
     comm.close()
     return bad
 

@@ -21,7 +21,9 @@ def symmetric_cases(rank, world, store, on_gpu, seed, count, max_elems, threshol
     """Random all-reduces on symmetric buffers (in place, out of place,
     misaligned views, every dtype and op), back to back with the other
     algorithms on the same buffers, against a float64 reference and bitwise
-    equal across ranks. Returns (failures, zero-copy calls, expected zero-copy calls)."""
+    equal across ranks. Messages above `zero_copy_max_bytes` (in `options`;
+    host mode's default has no limit) take the staged 2PA HB path instead.
+    Returns (failures, zero-copy calls, expected zero-copy calls)."""
     comm, device = _setup(store, rank, world, on_gpu,
                           engine_options={"zero_copy_threshold_bytes": threshold, **(options or {})})
     nbytes = (max_elems + 8) * 4
@@ -30,6 +32,7 @@ def symmetric_cases(rank, world, store, on_gpu, seed, count, max_elems, threshol
     assert pyccl.is_symmetric(a, comm=comm) and pyccl.is_symmetric(b[100:], comm=comm)
     assert not pyccl.is_symmetric(torch.empty(8, device=device), comm=comm)
     engine = comm._engine
+    zero_copy_max = (options or {}).get("zero_copy_max_bytes") or float("inf")
     rng = random.Random(seed)
     ops = ["sum", "avg", "min", "max", "prod"]
     bad, expected_zero_copy = [], 0
@@ -48,7 +51,7 @@ def symmetric_cases(rank, world, store, on_gpu, seed, count, max_elems, threshol
         x.copy_(inputs[rank])
         out = x if in_place else _view(b, dtype, offset, n)
         pyccl.all_reduce(x, op=op, out=out, comm=comm, algorithm=algo)
-        if algo == "2pa_hb" or (algo is None and n * size >= threshold):
+        if (algo == "2pa_hb" or (algo is None and n * size >= threshold)) and n * size <= zero_copy_max:
             expected_zero_copy += 1
         bad += check_reduction(comm, out, inputs, op, (i, str(dtype), op, n, algo, in_place, offset))
     # An output outside the symmetric buffers takes the staged path.

@@ -41,10 +41,22 @@ def test_half_conversions_round_to_nearest_even():
         assert torch.equal(got.view(torch.int16), x.float().to(dtype).view(torch.int16)), dtype
 
 
-def test_all_reduce_in_pieces():
-    # Host mode's HB pieces are 1 MiB: 700 000 float32 take three calls.
-    for bad in run_ranks(rcol.large_cases, 2, args=(False, random.randrange(1 << 20)), timeout=300):
-        assert bad == []
+@pytest.mark.parametrize("options", [{}, {"hb_push": True}, {"hb_push": True, "hb_rounds_per_launch": 1},
+                                     {"hb_rounds_per_launch": 2}], ids=["pull", "push", "push-1", "pull-2"])
+def test_all_reduce_in_pieces(options):
+    # Host mode's HB rounds are 1 MiB: 700 000 float32 take three, in one
+    # launch or (hb_rounds_per_launch) in several.
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rcol.large_cases, 3, args=(False, seed, 700_001, 1_300_003, options), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+def test_all_reduce_push_random_cases():
+    # Small HB rounds (64 KiB): most 2PA HB cases take several rounds.
+    seed = random.randrange(1 << 20)
+    options = {"hb_push": True, "hb_piece_bytes": 64 << 10}
+    for bad, record in run_ranks(rcol.all_reduce_cases, 4, args=(False, seed, 45, 40_000, options), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -35,11 +35,24 @@ def test_all_reduce_in_cuda_graph_replays():
 
 
 @requires_gpus(2)
-def test_all_reduce_in_pieces():
-    # GPU HB pieces are 16 MiB: 40 MB of float32 and bf16 take several calls.
+@pytest.mark.parametrize("options", [{}, {"hb_push": True}, {"hb_push": False}, {"hb_rounds_per_launch": 1}],
+                         ids=["default", "push", "pull", "one-round-per-launch"])
+def test_all_reduce_in_pieces(options):
+    # GPU HB rounds are 16 MiB: 40 MB of float32 and bf16 take several.
+    seed = random.randrange(1 << 20)
     for bad in run_ranks(rcol.large_cases, min(gpu_count(), 4),
-                         args=(True, random.randrange(1 << 20), 10_000_003, 20_000_001), timeout=300):
-        assert bad == []
+                         args=(True, seed, 10_000_003, 20_000_001, options), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
+def test_all_reduce_push_random_cases(world):
+    seed = random.randrange(1 << 20)
+    options = {"hb_push": True, "hb_piece_bytes": 1 << 20}
+    for bad, record in run_ranks(rcol.all_reduce_cases, world, args=(True, seed, 40, 3_000_000, options),
+                                 timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
 @requires_gpus(2)

@@ -12,10 +12,12 @@ import ranks_symmetric as rsym
 from pyccl._spawn import run_ranks
 
 
-@pytest.mark.parametrize("world,options", [(2, None), (3, {"zero_copy_bytes_per_block": 4096}), (4, None)])
+@pytest.mark.parametrize("world,options", [(2, None), (3, {"zero_copy_bytes_per_block": 4096}),
+                                           (4, {"zero_copy_max_bytes": 40_000})])
 def test_zero_copy_all_reduce_matches_float64_reference(world, options):
     # With bytes per block, zero-copy calls run on grids of 1 to all HB blocks,
-    # between calls of the other algorithms that use all of them.
+    # between calls of the other algorithms that use all of them. Above
+    # zero_copy_max_bytes symmetric buffers take the staged (pushing) path.
     seed = random.randrange(1 << 20)
     for bad, calls, expected, record in run_ranks(rsym.symmetric_cases, world,
                                                   args=(False, seed, 40, 30_000, 4096, options), timeout=300):

@@ -8,9 +8,13 @@
 //  - two-phase all-pairs with LL packets (2PA LL, mid-size messages): chunk q
 //    of the input goes to rank q as packets, rank q reduces it and sends the
 //    result to every rank as packets; half the traffic of 1PA, one more hop;
-//  - two-phase all-pairs with HB (2PA HB): stage the input in scratch, barrier,
-//    each rank reduces its 1/N chunk reading all peers at once (registers),
-//    barrier, each rank gathers the other chunks from their owners.
+//  - two-phase all-pairs with HB (2PA HB), in rounds of a fixed size, two
+//    barriers each. Pull: stage the input in scratch, barrier, each rank
+//    reduces its 1/N chunk reading all peers at once (registers), barrier,
+//    each rank gathers the other chunks from their owners. Push: each rank
+//    stores chunk q into rank q's scratch, barrier, rank q reduces it locally
+//    and stores the result into every rank's scratch, barrier, each rank
+//    copies the results out. Push sends only stores over NVLink.
 //
 // Contributions are combined in rank order on every rank: results are
 // bitwise identical across ranks.
@@ -166,67 +170,142 @@ PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* inpu
   if (tid == 0) c.llCalls[block] = flag;
 }
 
-/// Elements of `elementSize` bytes per HB call (the host splits larger messages into such pieces).
+/// Elements of `elementSize` bytes per HB round (a kernel runs as many rounds as its message needs).
 PYCCL_HOST_DEVICE uint64_t allReduceHBMaxCount(const CollectiveContext& c, uint64_t elementSize) {
   return static_cast<uint64_t>(c.worldSize) * c.hbBlocks * (c.hbSubBytes / elementSize);
 }
 
-/// 2PA HB all-reduce of `count` (<= allReduceHBMaxCount) elements, block `block`'s share.
-template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE void allReduceHB(const CollectiveContext& c, const void* input, void* output, uint64_t count,
-                                   uint32_t block, uint32_t tid, uint32_t numThreads) {
-  constexpr uint64_t kVec = 16 / sizeof(T);
-  const uint64_t call = c.hbCalls[block] + 1;
-  const uint32_t phase = static_cast<uint32_t>(call & 1);
-  const int world = c.worldSize;
-  auto roundUp = [](uint64_t x, uint64_t m) { return (x + m - 1) / m * m; };
-  const uint64_t chunkElems = roundUp((count + world - 1) / world, kVec);
-  const uint64_t subElems = roundUp((chunkElems + c.hbBlocks - 1) / c.hbBlocks, kVec);
-  // Sub-slice `block` of chunk `chunk`: [begin, end) elements of the message.
-  auto subRange = [&](int chunk, uint64_t* begin, uint64_t* end) {
-    const uint64_t chunkBegin = chunk * chunkElems;
+namespace detail {
+
+/// One HB round of `count` elements: chunk q (a 16-byte multiple, the last
+/// one short) belongs to rank q; block b handles sub-slice b of every chunk.
+struct HBRound {
+  uint64_t count, chunkElems, subElems;
+
+  PYCCL_HOST_DEVICE HBRound(const CollectiveContext& c, uint64_t n, uint64_t vec) : count(n) {
+    auto roundUp = [](uint64_t x, uint64_t m) { return (x + m - 1) / m * m; };
+    chunkElems = roundUp((n + c.worldSize - 1) / c.worldSize, vec);
+    subElems = roundUp((chunkElems + c.hbBlocks - 1) / c.hbBlocks, vec);
+  }
+
+  /// Sub-slice `block` of chunk `chunk`: [begin, end) elements of the round.
+  PYCCL_HOST_DEVICE void sub(int chunk, uint32_t block, uint64_t* begin, uint64_t* end) const {
+    const uint64_t chunkBegin = chunk * chunkElems < count ? chunk * chunkElems : count;
     const uint64_t chunkEnd = chunkBegin + chunkElems < count ? chunkBegin + chunkElems : count;
     *begin = chunkBegin + block * subElems;
     *end = *begin + subElems;
     if (*begin > chunkEnd) *begin = chunkEnd;
     if (*end > chunkEnd) *end = chunkEnd;
-  };
-  auto result = [&](int owner) {
-    return c.scratch[owner] + c.hbResultOffset + (static_cast<uint64_t>(phase) * c.hbBlocks + block) * c.hbSubBytes;
-  };
-  const auto* in = static_cast<const char*>(input);
-  auto* out = static_cast<char*>(output);
-
-  // 1. Stage this block's sub-slice of every chunk.
-  for (int chunk = 0; chunk < world; ++chunk) {
-    uint64_t b = 0, e = 0;
-    subRange(chunk, &b, &e);
-    if (e > b) {
-      copyBytes(detail::hbStaging(c, c.rank, phase, block, chunk), in + b * sizeof(T), (e - b) * sizeof(T), tid,
-                numThreads);
-    }
   }
-  bool ok = detail::blockBarrier(c, block, 2 * call - 1, tid, numThreads);
+};
 
-  // 2. Reduce this rank's chunk, reading every rank's staging at once.
+/// Pull round `call`: stage this block's sub-slice of every chunk in this
+/// rank's scratch, barrier; reduce chunk `rank` reading every rank's staging
+/// at once (loads over NVLink), keep the result in this rank's result slot;
+/// barrier; gather the other chunks from their owners' result slots.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE bool allReduceHBPullRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
+                                            uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
+  const uint32_t phase = static_cast<uint32_t>(call & 1);
+  const int world = c.worldSize;
+  const HBRound round(c, count, 16 / sizeof(T));
   uint64_t b = 0, e = 0;
-  subRange(c.rank, &b, &e);
-  if (ok) {
-    const char* sources[kMaxCollectiveRanks];
-    for (int q = 0; q < world; ++q) sources[q] = detail::hbStaging(c, q, phase, block, c.rank);
-    detail::reduceSources<T, Op>(sources, world, e - b, result(c.rank), out + b * sizeof(T), tid, numThreads);
+  for (int chunk = 0; chunk < world; ++chunk) {
+    round.sub(chunk, block, &b, &e);
+    if (e > b) copyBytes(hbStaging(c, c.rank, phase, block, chunk), in + b * sizeof(T), (e - b) * sizeof(T), tid,
+                         numThreads);
   }
-  ok = detail::blockBarrier(c, block, 2 * call, tid, numThreads) && ok;
-
-  // 3. Gather the other chunks from their owners.
+  bool ok = blockBarrier(c, block, 2 * call - 1, tid, numThreads);
+  round.sub(c.rank, block, &b, &e);
+  if (ok && e > b) {
+    const char* sources[kMaxCollectiveRanks];
+    for (int q = 0; q < world; ++q) sources[q] = hbStaging(c, q, phase, block, c.rank);
+    char* const dsts[2] = {hbResult(c, c.rank, phase, block, 0), out + b * sizeof(T)};
+    reduceSources<T, Op>(sources, world, e - b, dsts, 2, tid, numThreads);
+  }
+  ok = blockBarrier(c, block, 2 * call, tid, numThreads) && ok;
   for (int k = 1; ok && k < world; ++k) {
     const int q = (c.rank + k) % world;
-    uint64_t qb = 0, qe = 0;
-    subRange(q, &qb, &qe);
-    if (qe > qb) copyBytes(out + qb * sizeof(T), result(q), (qe - qb) * sizeof(T), tid, numThreads);
+    round.sub(q, block, &b, &e);
+    if (e > b) copyBytes(out + b * sizeof(T), hbResult(c, q, phase, block, 0), (e - b) * sizeof(T), tid, numThreads);
+  }
+  return ok;
+}
+
+/// Push round `call`: store this block's sub-slice of chunk q straight into
+/// rank q's staging slot `rank` (stores over NVLink; the own chunk stays in
+/// the input when that is 16-byte aligned), barrier; reduce chunk `rank` from
+/// the local staging, store the result into the output and into result slot
+/// `rank` of every peer; barrier; copy the other chunks out of the local
+/// result slots. Nothing crosses NVLink as a load.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE bool allReduceHBPushRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
+                                            uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
+  const uint32_t phase = static_cast<uint32_t>(call & 1);
+  const int world = c.worldSize;
+  const HBRound round(c, count, 16 / sizeof(T));
+  const bool inAligned = (reinterpret_cast<uintptr_t>(in) & 15) == 0;
+  uint64_t b = 0, e = 0;
+  // Staggered so that the ranks' stores spread over the links.
+  for (int k = inAligned ? 1 : 0; k < world; ++k) {
+    const int q = (c.rank + k) % world;
+    round.sub(q, block, &b, &e);
+    if (e > b) copyBytes(hbStaging(c, q, phase, block, c.rank), in + b * sizeof(T), (e - b) * sizeof(T), tid,
+                         numThreads);
+  }
+  // Release the stores into the peers' staging; acquire theirs into this rank's.
+  bool ok = blockBarrier(c, block, 2 * call - 1, tid, numThreads);
+  round.sub(c.rank, block, &b, &e);
+  if (ok && e > b) {
+    const char* sources[kMaxCollectiveRanks];
+    for (int q = 0; q < world; ++q) sources[q] = hbStaging(c, c.rank, phase, block, q);
+    if (inAligned) sources[c.rank] = in + b * sizeof(T);
+    char* dsts[kMaxCollectiveRanks];
+    dsts[0] = out + b * sizeof(T);
+    for (int k = 1; k < world; ++k) dsts[k] = hbResult(c, (c.rank + k) % world, phase, block, c.rank);
+    reduceSources<T, Op>(sources, world, e - b, dsts, world, tid, numThreads);
+  }
+  // Release the result stores; acquire the peers' results in this rank's slots.
+  ok = blockBarrier(c, block, 2 * call, tid, numThreads) && ok;
+  for (int k = 1; ok && k < world; ++k) {
+    const int q = (c.rank + k) % world;
+    round.sub(q, block, &b, &e);
+    if (e > b) copyBytes(out + b * sizeof(T), hbResult(c, c.rank, phase, block, q), (e - b) * sizeof(T), tid,
+                         numThreads);
+  }
+  return ok;
+}
+
+}  // namespace detail
+
+/// 2PA HB all-reduce of `count` elements, block `block`'s share: rounds of up
+/// to allReduceHBMaxCount elements, each with its own call number (two
+/// barriers). Blocks run their rounds independently: block b of every rank
+/// meets only block b of the others, so one block's reduction overlaps
+/// another's transfers. In place is safe: a round reads its own piece of the
+/// input before any rank writes that piece of the output (pull), or only the
+/// thread that reads an element writes it (push).
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void allReduceHB(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                   uint32_t block, uint32_t tid, uint32_t numThreads) {
+  const uint64_t perRound = allReduceHBMaxCount(c, sizeof(T));
+  const uint64_t before = c.hbCalls[block];
+  const auto* in = static_cast<const char*>(input);
+  auto* out = static_cast<char*>(output);
+  uint64_t rounds = 0;
+  bool ok = true;
+  // `ok` is the same on every thread of the block (blockBarrier), so all leave together.
+  for (uint64_t done = 0; ok && done < count; done += perRound) {
+    const uint64_t n = count - done < perRound ? count - done : perRound;
+    const uint64_t at = done * sizeof(T);
+    ++rounds;
+    ok = c.hbPush ? detail::allReduceHBPushRound<T, Op>(c, in + at, out + at, n, before + rounds, block, tid,
+                                                        numThreads)
+                  : detail::allReduceHBPullRound<T, Op>(c, in + at, out + at, n, before + rounds, block, tid,
+                                                        numThreads);
   }
   syncBlock();
-  if (tid == 0) c.hbCalls[block] = call;
+  if (tid == 0) c.hbCalls[block] = before + rounds;
 }
 
 }  // namespace pyccl

@@ -37,8 +37,12 @@ struct CollectiveContext {
   uint32_t llBlocks;        ///< blocks the LL layout has room for
   uint32_t llActiveBlocks;  ///< blocks this LL call runs on (<= llBlocks; the grid size)
   uint32_t hbBlocks;
-  // HB: staging [phase 2][block][slot W][hbSubBytes], result [phase 2][block][hbSubBytes],
-  // barrier words [block][source rank] (uint64).
+  /// 2PA HB all-reduce direction: 0 pulls (each rank stages its own input and
+  /// the owners read it), 1 pushes (each rank stores chunk q straight into
+  /// rank q's staging, and the owners store results into every rank's scratch).
+  uint32_t hbPush;
+  // HB: staging [phase 2][block][slot W][hbSubBytes], result [phase 2][block][slot 1 or W
+  // (push)][hbSubBytes], barrier words [block][source rank] (uint64).
   uint64_t hbStagingOffset;
   uint64_t hbResultOffset;
   uint64_t hbBarrierOffset;
@@ -70,6 +74,25 @@ PYCCL_HOST_DEVICE char* hbStaging(const CollectiveContext& c, int owner, uint32_
          ((static_cast<uint64_t>(phase) * c.hbBlocks + block) * c.worldSize + slot) * c.hbSubBytes;
 }
 
+/// HB result slot `slot` of `owner`'s scratch for `block` in `phase`: the pull
+/// layout has one slot (the owner's reduced chunk), the push layout one per
+/// rank (the chunk that rank `slot` reduced).
+PYCCL_HOST_DEVICE char* hbResult(const CollectiveContext& c, int owner, uint32_t phase, uint32_t block, int slot) {
+  const uint64_t slots = c.hbPush ? static_cast<uint64_t>(c.worldSize) : 1;
+  return c.scratch[owner] + c.hbResultOffset + ((static_cast<uint64_t>(phase) * c.hbBlocks + block) * slots + slot) *
+                                                   c.hbSubBytes;
+}
+
+/// True on every thread of the block if `ok` is true on every thread (a block
+/// barrier too); in host mode a block is one thread.
+PYCCL_HOST_DEVICE bool blockAll(bool ok) {
+#if PYCCL_ON_DEVICE
+  return __syncthreads_and(ok) != 0;
+#else
+  return ok;
+#endif
+}
+
 /// Packets [lo, hi) of `packets` that block `block` of `blocks` handles.
 PYCCL_HOST_DEVICE void blockShare(uint64_t packets, uint32_t blocks, uint32_t block, uint64_t* lo, uint64_t* hi) {
   const uint64_t per = (packets + blocks - 1) / blocks;
@@ -88,7 +111,8 @@ PYCCL_HOST_DEVICE T laneOf(const uint32_t* words, uint32_t lane) {
 
 /// Barrier of block `block` with block `block` of every peer, at `value`
 /// (monotonic per block). Release/acquire: this block's earlier writes are
-/// visible to the peers' blocks after it, and theirs to this one.
+/// visible to the peers' blocks after it, and theirs to this one. Returns the
+/// same on every thread of the block: false if any wait gave up.
 PYCCL_HOST_DEVICE bool blockBarrier(const CollectiveContext& c, uint32_t block, uint64_t value, uint32_t tid,
                                     uint32_t numThreads) {
   syncBlock();  // the block's writes happen before the releasing stores below (cumulativity)
@@ -105,20 +129,22 @@ PYCCL_HOST_DEVICE bool blockBarrier(const CollectiveContext& c, uint32_t block, 
     ok = spinUntilAtLeast(&words[static_cast<uint64_t>(block) * c.worldSize + q], value, c.abort,
                           static_cast<int>(q), &seen) == WaitStatus::kOk && ok;
   }
-  syncBlock();
-  return ok;
+  return blockAll(ok);
 }
 
 /// Reduces `n` elements of the `world` 16-byte aligned sources in rank order
-/// (fp32 accumulation) and stores the result at `dst` and, if not null, `dst2`
-/// (any alignment). 16-byte vectors, registers only.
+/// (fp32 accumulation) and stores the result at each of the `numDsts`
+/// destinations (any alignment, in the order given). 16-byte vectors,
+/// registers only.
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint64_t n, char* dst, char* dst2,
-                                     uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint64_t n, char* const* dsts,
+                                     int numDsts, uint32_t tid, uint32_t numThreads) {
   constexpr uint64_t kVec = 16 / sizeof(T);
   const uint64_t vectors = n / kVec;
-  const bool dstAligned = (reinterpret_cast<uintptr_t>(dst) & 15) == 0;
-  const bool dst2Aligned = (reinterpret_cast<uintptr_t>(dst2) & 15) == 0;
+  uint32_t alignedDsts = 0;  // bit d: destination d takes 16-byte stores
+  for (int d = 0; d < numDsts; ++d) {
+    if ((reinterpret_cast<uintptr_t>(dsts[d]) & 15) == 0) alignedDsts |= 1u << d;
+  }
   for (uint64_t v = tid; v < vectors; v += numThreads) {
     float acc[kVec] = {};
     for (int q = 0; q < world; ++q) {
@@ -139,8 +165,7 @@ PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint
         for (uint32_t l = 0; l < kVec; ++l) reinterpret_cast<T*>(d)[v * kVec + l] = lanes[l];
       }
     };
-    store(dst, dstAligned);
-    if (dst2 != nullptr) store(dst2, dst2Aligned);
+    for (int d = 0; d < numDsts; ++d) store(dsts[d], (alignedDsts >> d) & 1);
   }
   for (uint64_t k = vectors * kVec + tid; k < n; k += numThreads) {
     float acc = 0;
@@ -149,8 +174,7 @@ PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint
       acc = q == 0 ? x : Reducer<Op>::apply(acc, x);
     }
     const T r = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc, world));
-    reinterpret_cast<T*>(dst)[k] = r;
-    if (dst2 != nullptr) reinterpret_cast<T*>(dst2)[k] = r;
+    for (int d = 0; d < numDsts; ++d) reinterpret_cast<T*>(dsts[d])[k] = r;
   }
 }
 

@@ -99,6 +99,8 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.llThresholdBytes == 0) options_.llThresholdBytes = host ? options_.llMaxBytes / 2 : (128u << 10);
   if (options_.ll2ThresholdBytes == 0) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (1u << 20);
   if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;
+  // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
+  if (options_.zeroCopyMaxBytes == 0) options_.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
   for (int k = 0; k < 4; ++k) {
     uint64_t& threshold = options_.exchangeLLThresholdBytes[k];
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
@@ -106,6 +108,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
     if (threshold == 0) threshold = host ? options_.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
   }
   for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"},
+                               std::pair{options_.hbLargeThreads, "hb_large_threads"},
                                std::pair{options_.zeroCopyThreads, "zero_copy_threads"}}) {
     PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
                     "must be a multiple of 32 in [32, 1024], got ", threads);
@@ -122,7 +125,8 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   PYCCL_CHECK_ARG(subBytes >= 16, "hb_piece_bytes", "too small for ", world, " ranks x ", options_.hbBlocks,
                   " blocks");
   const uint64_t stagingBytes = 2ull * options_.hbBlocks * world * subBytes;
-  const uint64_t resultBytes = 2ull * options_.hbBlocks * subBytes;
+  const uint64_t resultSlots = options_.hbPush ? world : 1;
+  const uint64_t resultBytes = 2ull * options_.hbBlocks * resultSlots * subBytes;
   const uint64_t barrierBytes = (static_cast<uint64_t>(options_.hbBlocks) * world * 8 + 15) / 16 * 16;
   const uint64_t total = 2 * llBytes + stagingBytes + resultBytes + barrierBytes;
 
@@ -142,6 +146,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   context_.llBlocks = options_.llBlocks;
   context_.llActiveBlocks = options_.llBlocks;
   context_.hbBlocks = options_.hbBlocks;
+  context_.hbPush = options_.hbPush ? 1 : 0;
   context_.ll2Offset = llBytes;
   context_.hbStagingOffset = 2 * llBytes;
   context_.hbResultOffset = 2 * llBytes + stagingBytes;
@@ -154,7 +159,8 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   PYCCL_LOG(Info, "collective engine: " << world << " ranks, scratch " << (total >> 10) << " KiB, LL up to "
                                         << options_.llMaxBytes << " B on " << options_.llBlocks
                                         << " blocks, HB pieces of " << options_.hbPieceBytes << " B on "
-                                        << options_.hbBlocks << " blocks");
+                                        << options_.hbBlocks << " blocks ("
+                                        << (options_.hbPush ? "push" : "pull") << ")");
 }
 
 CollectiveEngine::~CollectiveEngine() { close(); }
@@ -258,7 +264,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
                                  comm_.callChecks() ? strCat("all_reduce ", dataTypeName(dtype), " x ", count, " ",
                                                              reduceOpName(op))
                                                     : std::string());
-  if (algo == AllReduceAlgorithm::kTwoPhaseHB && symOut != nullptr) {
+  if (algo == AllReduceAlgorithm::kTwoPhaseHB && symOut != nullptr && bytes <= options_.zeroCopyMaxBytes) {
     // Zero-copy: the whole message in one call, no scratch.
     ++zeroCopyCalls_;
     SymmetricPointers pointers{};
@@ -280,7 +286,9 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
   }
   uint64_t piece = count;
   if (algo == AllReduceAlgorithm::kTwoPhaseLL) piece = allReduceLL2MaxCount(context_, options_.llMaxBytes, elemSize);
-  if (algo == AllReduceAlgorithm::kTwoPhaseHB) piece = allReduceHBMaxCount(context_, elemSize);
+  if (algo == AllReduceAlgorithm::kTwoPhaseHB && options_.hbRoundsPerLaunch != 0) {
+    piece = allReduceHBMaxCount(context_, elemSize) * options_.hbRoundsPerLaunch;
+  }
   for (uint64_t done = 0; done < count; done += piece) {
     AllReduceCall call{static_cast<const char*>(input) + done * elemSize, static_cast<char*>(output) + done * elemSize,
                        count - done < piece ? count - done : piece, dtype, op, algo};
@@ -290,8 +298,11 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
                                                                         : call.count * elemSize;
     CollectiveContext ctx = contextFor(packetsFor<LL16Packet>(pairBytes));
     ctx.abort.call = tag;
-    launchAllReduce(ctx, call, algo == AllReduceAlgorithm::kTwoPhaseHB ? options_.hbThreads : options_.llThreads,
-                    stream);
+    uint32_t threads = options_.llThreads;
+    if (algo == AllReduceAlgorithm::kTwoPhaseHB) {
+      threads = bytes >= options_.hbPieceBytes ? options_.hbLargeThreads : options_.hbThreads;
+    }
+    launchAllReduce(ctx, call, threads, stream);
   }
 }
 

@@ -24,9 +24,17 @@ struct CollectiveOptions {
   /// LL calls run on about (packets per rank pair) / this many blocks, up to
   /// llBlocks; 0: every LL call runs on all llBlocks.
   uint32_t llPacketsPerBlock = 0;
-  uint32_t hbThreads = 256;       ///< threads per block of the HB kernel
+  uint32_t hbThreads = 256;       ///< threads per block of the HB kernels
+  /// Threads per block of 2PA HB all-reduces of at least one whole round
+  /// (hbPieceBytes): more stores in flight per block pay from there on.
+  uint32_t hbLargeThreads = 512;
   uint64_t llMaxBytes = 0;        ///< largest LL message; 0: default (1 MiB GPUs, 64 KiB host)
-  uint64_t hbPieceBytes = 0;      ///< HB messages go in pieces of this; 0: default (16 MiB GPUs, 1 MiB host)
+  uint64_t hbPieceBytes = 0;      ///< HB rounds move this much; 0: default (16 MiB GPUs, 1 MiB host)
+  /// 2PA HB all-reduce rounds per kernel launch; 0: the whole message in one launch.
+  uint32_t hbRoundsPerLaunch = 0;
+  /// 2PA HB all-reduce pushes (stores into the peers' scratch) instead of
+  /// pulling (loads from it); allreduce_device.hpp.
+  bool hbPush = true;
   /// All-reduce, automatic choice: 1PA LL up to here; 0: default (128 KiB on
   /// GPUs, llMaxBytes / 2 in host mode).
   uint64_t llThresholdBytes = 0;
@@ -41,6 +49,10 @@ struct CollectiveOptions {
   /// zero-copy 2PA HB from here on; 0: default (see collective_engine.cpp).
   uint64_t zeroCopyThresholdBytes = 0;
   uint32_t zeroCopyThreads = 512;  ///< threads per block of the zero-copy all-reduce
+  /// Symmetric buffers above this many bytes take the staged 2PA HB path
+  /// (which pushes, and beats the zero-copy kernel's loads there); 0: default
+  /// (8 MiB on GPUs, no limit in host mode), UINT64_MAX: never.
+  uint64_t zeroCopyMaxBytes = 0;
   /// Zero-copy all-reduces run on about (bytes per rank's chunk) / this many
   /// blocks, up to hbBlocks; 0: always on hbBlocks.
   uint64_t zeroCopyBytesPerBlock = 0;

@@ -190,8 +190,8 @@ PYCCL_HOST_DEVICE void reduceScatterHB(const CollectiveContext& c, const Exchang
   if (ok && end > begin) {
     const char* sources[kMaxCollectiveRanks];
     for (int q = 0; q < c.worldSize; ++q) sources[q] = detail::hbStaging(c, q, phase, block, c.rank);
-    detail::reduceSources<T, Op>(sources, c.worldSize, (end - begin) / sizeof(T), a.output + begin, nullptr, tid,
-                                 numThreads);
+    char* const dsts[1] = {a.output + begin};
+    detail::reduceSources<T, Op>(sources, c.worldSize, (end - begin) / sizeof(T), dsts, 1, tid, numThreads);
   }
   syncBlock();
   if (tid == 0) c.hbCalls[block] = call;

@@ -39,7 +39,9 @@ void bindCollectives(py::module_& m) {
       .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
                        uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes, uint32_t llPacketsPerBlock,
                        std::vector<uint64_t> exchangeLLThresholdBytes, bool programmaticLaunch,
-                       uint64_t zeroCopyThresholdBytes, uint32_t zeroCopyThreads, uint64_t zeroCopyBytesPerBlock) {
+                       uint64_t zeroCopyThresholdBytes, uint32_t zeroCopyThreads, uint64_t zeroCopyBytesPerBlock,
+                       uint32_t hbRoundsPerLaunch, bool hbPush, uint32_t hbLargeThreads,
+                       uint64_t zeroCopyMaxBytes) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -54,6 +56,10 @@ void bindCollectives(py::module_& m) {
              o.zeroCopyThresholdBytes = zeroCopyThresholdBytes;
              o.zeroCopyThreads = zeroCopyThreads;
              o.zeroCopyBytesPerBlock = zeroCopyBytesPerBlock;
+             o.hbRoundsPerLaunch = hbRoundsPerLaunch;
+             o.hbPush = hbPush;
+             o.hbLargeThreads = hbLargeThreads;
+             o.zeroCopyMaxBytes = zeroCopyMaxBytes;
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
                              "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
@@ -69,7 +75,9 @@ void bindCollectives(py::module_& m) {
            py::arg("ll_threshold_bytes") = 0, py::arg("ll2_threshold_bytes") = 0,
            py::arg("ll_packets_per_block") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{},
            py::arg("programmatic_launch") = true, py::arg("zero_copy_threshold_bytes") = 0,
-           py::arg("zero_copy_threads") = 512, py::arg("zero_copy_bytes_per_block") = 0, py::keep_alive<1, 2>())
+           py::arg("zero_copy_threads") = 512, py::arg("zero_copy_bytes_per_block") = 0,
+           py::arg("hb_rounds_per_launch") = 0, py::arg("hb_push") = true,
+           py::arg("hb_large_threads") = 512, py::arg("zero_copy_max_bytes") = 0, py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),
            "Collective: makes a registration (the same size on every rank) a symmetric buffer.")
