@@ -44,7 +44,10 @@ def _kernel_call(x, y, comm, algo):
 def body(rank, world, store):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
-    comm = pyccl.Communicator(store, rank, world, device=device, name="plan_bench")
+    comm = pyccl.Communicator(store, rank, world, device=device, name="plan_bench", collectives=False)
+    # The twins are the kernels of the same algorithm: the library's 2PA HB
+    # plan pulls, so its twin is the pulling form of the 2PA HB kernel.
+    comm._engine = pyccl._C.CollectiveEngine(comm._comm, hb_push=False)
     rows, head_to_head = [], []
     for name, algo, sizes, instance_counts, thread_counts in CASES:
         inputs = {n: torch.randn(n // 2, device=device).to(torch.bfloat16) for n in sizes}

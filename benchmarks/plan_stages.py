@@ -2,8 +2,8 @@
 after each of its steps (0: one local copy; 1: signal and wait; 2: + staging
 copy; 3: + reduction of every peer's chunk and the result copy; 4: + second
 signal and wait; 5: + pulls, the whole plan), 64 instances, bf16, CUDA
-graph, on 4 GPUs, beside the hand-written 2PA HB kernel. The partial programs
-compute nothing useful; only their time matters.
+graph, on 4 GPUs, beside the hand-written 2PA HB kernel in its pulling
+form. The partial programs compute nothing useful; only their time matters.
 
     python benchmarks/plan_stages.py
 """
@@ -42,7 +42,8 @@ def prog(n, k, stage):
 def body(rank, world, store):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
-    comm = pyccl.Communicator(store, rank, world, device=device, name="plan_stages")
+    comm = pyccl.Communicator(store, rank, world, device=device, name="plan_stages", collectives=False)
+    comm._engine = pyccl._C.CollectiveEngine(comm._comm, hb_push=False)  # the plan's twin pulls too
     rows = []
     for nbytes in (256 << 10, 4 << 20):
         x = torch.randn(nbytes // 2, device=device).to(torch.bfloat16)

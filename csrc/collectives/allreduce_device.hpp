@@ -199,79 +199,59 @@ struct HBRound {
   }
 };
 
-/// Pull round `call`: stage this block's sub-slice of every chunk in this
-/// rank's scratch, barrier; reduce chunk `rank` reading every rank's staging
-/// at once (loads over NVLink), keep the result in this rank's result slot;
-/// barrier; gather the other chunks from their owners' result slots.
+/// HB round `call` of this block, in either direction (c.hbPush):
+///   1. this block's sub-slice of chunk q goes into slot `rank` of rank q's
+///      staging (push: a store over NVLink; the own chunk stays in the input
+///      when that is 16-byte aligned) or into slot q of this rank's (pull);
+///   2. barrier; reduce chunk `rank` from every rank's copy of it (push: the
+///      local staging; pull: loads from every rank's staging) into the output
+///      and the result slots (push: slot `rank` of every peer; pull: the one
+///      slot of this rank);
+///   3. barrier; copy the other chunks q into the output from their results
+///      (push: local slot q; pull: rank q's slot, a load).
+/// Push sends only stores over NVLink and copies nothing in.
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE bool allReduceHBPullRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
-                                            uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE bool allReduceHBRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
+                                        uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
   const uint32_t phase = static_cast<uint32_t>(call & 1);
   const int world = c.worldSize;
+  const bool push = c.hbPush != 0;
   const HBRound round(c, count, 16 / sizeof(T));
-  uint64_t b = 0, e = 0;
-  for (int chunk = 0; chunk < world; ++chunk) {
-    round.sub(chunk, block, &b, &e);
-    if (e > b) copyBytes(hbStaging(c, c.rank, phase, block, chunk), in + b * sizeof(T), (e - b) * sizeof(T), tid,
-                         numThreads);
-  }
-  bool ok = blockBarrier(c, block, 2 * call - 1, tid, numThreads);
-  round.sub(c.rank, block, &b, &e);
-  if (ok && e > b) {
-    const char* sources[kMaxCollectiveRanks];
-    for (int q = 0; q < world; ++q) sources[q] = hbStaging(c, q, phase, block, c.rank);
-    char* const dsts[2] = {hbResult(c, c.rank, phase, block, 0), out + b * sizeof(T)};
-    reduceSources<T, Op>(sources, world, e - b, dsts, 2, tid, numThreads);
-  }
-  ok = blockBarrier(c, block, 2 * call, tid, numThreads) && ok;
-  for (int k = 1; ok && k < world; ++k) {
-    const int q = (c.rank + k) % world;
-    round.sub(q, block, &b, &e);
-    if (e > b) copyBytes(out + b * sizeof(T), hbResult(c, q, phase, block, 0), (e - b) * sizeof(T), tid, numThreads);
-  }
-  return ok;
-}
-
-/// Push round `call`: store this block's sub-slice of chunk q straight into
-/// rank q's staging slot `rank` (stores over NVLink; the own chunk stays in
-/// the input when that is 16-byte aligned), barrier; reduce chunk `rank` from
-/// the local staging, store the result into the output and into result slot
-/// `rank` of every peer; barrier; copy the other chunks out of the local
-/// result slots. Nothing crosses NVLink as a load.
-template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE bool allReduceHBPushRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
-                                            uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
-  const uint32_t phase = static_cast<uint32_t>(call & 1);
-  const int world = c.worldSize;
-  const HBRound round(c, count, 16 / sizeof(T));
-  const bool inAligned = (reinterpret_cast<uintptr_t>(in) & 15) == 0;
+  const bool ownChunkInPlace = push && (reinterpret_cast<uintptr_t>(in) & 15) == 0;
   uint64_t b = 0, e = 0;
   // Staggered so that the ranks' stores spread over the links.
-  for (int k = inAligned ? 1 : 0; k < world; ++k) {
+  for (int k = ownChunkInPlace ? 1 : 0; k < world; ++k) {
     const int q = (c.rank + k) % world;
     round.sub(q, block, &b, &e);
-    if (e > b) copyBytes(hbStaging(c, q, phase, block, c.rank), in + b * sizeof(T), (e - b) * sizeof(T), tid,
-                         numThreads);
+    char* staged = push ? hbStaging(c, q, phase, block, c.rank) : hbStaging(c, c.rank, phase, block, q);
+    if (e > b) copyBytes(staged, in + b * sizeof(T), (e - b) * sizeof(T), tid, numThreads);
   }
-  // Release the stores into the peers' staging; acquire theirs into this rank's.
+  // Release this block's staging writes; acquire the peers'.
   bool ok = blockBarrier(c, block, 2 * call - 1, tid, numThreads);
   round.sub(c.rank, block, &b, &e);
   if (ok && e > b) {
     const char* sources[kMaxCollectiveRanks];
-    for (int q = 0; q < world; ++q) sources[q] = hbStaging(c, c.rank, phase, block, q);
-    if (inAligned) sources[c.rank] = in + b * sizeof(T);
+    for (int q = 0; q < world; ++q) {
+      sources[q] = push ? hbStaging(c, c.rank, phase, block, q) : hbStaging(c, q, phase, block, c.rank);
+    }
+    if (ownChunkInPlace) sources[c.rank] = in + b * sizeof(T);
     char* dsts[kMaxCollectiveRanks];
-    dsts[0] = out + b * sizeof(T);
-    for (int k = 1; k < world; ++k) dsts[k] = hbResult(c, (c.rank + k) % world, phase, block, c.rank);
-    reduceSources<T, Op>(sources, world, e - b, dsts, world, tid, numThreads);
+    int numDsts = 0;
+    dsts[numDsts++] = out + b * sizeof(T);
+    if (push) {
+      for (int k = 1; k < world; ++k) dsts[numDsts++] = hbResult(c, (c.rank + k) % world, phase, block, c.rank);
+    } else {
+      dsts[numDsts++] = hbResult(c, c.rank, phase, block, 0);
+    }
+    reduceSources<T, Op>(sources, world, e - b, dsts, numDsts, tid, numThreads);
   }
-  // Release the result stores; acquire the peers' results in this rank's slots.
+  // Release the result writes; acquire the peers'.
   ok = blockBarrier(c, block, 2 * call, tid, numThreads) && ok;
   for (int k = 1; ok && k < world; ++k) {
     const int q = (c.rank + k) % world;
     round.sub(q, block, &b, &e);
-    if (e > b) copyBytes(out + b * sizeof(T), hbResult(c, c.rank, phase, block, q), (e - b) * sizeof(T), tid,
-                         numThreads);
+    const char* result = push ? hbResult(c, c.rank, phase, block, q) : hbResult(c, q, phase, block, 0);
+    if (e > b) copyBytes(out + b * sizeof(T), result, (e - b) * sizeof(T), tid, numThreads);
   }
   return ok;
 }
@@ -299,10 +279,7 @@ PYCCL_HOST_DEVICE void allReduceHB(const CollectiveContext& c, const void* input
     const uint64_t n = count - done < perRound ? count - done : perRound;
     const uint64_t at = done * sizeof(T);
     ++rounds;
-    ok = c.hbPush ? detail::allReduceHBPushRound<T, Op>(c, in + at, out + at, n, before + rounds, block, tid,
-                                                        numThreads)
-                  : detail::allReduceHBPullRound<T, Op>(c, in + at, out + at, n, before + rounds, block, tid,
-                                                        numThreads);
+    ok = detail::allReduceHBRound<T, Op>(c, in + at, out + at, n, before + rounds, block, tid, numThreads);
   }
   syncBlock();
   if (tid == 0) c.hbCalls[block] = before + rounds;

@@ -30,10 +30,11 @@ def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
 
 
 def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
-    """2PA HB, as the hand-written kernel: every rank stages its input in its
-    scratch and tells its peers; rank r reduces chunk r reading every peer's
-    staged chunk r at once, keeps the result in its scratch and tells its
-    peers; every rank then pulls each other chunk from its owner's scratch."""
+    """2PA HB, as the hand-written kernel pulls (``hb_push=False``): every
+    rank stages its input in its scratch and tells its peers; rank r reduces
+    chunk r reading every peer's staged chunk r at once, keeps the result in
+    its scratch and tells its peers; every rank then pulls each other chunk
+    from its owner's scratch."""
     n = num_ranks
     with Program("allreduce_allpairs_hb", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
