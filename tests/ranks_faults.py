@@ -71,13 +71,14 @@ def killed_rank(rank, world, store, on_gpu, timeout_s):
     return first, again, _destroy_seconds()
 
 
-def slow_rank(rank, world, store, on_gpu, timeout_s, delay_s):
-    """The last rank reaches the second all-reduce `delay_s` late."""
+def slow_rank(rank, world, store, on_gpu, timeout_s, delay_s, slow=None):
+    """Rank `slow` (the last by default) reaches the second all-reduce `delay_s` late."""
+    slow = world - 1 if slow is None else slow
     device = _init(rank, world, store, _backend(on_gpu), on_gpu, timeout_s=timeout_s)
     x = torch.full((ELEMENTS,), float(rank + 1), device=device)
     dist.all_reduce(x)
     _sync(device)
-    if rank == world - 1:
+    if rank == slow:
         time.sleep(delay_s)
 
     def one():

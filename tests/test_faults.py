@@ -85,6 +85,21 @@ def test_slow_rank_past_the_timeout_breaks_the_group_everywhere(on_gpu, blocking
     assert second[2] <= timeout_s + 5 and destroy_s < 10, (second, destroy_s)
 
 
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(4))])
+def test_a_late_rank_among_others_is_the_one_named(on_gpu):
+    """Small all-reduces poll every peer's packets together: the peers that
+    did arrive must not hide the one that did not (rank 1 of 4 here)."""
+    world, late, timeout_s = 4, 1, 1
+    env = {**GPU_ENV, "PYCCL_BLOCKING_WAIT": "1"} if on_gpu else {}
+    out = run_ranks(rf.slow_rank, world, args=(on_gpu, timeout_s, 3.0, late), timeout=120, env=env)
+    for rank, (first, second, destroy_s) in enumerate(out):
+        if rank == late:
+            continue
+        _survivor_failed_in_time(first, timeout_s, late)
+        assert f"no signal from rank {late} " in first[1], first
+        assert destroy_s < 10, destroy_s
+
+
 @pytest.mark.parametrize("variant", ["size", "op"])
 @pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
 def test_mismatched_calls_are_named_with_pyccl_debug(on_gpu, variant):

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <thread>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #include <cuda/atomic>
@@ -178,6 +179,17 @@ struct AbortState {
   }
 };
 
+/// A wait's peer: a rank, or a function that names it when asked (a wait on
+/// several peers names the one it still waits for).
+template <typename Peer>
+PYCCL_HOST_DEVICE int peerOf(const Peer& peer) {
+  if constexpr (std::is_invocable_v<const Peer&>) {
+    return peer();
+  } else {
+    return static_cast<int>(peer);
+  }
+}
+
 /// The default `stop` of boundedPoll: never.
 struct NeverStop {
   PYCCL_HOST_DEVICE bool operator()() const { return false; }
@@ -190,9 +202,9 @@ struct NeverStop {
 /// the flag, ends the wait as aborted without a record (the caller's earlier
 /// wait already gave up and was recorded). Host threads back off to yielding
 /// and then short sleeps: other ranks may share the cores.
-template <typename Ready, typename LastSeen, typename Stop = NeverStop>
+template <typename Ready, typename LastSeen, typename Peer, typename Stop = NeverStop>
 PYCCL_HOST_DEVICE WaitStatus boundedPoll(Ready&& ready, LastSeen&& lastSeen, const AbortState& abort,
-                                         int peer, uint64_t expected, Stop&& stop = Stop{}) {
+                                         Peer&& peer, uint64_t expected, Stop&& stop = Stop{}) {
   constexpr uint32_t kCheckEvery = 1024;
   if (ready()) return WaitStatus::kOk;
   const uint64_t start = nowNs();
@@ -201,11 +213,11 @@ PYCCL_HOST_DEVICE WaitStatus boundedPoll(Ready&& ready, LastSeen&& lastSeen, con
     if (polls % kCheckEvery == 0) {
       if (stop()) return WaitStatus::kAborted;
       if (abort.aborted()) {
-        abort.record(WaitStatus::kAborted, peer, expected, lastSeen());
+        abort.record(WaitStatus::kAborted, peerOf(peer), expected, lastSeen());
         return WaitStatus::kAborted;
       }
       if (pastDeadline(start, abort.timeoutNs)) {
-        abort.record(WaitStatus::kTimeout, peer, expected, lastSeen());
+        abort.record(WaitStatus::kTimeout, peerOf(peer), expected, lastSeen());
         return WaitStatus::kTimeout;
       }
 #if !PYCCL_ON_DEVICE

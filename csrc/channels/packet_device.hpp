@@ -73,25 +73,40 @@ struct alignas(16) LL16Packet {
 #endif
   }
 
-  PYCCL_HOST_DEVICE bool tryRead(uint32_t flagValue, uint32_t* out) const {
+  /// The packet's four words as one load, with no check: a poll that reads
+  /// several packets issues every load before it checks any.
+  struct Words {
+    uint32_t data0, flag0, data1, flag1;
+  };
+
+  /// One 16-byte volatile load (no ordering with other memory).
+  PYCCL_HOST_DEVICE Words load() const {
+    Words w;
 #if PYCCL_ON_DEVICE
-    uint32_t d0, f0, d1, f1;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                 : "=r"(w.data0), "=r"(w.flag0), "=r"(w.data1), "=r"(w.flag1)
                  : "l"(this)
                  : "memory");
 #else
     const auto* words = reinterpret_cast<const uint64_t*>(this);
     const uint64_t w0 = std::atomic_ref<const uint64_t>(words[0]).load(std::memory_order_acquire);
     const uint64_t w1 = std::atomic_ref<const uint64_t>(words[1]).load(std::memory_order_acquire);
-    const uint32_t d0 = static_cast<uint32_t>(w0), f0 = static_cast<uint32_t>(w0 >> 32);
-    const uint32_t d1 = static_cast<uint32_t>(w1), f1 = static_cast<uint32_t>(w1 >> 32);
+    w = Words{static_cast<uint32_t>(w0), static_cast<uint32_t>(w0 >> 32), static_cast<uint32_t>(w1),
+              static_cast<uint32_t>(w1 >> 32)};
 #endif
-    if (f0 != flagValue || f1 != flagValue) return false;
-    out[0] = d0;
-    out[1] = d1;
+    return w;
+  }
+
+  /// Copies the data of loaded words out if both halves carry `flagValue`.
+  PYCCL_HOST_DEVICE static bool arrived(const Words& w, uint32_t flagValue, uint32_t* out) {
+    if (w.flag0 != flagValue || w.flag1 != flagValue) return false;
+    out[0] = w.data0;
+    out[1] = w.data1;
     return true;
   }
+
+  /// Copies the data out if the flag matches; never blocks.
+  PYCCL_HOST_DEVICE bool tryRead(uint32_t flagValue, uint32_t* out) const { return arrived(load(), flagValue, out); }
 };
 static_assert(sizeof(LL16Packet) == 16, "LL16Packet is 16 bytes");
 
@@ -165,6 +180,47 @@ PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint6
     unpackPayload<Packet>(dst, i, bytes, payload);
   }
   return WaitStatus::kOk;
+}
+
+/// Packets that one pollPacketBatch call waits for together.
+constexpr int kPacketPollBatch = 4;
+
+/// Polls the LL16 packets src[k] (for k < n <= kPacketPollBatch whose `src[k]`
+/// is not null) until every one carries `flag`, and copies their data to
+/// payloads[k]. Each round issues the load of every packet still missing
+/// before it checks any, so once the last one has landed the wait costs one
+/// memory round trip, not one per packet (packets check themselves, so the
+/// loads need no order among them). Bounded like boundedPoll; on giving up,
+/// the record names the first missing packet's sender, peers[k], with
+/// `index` as the last value seen.
+template <typename Stop = NeverStop>
+PYCCL_HOST_DEVICE WaitStatus pollPacketBatch(const LL16Packet* const (&src)[kPacketPollBatch],
+                                             const int (&peers)[kPacketPollBatch], int n, uint32_t flag,
+                                             uint32_t (&payloads)[kPacketPollBatch][2], const AbortState& abort,
+                                             uint64_t index, Stop&& stop = Stop{}) {
+  uint32_t missing = 0;
+#pragma unroll
+  for (int k = 0; k < kPacketPollBatch; ++k) {
+    if (k < n && src[k] != nullptr) missing |= 1u << k;
+  }
+  auto ready = [&] {
+    LL16Packet::Words words[kPacketPollBatch];
+#pragma unroll
+    for (int k = 0; k < kPacketPollBatch; ++k) {
+      if (missing & (1u << k)) words[k] = src[k]->load();
+    }
+#pragma unroll
+    for (int k = 0; k < kPacketPollBatch; ++k) {
+      if ((missing & (1u << k)) && LL16Packet::arrived(words[k], flag, payloads[k])) missing &= ~(1u << k);
+    }
+    return missing == 0;
+  };
+  auto firstMissing = [&] {
+    int k = 0;
+    while (k + 1 < kPacketPollBatch && !(missing & (1u << k))) ++k;
+    return peers[k];
+  };
+  return boundedPoll(ready, [&] { return index; }, abort, firstMissing, flag, stop);
 }
 
 /// Bytes of packet buffer that `bytes` of data occupy.

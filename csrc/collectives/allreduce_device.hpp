@@ -28,28 +28,27 @@ namespace detail {
 
 /// Packet `i` (of this block's share starting at `lo`) reduced over every rank
 /// in rank order, fp32 lanes: this rank's from `mine` (`mineBytes` of data),
-/// the peers' as their packets arrive in its LL region. `ok` turns false, and
-/// stays so, once a wait gives up (the lanes are then meaningless).
+/// the peers' from their packets in its LL region, polled kPacketPollBatch
+/// ranks at a time (one round trip per batch once they have landed, not one
+/// per peer). `ok` turns false, and stays so, once a wait gives up (the lanes
+/// are then meaningless).
 template <typename T, ReduceOp Op>
 PYCCL_HOST_DEVICE void reduceArrivingPacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t lo,
                                             uint64_t i, const char* mine, uint64_t mineBytes, uint32_t flag,
                                             bool& ok, float (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
   constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
-  for (int q = 0; q < c.worldSize; ++q) {
-    uint32_t payload[2];
-    if (q == c.rank) {
-      packPayload<LL16Packet>(mine, i, mineBytes, payload);
-    } else {
-      const LL16Packet* p = &llPackets(c, c.rank, phase, q, block)[i - lo];
-      if (ok) {
-        ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
-                         c.abort, q, flag) == WaitStatus::kOk;
+  for (int q0 = 0; q0 < c.worldSize; q0 += kPacketPollBatch) {
+    uint32_t payloads[kPacketPollBatch][2];
+    pollPeerPackets(c, false, phase, block, i - lo, q0, flag, [](int) { return true; }, payloads, ok);
+#pragma unroll
+    for (int k = 0; k < kPacketPollBatch; ++k) {
+      const int q = q0 + k;
+      if (q >= c.worldSize) break;
+      if (q == c.rank) packPayload<LL16Packet>(mine, i, mineBytes, payloads[k]);
+      for (uint32_t l = 0; l < kLanes; ++l) {
+        const float v = ElementTraits<T>::toFloat(laneOf<T>(payloads[k], l));
+        acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
       }
-      if (!ok) payload[0] = payload[1] = 0;
-    }
-    for (uint32_t l = 0; l < kLanes; ++l) {
-      const float v = ElementTraits<T>::toFloat(laneOf<T>(payload, l));
-      acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
     }
   }
 }
@@ -155,15 +154,18 @@ PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* inpu
     }
     unpackPayload<LL16Packet>(out + c.rank * chunkStride, i, myBytes, result);
   }
-  // 3. The other ranks' results.
-  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
-    for (int k = 1; ok && k < world; ++k) {
-      const int q = (c.rank + world - k) % world;
-      const LL16Packet* p = &detail::ll2Packets(c, c.rank, phase, q, block)[i - lo];
-      uint32_t payload[2];
-      ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
-                       c.abort, q, flag) == WaitStatus::kOk;
-      if (ok) unpackPayload<LL16Packet>(out + q * chunkStride, i, chunkBytes(q), payload);
+  // 3. The other ranks' results, kPacketPollBatch ranks at a time.
+  for (uint64_t i = lo + tid; ok && i < hi; i += numThreads) {
+    for (int q0 = 0; ok && q0 < world; q0 += kPacketPollBatch) {
+      uint32_t payloads[kPacketPollBatch][2];
+      const uint32_t polled =
+          detail::pollPeerPackets(c, true, phase, block, i - lo, q0, flag, [](int) { return true; }, payloads, ok);
+#pragma unroll
+      for (int k = 0; k < kPacketPollBatch; ++k) {
+        if (ok && (polled & (1u << k))) {
+          unpackPayload<LL16Packet>(out + (q0 + k) * chunkStride, i, chunkBytes(q0 + k), payloads[k]);
+        }
+      }
     }
   }
   syncBlock();

@@ -68,6 +68,34 @@ PYCCL_HOST_DEVICE LL16Packet* ll2Packets(const CollectiveContext& c, int owner, 
                                        (c.ll2Offset - c.llOffset));
 }
 
+/// Polls packet `slot` of `block`'s share of this rank's LL region (the
+/// second one if `second`) in `phase` from every rank q in [q0, q0 +
+/// kPacketPollBatch) with `receives(q)` (never this rank), together
+/// (pollPacketBatch), into payloads[q - q0]; the others' payloads are zero.
+/// Returns the mask of ranks polled (bit q - q0). `ok` turns false once a
+/// wait gives up, and no wait starts while it is false.
+template <typename Receives>
+PYCCL_HOST_DEVICE uint32_t pollPeerPackets(const CollectiveContext& c, bool second, uint32_t phase, uint32_t block,
+                                           uint64_t slot, int q0, uint32_t flag, Receives&& receives,
+                                           uint32_t (&payloads)[kPacketPollBatch][2], bool& ok) {
+  const LL16Packet* src[kPacketPollBatch];
+  int peers[kPacketPollBatch];
+  uint32_t polled = 0;
+#pragma unroll
+  for (int k = 0; k < kPacketPollBatch; ++k) {
+    const int q = q0 + k;
+    peers[k] = q;
+    payloads[k][0] = payloads[k][1] = 0;
+    src[k] = nullptr;
+    if (q < c.worldSize && q != c.rank && receives(q)) {
+      src[k] = &(second ? ll2Packets(c, c.rank, phase, q, block) : llPackets(c, c.rank, phase, q, block))[slot];
+      polled |= 1u << k;
+    }
+  }
+  if (ok) ok = pollPacketBatch(src, peers, kPacketPollBatch, flag, payloads, c.abort, slot) == WaitStatus::kOk;
+  return polled;
+}
+
 /// HB staging slot `slot` of `owner`'s scratch for `block` in `phase` (hbSubBytes, 16-byte aligned).
 PYCCL_HOST_DEVICE char* hbStaging(const CollectiveContext& c, int owner, uint32_t phase, uint32_t block, int slot) {
   return c.scratch[owner] + c.hbStagingOffset +

@@ -89,18 +89,20 @@ PYCCL_HOST_DEVICE void exchangeLL(ExchangeKind kind, const CollectiveContext& c,
   syncBlock();
   detail::copyOwnChunk(kind, c, a, lo * kData, hi * kData < bytes ? hi * kData : bytes, tid, numThreads);
 
-  // 2. Receive.
+  // 2. Receive, kPacketPollBatch senders at a time.
   bool ok = true;
-  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
-    for (int k = 1; ok && k < c.worldSize; ++k) {
-      const int q = (c.rank + c.worldSize - k) % c.worldSize;
-      if (!detail::exchangeReceivesFrom(kind, c, a, q)) continue;
-      const LL16Packet* p = &detail::llPackets(c, c.rank, phase, q, block)[i - lo];
-      uint32_t payload[2];
-      ok = boundedPoll([&] { return p->tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); }, c.abort,
-                       q, flag) == WaitStatus::kOk;
-      if (ok) unpackPayload<LL16Packet>(a.output + (kind == ExchangeKind::kBroadcast ? 0 : q * a.outStride), i,
-                                        bytes, payload);
+  for (uint64_t i = lo + tid; ok && i < hi; i += numThreads) {
+    for (int q0 = 0; ok && q0 < c.worldSize; q0 += kPacketPollBatch) {
+      uint32_t payloads[kPacketPollBatch][2];
+      const uint32_t polled = detail::pollPeerPackets(
+          c, false, phase, block, i - lo, q0, flag, [&](int q) { return detail::exchangeReceivesFrom(kind, c, a, q); },
+          payloads, ok);
+#pragma unroll
+      for (int k = 0; k < kPacketPollBatch; ++k) {
+        if (!ok || !(polled & (1u << k))) continue;
+        char* to = a.output + (kind == ExchangeKind::kBroadcast ? 0 : (q0 + k) * a.outStride);
+        unpackPayload<LL16Packet>(to, i, bytes, payloads[k]);
+      }
     }
   }
   if (kind == ExchangeKind::kBroadcast && block == 0 && tid == 0) {

@@ -244,6 +244,13 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
       phase[comm_.rank()][1] = out;
     }
   }
+  ctx.copiesInput = ctx.buffers[0][comm_.rank()][0] != ctx.userInput;
+  ctx.phasedBuffers = 0;
+  for (int q = 0; q < comm_.worldSize(); ++q) {
+    for (int k = 0; k < 3; ++k) {
+      if (ctx.buffers[0][q][k] != ctx.buffers[1][q][k]) ctx.phasedBuffers |= 1u << (q * 3 + k);
+    }
+  }
   const int tbs = numThreadBlocks();
 #ifdef PYCCL_WITH_CUDA
   if (!comm_.hostMode()) {

@@ -30,7 +30,11 @@ namespace plan_detail {
 
 /// Chunk `ch` in call `call`'s phase of the buffers.
 PYCCL_HOST_DEVICE char* chunkPtr(const PlanContext& c, const PlanChunk& ch, uint64_t call) {
-  return c.buffers[call & 1][ch.rank][ch.buffer] + static_cast<uint64_t>(ch.index) * c.chunkBytes;
+  char* base = c.buffers[0][ch.rank][ch.buffer];
+  // A branch, not a select: a select would wait for the call count even where
+  // the phase does not matter.
+  if ((c.phasedBuffers >> (ch.rank * 3 + ch.buffer)) & 1u) base = c.buffers[call & 1][ch.rank][ch.buffer];
+  return base + static_cast<uint64_t>(ch.index) * c.chunkBytes;
 }
 
 /// Packet `p` of an op over `count` chunks of `perChunk` packets: chunk j,
@@ -94,6 +98,25 @@ PYCCL_HOST_DEVICE bool planSpin(const PlanContext& c, const uint64_t* counter, u
 }
 
 PYCCL_HOST_DEVICE uint32_t packetFlag(uint64_t call) { return static_cast<uint32_t>(call % 0xfffffffeull) + 1; }
+
+/// Polls packet `i` of chunk `j` of the op's sources [first, first +
+/// kPacketPollBatch) together (pollPacketBatch) into payloads; false if the
+/// wait gave up or an earlier one did.
+PYCCL_HOST_DEVICE bool pollSourcePackets(const PlanContext& c, const PlanOp& op, int first, uint64_t j, uint64_t i,
+                                         uint64_t call, uint32_t flag,
+                                         uint32_t (&payloads)[kPacketPollBatch][2]) {
+  const LL16Packet* src[kPacketPollBatch];
+  int peers[kPacketPollBatch];
+#pragma unroll
+  for (int k = 0; k < kPacketPollBatch; ++k) {
+    const bool used = first + k < op.numSrcs;
+    const PlanChunk& ch = op.srcs[used ? first + k : 0];
+    peers[k] = ch.rank;
+    src[k] = used ? packetPtr(c, ch.rank, ch.index + j, call) + i : nullptr;
+  }
+  return waitSucceeded(c, pollPacketBatch(src, peers, op.numSrcs - first, flag, payloads, c.abort, i,
+                                          [&] { return failedAlready(c); }));
+}
 
 PYCCL_HOST_DEVICE float applyReduce(int op, float a, float b) {
   switch (static_cast<ReduceOp>(op)) {
@@ -282,7 +305,8 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
     }
     case PlanOpKind::kUnpack: {
       // Pairs: dsts[k] from the packets in srcs[k]. One packet index per
-      // thread, polled in every pair's source before the next index.
+      // thread, polled in every pair's source (kPacketPollBatch at a time)
+      // before the next index.
       const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
       const uint64_t packets = perChunk * op.dsts[0].count;
       const uint32_t flag = packetFlag(call);
@@ -290,20 +314,24 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       for (uint64_t p = tid; ok && p < packets; p += numThreads) {
         uint64_t j, i;
         packetOf(p, perChunk, op.dsts[0].count, &j, &i);
-        for (int k = 0; ok && k < op.numSrcs; ++k) {
-          const LL16Packet* src = packetPtr(c, op.srcs[k].rank, op.srcs[k].index + j, call);
-          uint32_t payload[2];
-          ok = planPoll(c, [&] { return src[i].tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
-                        op.srcs[k].rank, flag);
-          if (ok) unpackPayload<LL16Packet>(chunkPtr(c, op.dsts[k], call) + j * c.chunkBytes, i, c.chunkBytes, payload);
+        for (int k0 = 0; ok && k0 < op.numSrcs; k0 += kPacketPollBatch) {
+          uint32_t payloads[kPacketPollBatch][2];
+          ok = pollSourcePackets(c, op, k0, j, i, call, flag, payloads);
+#pragma unroll
+          for (int k = 0; k < kPacketPollBatch; ++k) {
+            if (!ok || k0 + k >= op.numSrcs) break;
+            unpackPayload<LL16Packet>(chunkPtr(c, op.dsts[k0 + k], call) + j * c.chunkBytes, i, c.chunkBytes,
+                                      payloads[k]);
+          }
         }
       }
       return ok;
     }
     case PlanOpKind::kReducePackets: {
       // One packet index per thread: poll it in every source (the peers'
-      // packets land in several slots), reduce in fp32, store once. A second
-      // destination is the chunk the reduction starts from (the plan's init).
+      // packets land in several slots; kPacketPollBatch sources at a time),
+      // reduce in fp32 in source order, store once. A second destination is
+      // the chunk the reduction starts from (the plan's init).
       const int from = op.numDsts > 1 ? 1 : 0;
       constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
       const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
@@ -322,15 +350,16 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         T* elems = reinterpret_cast<T*>(dstBase + j * c.chunkBytes) + i * kLanes;  // this packet's elements
         const T* start = reinterpret_cast<const T*>(startBase + j * c.chunkBytes) + i * kLanes;
         for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(start[l]);
-        for (int s = 0; ok && s < op.numSrcs; ++s) {
-          const LL16Packet* src = packetPtr(c, op.srcs[s].rank, op.srcs[s].index + j, call);
-          uint32_t payload[2];
-          ok = planPoll(c, [&] { return src[i].tryRead(flag, payload); }, [&] { return static_cast<uint64_t>(i); },
-                        op.srcs[s].rank, flag);
-          if (!ok) break;
-          for (uint32_t l = 0; l < lanes; ++l) {
-            const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payload), l));
-            acc[l] = applyReduce(redOp, acc[l], x);
+        for (int s0 = 0; ok && s0 < op.numSrcs; s0 += kPacketPollBatch) {
+          uint32_t payloads[kPacketPollBatch][2];
+          ok = pollSourcePackets(c, op, s0, j, i, call, flag, payloads);
+#pragma unroll
+          for (int k = 0; k < kPacketPollBatch; ++k) {
+            if (!ok || s0 + k >= op.numSrcs) break;
+            for (uint32_t l = 0; l < lanes; ++l) {
+              const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payloads[k]), l));
+              acc[l] = applyReduce(redOp, acc[l], x);
+            }
           }
         }
         if (ok) {
@@ -442,13 +471,13 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
 template <typename T, int LoadBatch = 4>
 PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int32_t count, int callOp, uint32_t tb,
                                    uint64_t call, uint32_t tid, uint32_t numThreads) {
-  char* input = c.buffers[call & 1][c.rank][0];
-  const bool stagedIn = input != c.userInput;
+  const bool stagedIn = c.copiesInput;  // from the host: no branch here waits for the call count
   // Only calls that stage pass rank barriers: the others never read the count.
   uint64_t barriers = stagedIn || c.outputStaged ? c.rankBarriers[tb] : 0;
   uint64_t* rankCounter = &c.counters[c.rank][c.entryBase + c.worldSize + 1];
   uint64_t b = 0, e = 0;
   if (stagedIn) {
+    char* input = c.buffers[call & 1][c.rank][0];
     plan_detail::blockShare(c, tb, c.inputBytes, &b, &e);
     if (e > b) copyBytes(input + b, c.userInput + b, e - b, tid, numThreads);
     plan_detail::rankBarrier(c, rankCounter, barriers++, tid);

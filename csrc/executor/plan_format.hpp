@@ -92,6 +92,13 @@ struct PlanContext {
   bool inputStaged;   ///< this call's input is copied into staging (else the plan works on the user's tensor)
   bool outputStaged;  ///< the plan writes the output staging, copied out at the end (else the user's tensor)
   bool entryBarrier;  ///< the ranks meet before the ops (plans.py decides when the plan's own waits suffice)
+  /// The call first copies its input into the buffer the plan reads it from
+  /// (its staging, or the output of an in-place plan).
+  bool copiesInput;
+  /// Bit rank * 3 + PlanBuffer: that buffer differs between the two phases.
+  /// The others (the call's own tensors) are addressed without the call
+  /// count, so loads from them need not wait for it to load.
+  uint32_t phasedBuffers;
   const char* userInput;  ///< this call's tensors
   char* userOutput;
   uint64_t inputBytes;
