@@ -9,7 +9,7 @@ algorithm: all-reduce, bf16, CUDA graph of 20 calls, median of 7, on 4 GPUs.
    microsecond between phases of one run, so only times taken side by side
    are compared.
 
-    python benchmarks/plan_bench.py [--world 4] [--json rows.json]
+    python benchmarks/plan_bench.py [--world 4] [--plans NAME,...] [--json rows.json]
 """
 
 import argparse
@@ -41,7 +41,7 @@ def _kernel_call(x, y, comm, algo):
     return lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
 
 
-def body(rank, world, store):
+def body(rank, world, store, plans):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="plan_bench", collectives=False)
@@ -50,6 +50,8 @@ def body(rank, world, store):
     comm._engine = pyccl._C.CollectiveEngine(comm._comm, hb_push=False)
     rows, head_to_head = [], []
     for name, algo, sizes, instance_counts, thread_counts in CASES:
+        if plans and name not in plans:
+            continue
         inputs = {n: torch.randn(n // 2, device=device).to(torch.bfloat16) for n in sizes}
         outputs = {n: torch.empty_like(x) for n, x in inputs.items()}
         for n in sizes:
@@ -96,9 +98,14 @@ def _size(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--plans", default="", help="comma-separated plan names (default: every case)")
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args()
-    rows, head_to_head = run_ranks(body, args.world, timeout=900)[0]
+    plans = [p for p in args.plans.split(",") if p]
+    unknown = sorted(set(plans) - {case[0] for case in CASES})
+    if unknown:
+        parser.error(f"--plans: no case named {', '.join(unknown)}; cases: {', '.join(c[0] for c in CASES)}")
+    rows, head_to_head = run_ranks(body, args.world, args=(plans,), timeout=900)[0]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sweep": rows, "head_to_head": head_to_head}, f, indent=1)
