@@ -185,23 +185,22 @@ PYCCL_HOST_DEVICE WaitStatus readPacketsFrom(void* dst, const Packet* src, uint6
 /// Packets that one pollPacketBatch call waits for together.
 constexpr int kPacketPollBatch = 4;
 
-/// Polls the LL16 packets src[k] (for k < n <= kPacketPollBatch whose `src[k]`
-/// is not null) until every one carries `flag`, and copies their data to
-/// payloads[k]. Each round issues the load of every packet still missing
-/// before it checks any, so once the last one has landed the wait costs one
-/// memory round trip, not one per packet (packets check themselves, so the
-/// loads need no order among them). Bounded like boundedPoll; on giving up,
-/// the record names the first missing packet's sender, peers[k], with
-/// `index` as the last value seen.
+/// Polls the LL16 packets src[k] (those not null) until every one carries
+/// `flag`, and copies their data to payloads[k]. Each round issues the load
+/// of every packet still missing before it checks any, so once the last one
+/// has landed the wait costs one memory round trip, not one per packet
+/// (packets check themselves, so the loads need no order among them).
+/// Bounded like boundedPoll; on giving up, the record names the first
+/// missing packet's sender, peers[k], with `index` as the last value seen.
 template <typename Stop = NeverStop>
 PYCCL_HOST_DEVICE WaitStatus pollPacketBatch(const LL16Packet* const (&src)[kPacketPollBatch],
-                                             const int (&peers)[kPacketPollBatch], int n, uint32_t flag,
+                                             const int (&peers)[kPacketPollBatch], uint32_t flag,
                                              uint32_t (&payloads)[kPacketPollBatch][2], const AbortState& abort,
                                              uint64_t index, Stop&& stop = Stop{}) {
   uint32_t missing = 0;
 #pragma unroll
   for (int k = 0; k < kPacketPollBatch; ++k) {
-    if (k < n && src[k] != nullptr) missing |= 1u << k;
+    if (src[k] != nullptr) missing |= 1u << k;
   }
   auto ready = [&] {
     LL16Packet::Words words[kPacketPollBatch];

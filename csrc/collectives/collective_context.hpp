@@ -92,7 +92,7 @@ PYCCL_HOST_DEVICE uint32_t pollPeerPackets(const CollectiveContext& c, bool seco
       polled |= 1u << k;
     }
   }
-  if (ok) ok = pollPacketBatch(src, peers, kPacketPollBatch, flag, payloads, c.abort, slot) == WaitStatus::kOk;
+  if (ok) ok = pollPacketBatch(src, peers, flag, payloads, c.abort, slot) == WaitStatus::kOk;
   return polled;
 }
 

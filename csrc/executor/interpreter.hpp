@@ -114,8 +114,7 @@ PYCCL_HOST_DEVICE bool pollSourcePackets(const PlanContext& c, const PlanOp& op,
     peers[k] = ch.rank;
     src[k] = used ? packetPtr(c, ch.rank, ch.index + j, call) + i : nullptr;
   }
-  return waitSucceeded(c, pollPacketBatch(src, peers, op.numSrcs - first, flag, payloads, c.abort, i,
-                                          [&] { return failedAlready(c); }));
+  return waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i, [&] { return failedAlready(c); }));
 }
 
 PYCCL_HOST_DEVICE float applyReduce(int op, float a, float b) {
