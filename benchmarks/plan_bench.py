@@ -23,18 +23,40 @@ import pyccl
 import pyccl.algorithms as algorithms
 from pyccl._spawn import run_ranks
 from pyccl.bench import _time_graph
+from pyccl.dsl import Plan
 from pyccl.plans import PlanRunner
 
 K = 1 << 10
 M = 1 << 20
 # plan, hand-written twin, sizes, instance counts, threads per block
-CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 4, 8, 16, 32), (512, 1024)),
+# (the kernels' LL grid is 64 blocks: the plans get as many)
+CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 4, 8, 16, 32, 64),
+          (512, 1024)),
          ("allreduce_allpairs_ll2", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64), (512, 1024)),
          ("allreduce_allpairs_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
 ITERS, TRIALS = 20, 7
 
 
 ROUNDS = 5
+
+
+def _without_reduce_put_packets(plan: Plan) -> Plan:
+    """`plan` with each reduce_put_packets split back into the reduce_packets and
+    the packet puts that lowering fused: the fusion's worth, timed side by side."""
+    d = plan.to_dict()
+    for r in d["ranks"]:
+        for tb in r["threadblocks"]:
+            ops = []
+            for op in tb["ops"]:
+                if op["op"] != "reduce_put_packets":
+                    ops.append(op)
+                    continue
+                reduce = {k: v for k, v in op.items() if k not in ("channels", "dsts")}
+                reduce["op"] = "reduce_packets"
+                ops += [reduce, {"op": "multi_put_packets", "srcs": [op["dst"]], "channels": op["channels"],
+                                 "dsts": op["dsts"], "line": op["line"]}]
+            tb["ops"] = ops
+    return Plan.from_dict(d)
 
 
 def _kernel_call(x, y, comm, algo):
@@ -77,16 +99,25 @@ def body(rank, world, store, plans):
                            key=lambda r: r["us"])
                 store.set(key, json.dumps([best["instances"], best["threads"]]))
             k, threads = json.loads(store.get(key))
-            run = PlanRunner(algorithms.LIBRARY[name](world, instances=k).lower(), comm, max_bytes=n, threads=threads)
+            plan = algorithms.LIBRARY[name](world, instances=k).lower()
+            run = PlanRunner(plan, comm, max_bytes=n, threads=threads)
+            unfused = None
+            if plan.count_ops("reduce_put_packets"):
+                unfused = PlanRunner(_without_reduce_put_packets(plan), comm, max_bytes=n, threads=threads)
             x, y = inputs[n], outputs[n]
-            kernel_us, plan_us = [], []
+            kernel_us, plan_us, unfused_us = [], [], []
             for _ in range(ROUNDS):
                 kernel_us.append(_time_graph(_kernel_call(x, y, comm, algo), ITERS, TRIALS))
                 plan_us.append(_time_graph(lambda: run(x, out=y), ITERS, TRIALS))
+                if unfused is not None:
+                    unfused_us.append(_time_graph(lambda: unfused(x, out=y), ITERS, TRIALS))
             run.close()
+            if unfused is not None:
+                unfused.close()
             head_to_head.append({"plan": name, "kernel": algo, "bytes": n, "instances": k, "threads": threads,
                                  "kernel_us": statistics.median(kernel_us), "plan_us": statistics.median(plan_us),
-                                 "kernel_rounds": kernel_us, "plan_rounds": plan_us})
+                                 "kernel_rounds": kernel_us, "plan_rounds": plan_us,
+                                 "unfused_us": statistics.median(unfused_us) if unfused_us else None})
     comm.close()
     return (rows, head_to_head) if rank == 0 else None
 
@@ -117,6 +148,10 @@ def main() -> None:
         ratios.setdefault(r["plan"], []).append(ratio)
         print(f"| {r['plan']} ({r['kernel']}) | {_size(r['bytes'])} | {r['kernel_us']:.2f} | {r['plan_us']:.2f} "
               f"({r['instances']} x {r['threads']}) | {ratio:.2f} |")
+    for r in head_to_head:
+        if r.get("unfused_us"):
+            print(f"{r['plan']} {_size(r['bytes'])}: without the reduce_put_packets fusion {r['unfused_us']:.2f} µs "
+                  f"(fused {r['plan_us']:.2f})")
     for name, rs in ratios.items():
         print(f"{name}: geometric mean plan / kernel {math.exp(sum(map(math.log, rs)) / len(rs)):.3f}, "
               f"worst {max(rs):.2f}")

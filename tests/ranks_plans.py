@@ -12,6 +12,9 @@ from pyccl.plans import PlanRunner
 from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# Words of a packed op before its destination chunks (plan_format.hpp: 5
+# counts, ordinals, channels, peers and per-call counts, then the sources).
+_OP_DSTS = 5 + 4 * 8 + 4 * 8
 
 
 def _expected(collective, inputs, op: str, rank: int) -> torch.Tensor:
@@ -117,6 +120,14 @@ def plan_errors(rank, world, store):
         _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
     except pyccl.InvalidArgumentError as e:
         messages["pairs"] = str(e)
+    # Packets land only in the packet region, which has a slot per scratch chunk.
+    ops = pack_plan(algorithms.allreduce_allpairs_ll2(world).lower(), rank)["ops"].clone()
+    ops[1, _OP_DSTS + 4 + 1] = 1  # reduce_put_packets' first packet destination into an output chunk
+    args["ops"] = ops
+    try:
+        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
+    except pyccl.InvalidArgumentError as e:
+        messages["packets"] = str(e)
     y = runner(torch.full((world * 4,), float(rank + 1)))  # still works
     messages["sum_ok"] = bool(torch.all(y == world * (world + 1) / 2))
     runner.close()

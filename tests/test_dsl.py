@@ -111,17 +111,24 @@ def test_fusion_and_synchronization():
             p.output(r)[0].reduce_packets(p.scratch(r, 2)[0], tb=0)
     ops = p.lower().threadblocks(0)[0]["ops"]
     assert all("init" not in op for op in ops) and _kinds(p.lower()).count("copy") == 2
-    # 2PA LL: packet ops split chunks among threads alike, so the reduced
-    # chunk goes to the peers with no sync between (the same thread wrote each
-    # packet's bytes); a packet put of part of those chunks, or a plain copy of
-    # them, still syncs first.
-    # Chunk q to rank q for every q is one multi_put_packets of pairs; the
-    # three results are one multi_unpack.
+    # 2PA LL: chunk q to rank q for every q is one multi_put_packets of pairs;
+    # the reduction of the peers' packets and the packet puts of its result are
+    # one reduce_put_packets (the result goes from registers); the three
+    # results are one multi_unpack. Packet ops split chunks among threads
+    # alike, so none needs a sync; a packet put of part of the reduced chunks
+    # stays apart and, like a plain copy of them, syncs first.
     ll2 = algorithms.allreduce_allpairs_ll2(4).lower()
-    assert _kinds(ll2) == ["multi_put_packets", "reduce_packets", "multi_put_packets", "multi_unpack"], _kinds(ll2)
-    first, _, result, unpack = ll2.threadblocks(0)[0]["ops"]
-    assert len(first["srcs"]) == 3 and len(result["srcs"]) == 1 and len(result["dsts"]) == 3
+    assert _kinds(ll2) == ["multi_put_packets", "reduce_put_packets", "multi_unpack"], _kinds(ll2)
+    first, reduced, unpack = ll2.threadblocks(0)[0]["ops"]
+    assert len(first["srcs"]) == 3 and len(reduced["srcs"]) == 3 and len(reduced["dsts"]) == 3
+    assert reduced["init"] == [0, "input", 0, 1] and reduced["dst"] == [0, "output", 0, 1]
+    assert [d[0] for d in reduced["dsts"]] == [1, 2, 3] and len(reduced["channels"]) == 3
     assert len(unpack["srcs"]) == 3 and len(unpack["dsts"]) == 3
+    # On 8 ranks it takes the seven peers' packets and sends to seven peers;
+    # an op of the interpreter holds at most 8 of each, one being the start
+    # (or the destination).
+    assert _kinds(algorithms.allreduce_allpairs_ll2(8).lower()) == ["multi_put_packets", "reduce_put_packets",
+                                                                    "multi_unpack"]
     # Pairs that would touch each other's chunks stay apart.
     with Program("two_gets", AllGather(2), protocol="hb") as p:
         for r in range(2):
@@ -144,6 +151,7 @@ def test_fusion_and_synchronization():
                 p.output(r)[0:2].reduce_packets(p.scratch(r, 4)[0:2], tb=0)
                 MemoryChannel(q, r).put_packets(p.scratch(q, 4)[2:2 + n], p.output(r)[0:n], tb=0)
         assert ("sync" in _kinds(p.lower())) == expect_sync, (n, _kinds(p.lower()))
+        assert ("reduce_put_packets" in _kinds(p.lower())) == (not expect_sync), (n, _kinds(p.lower()))
     with Program("packets_then_copy", AllReduce(2, chunks=2, in_place=False), protocol="ll") as p:
         for r in range(2):
             q = 1 - r
@@ -404,6 +412,13 @@ def test_plan_checks_pairs():
         (good, "multi_unpack", lambda op: op["dsts"].__setitem__(0, [1, "output", 0, 1]), "rank 0's chunks"),
         (good, "multi_put_packets", lambda op: op["srcs"].append(op["srcs"][0]), "one source chunk per dst"),
         (good, "multi_put_packets", lambda op: op["srcs"].__setitem__(0, [1, "input", 0, 1]), "this rank's"),
+        (good, "reduce_put_packets", lambda op: op["dsts"].pop(), "one dst per channel"),
+        (good, "reduce_put_packets", lambda op: op["dsts"].__setitem__(0, [1, "output", 0, 1]), "scratch"),
+        (good, "reduce_put_packets", lambda op: op["dsts"].__setitem__(0, [2, "scratch", 3, 1]), "channel"),
+        (good, "reduce_put_packets", lambda op: op["srcs"].__setitem__(0, [0, "input", 1, 1]), "scratch"),
+        (good, "reduce_put_packets", lambda op: op.update(dst=[1, "output", 0, 1]), "rank 0's"),
+        (good, "reduce_put_packets", lambda op: op.update(channels=[0, 0]), "twice"),
+        (good, "reduce_put_packets", lambda op: op.update(init=[0, "input", 0, 2]), "init chunk|fit|range|size"),
         (hb, "multi_get", lambda op: op["srcs"].pop(), "one source chunk per channel"),
         (hb, "multi_get", lambda op: op["srcs"].__setitem__(0, [0, "scratch", 1, 1]), "channel"),
         (hb, "multi_get", lambda op: op["dsts"].__setitem__(1, op["dsts"][0]), "overlaps"),

@@ -30,6 +30,7 @@ def test_plan_calls_reject_bad_arguments():
         assert "'plan'" in m["world"]
         assert "'out'" in m["overlap"] and "partly overlaps" in m["overlap"]
         assert "'plan'" in m["pairs"] and "pairs" in m["pairs"] and "destinations" in m["pairs"]
+        assert "'plan'" in m["packets"] and "writes packets outside the scratch buffer" in m["packets"], m["packets"]
         assert m["sum_ok"]
 
 

@@ -21,6 +21,13 @@
 #define PYCCL_DEVICE inline
 #endif
 
+/// Unrolls the next loop in device code (host compilers decide for themselves).
+#if defined(__CUDA_ARCH__)
+#define PYCCL_UNROLL _Pragma("unroll")
+#else
+#define PYCCL_UNROLL
+#endif
+
 namespace pyccl {
 
 #if defined(__CUDA_ARCH__)

@@ -7,6 +7,12 @@
 //               lands in two 8-byte pieces is still never read half-written.
 // Flags must change from round to round (derive them from a sequence number)
 // and never be 0, the value packet buffers start with.
+//
+// The device loads and stores are volatile asm without a "memory" clobber: a
+// packet orders nothing but itself (its flag travels in the same store), and
+// the hardware gives a volatile access no order with other memory anyway. A
+// clobber would only make the compiler reload every value it keeps in memory
+// (a plan op's fields in shared memory, for one) after each packet access.
 #pragma once
 
 #include "channels/device_common.hpp"
@@ -23,8 +29,7 @@ struct alignas(8) LL8Packet {
   PYCCL_HOST_DEVICE void write(const uint32_t* payload, uint32_t flagValue) {
 #if PYCCL_ON_DEVICE
     asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(this), "r"(payload[0]),
-                 "r"(flagValue)
-                 : "memory");
+                 "r"(flagValue));
 #else
     const uint64_t word = static_cast<uint64_t>(payload[0]) | (static_cast<uint64_t>(flagValue) << 32);
     std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(this)).store(word, std::memory_order_release);
@@ -35,7 +40,7 @@ struct alignas(8) LL8Packet {
   PYCCL_HOST_DEVICE bool tryRead(uint32_t flagValue, uint32_t* out) const {
 #if PYCCL_ON_DEVICE
     uint32_t d, f;
-    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(d), "=r"(f) : "l"(this) : "memory");
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(d), "=r"(f) : "l"(this));
 #else
     const uint64_t word = std::atomic_ref<const uint64_t>(*reinterpret_cast<const uint64_t*>(this))
                               .load(std::memory_order_acquire);
@@ -60,8 +65,7 @@ struct alignas(16) LL16Packet {
   PYCCL_HOST_DEVICE void write(const uint32_t* payload, uint32_t flagValue) {
 #if PYCCL_ON_DEVICE
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(this), "r"(payload[0]),
-                 "r"(flagValue), "r"(payload[1]), "r"(flagValue)
-                 : "memory");
+                 "r"(flagValue), "r"(payload[1]), "r"(flagValue));
 #else
     auto* words = reinterpret_cast<uint64_t*>(this);
     std::atomic_ref<uint64_t>(words[0]).store(
@@ -85,8 +89,7 @@ struct alignas(16) LL16Packet {
 #if PYCCL_ON_DEVICE
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(w.data0), "=r"(w.flag0), "=r"(w.data1), "=r"(w.flag1)
-                 : "l"(this)
-                 : "memory");
+                 : "l"(this));
 #else
     const auto* words = reinterpret_cast<const uint64_t*>(this);
     const uint64_t w0 = std::atomic_ref<const uint64_t>(words[0]).load(std::memory_order_acquire);
@@ -198,17 +201,17 @@ PYCCL_HOST_DEVICE WaitStatus pollPacketBatch(const LL16Packet* const (&src)[kPac
                                              uint32_t (&payloads)[kPacketPollBatch][2], const AbortState& abort,
                                              uint64_t index, Stop&& stop = Stop{}) {
   uint32_t missing = 0;
-#pragma unroll
+  PYCCL_UNROLL
   for (int k = 0; k < kPacketPollBatch; ++k) {
     if (src[k] != nullptr) missing |= 1u << k;
   }
   auto ready = [&] {
-    LL16Packet::Words words[kPacketPollBatch];
-#pragma unroll
+    LL16Packet::Words words[kPacketPollBatch] = {};
+    PYCCL_UNROLL
     for (int k = 0; k < kPacketPollBatch; ++k) {
       if (missing & (1u << k)) words[k] = src[k]->load();
     }
-#pragma unroll
+    PYCCL_UNROLL
     for (int k = 0; k < kPacketPollBatch; ++k) {
       if ((missing & (1u << k)) && LL16Packet::arrived(words[k], flag, payloads[k])) missing &= ~(1u << k);
     }

@@ -40,7 +40,7 @@ PYCCL_HOST_DEVICE void reduceArrivingPacket(const CollectiveContext& c, uint32_t
   for (int q0 = 0; q0 < c.worldSize; q0 += kPacketPollBatch) {
     uint32_t payloads[kPacketPollBatch][2];
     pollPeerPackets(c, false, phase, block, i - lo, q0, flag, [](int) { return true; }, payloads, ok);
-#pragma unroll
+    PYCCL_UNROLL
     for (int k = 0; k < kPacketPollBatch; ++k) {
       const int q = q0 + k;
       if (q >= c.worldSize) break;
@@ -160,7 +160,7 @@ PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* inpu
       uint32_t payloads[kPacketPollBatch][2];
       const uint32_t polled =
           detail::pollPeerPackets(c, true, phase, block, i - lo, q0, flag, [](int) { return true; }, payloads, ok);
-#pragma unroll
+      PYCCL_UNROLL
       for (int k = 0; k < kPacketPollBatch; ++k) {
         if (ok && (polled & (1u << k))) {
           unpackPayload<LL16Packet>(out + (q0 + k) * chunkStride, i, chunkBytes(q0 + k), payloads[k]);

@@ -62,14 +62,14 @@ PYCCL_HOST_DEVICE void allReduceZeroCopy(const CollectiveContext& c, const Symme
       detail::Vec16 raw[kMaxCollectiveRanks];
       // All loads first: `world` 16-byte requests in flight per thread.
 #if PYCCL_ON_DEVICE  // host compilers do not know the pragma
-#pragma unroll
+PYCCL_UNROLL
 #endif
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q < world) raw[q] = *reinterpret_cast<const detail::Vec16*>(p.inputs[q] + at);
       }
       float acc[kVec];
 #if PYCCL_ON_DEVICE  // host compilers do not know the pragma
-#pragma unroll
+PYCCL_UNROLL
 #endif
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q >= world) break;

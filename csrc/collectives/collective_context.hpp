@@ -81,7 +81,7 @@ PYCCL_HOST_DEVICE uint32_t pollPeerPackets(const CollectiveContext& c, bool seco
   const LL16Packet* src[kPacketPollBatch];
   int peers[kPacketPollBatch];
   uint32_t polled = 0;
-#pragma unroll
+  PYCCL_UNROLL
   for (int k = 0; k < kPacketPollBatch; ++k) {
     const int q = q0 + k;
     peers[k] = q;

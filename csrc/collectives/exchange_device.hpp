@@ -97,7 +97,7 @@ PYCCL_HOST_DEVICE void exchangeLL(ExchangeKind kind, const CollectiveContext& c,
       const uint32_t polled = detail::pollPeerPackets(
           c, false, phase, block, i - lo, q0, flag, [&](int q) { return detail::exchangeReceivesFrom(kind, c, a, q); },
           payloads, ok);
-#pragma unroll
+      PYCCL_UNROLL
       for (int k = 0; k < kPacketPollBatch; ++k) {
         if (!ok || !(polled & (1u << k))) continue;
         char* to = a.output + (kind == ExchangeKind::kBroadcast ? 0 : (q0 + k) * a.outStride);

@@ -49,6 +49,35 @@ void checkProgram(const PlanProgram& p, int world) {
       for (int d = 0; d < op.numDsts; ++d) sameSize = sameSize && op.dsts[d].count == op.srcs[0].count;
       PYCCL_CHECK_ARG(sameSize, "plan", "op ", i, " moves chunks of different sizes");
     }
+    if (kind == PlanOpKind::kReducePackets || kind == PlanOpKind::kReducePutPackets) {
+      // reduce_packets: the packet sources, and the destination (then where it starts);
+      // reduce_put_packets: where it starts then the packet sources, the destination then the packet destinations.
+      const bool puts = kind == PlanOpKind::kReducePutPackets;
+      PYCCL_CHECK_ARG(puts ? op.numSrcs >= 2 && op.numDsts >= 2 : op.numSrcs >= 1 && op.numDsts >= 1 && op.numDsts <= 2,
+                      "plan", "op ", i, " has ", op.numSrcs, " sources and ", op.numDsts, " destinations");
+      bool sameSize = true;
+      for (int s = 0; s < op.numSrcs; ++s) sameSize = sameSize && op.srcs[s].count == op.dsts[0].count;
+      for (int d = 0; d < op.numDsts; ++d) sameSize = sameSize && op.dsts[d].count == op.dsts[0].count;
+      PYCCL_CHECK_ARG(sameSize, "plan", "op ", i, " reduces chunks of different sizes");
+    }
+    // Packet chunks live in the packet region, which has one slot per scratch chunk.
+    auto packetChunk = [&](bool isSource, int k) {
+      switch (kind) {
+        case PlanOpKind::kPutPackets: return !isSource;
+        case PlanOpKind::kUnpack:
+        case PlanOpKind::kReducePackets: return isSource;
+        case PlanOpKind::kReducePutPackets: return k >= 1;
+        default: return false;
+      }
+    };
+    for (int s = 0; s < op.numSrcs; ++s) {
+      PYCCL_CHECK_ARG(!packetChunk(true, s) || op.srcs[s].buffer == 2, "plan", "op ", i,
+                      " reads packets outside the scratch buffer");
+    }
+    for (int d = 0; d < op.numDsts; ++d) {
+      PYCCL_CHECK_ARG(!packetChunk(false, d) || op.dsts[d].buffer == 2, "plan", "op ", i,
+                      " writes packets outside the scratch buffer");
+    }
     for (int s = 0; s < op.numSrcs; ++s) PYCCL_CHECK_ARG(chunkOk(op.srcs[s]), "plan", "op ", i, " reads out of range");
     for (int d = 0; d < op.numDsts; ++d) PYCCL_CHECK_ARG(chunkOk(op.dsts[d]), "plan", "op ", i, " writes out of range");
     for (int k = 0; k < op.numChannels; ++k) {

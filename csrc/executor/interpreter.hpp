@@ -99,22 +99,30 @@ PYCCL_HOST_DEVICE bool planSpin(const PlanContext& c, const uint64_t* counter, u
 
 PYCCL_HOST_DEVICE uint32_t packetFlag(uint64_t call) { return static_cast<uint32_t>(call % 0xfffffffeull) + 1; }
 
-/// Polls packet `i` of chunk `j` of the op's sources [first, first +
-/// kPacketPollBatch) together (pollPacketBatch) into payloads; false if the
-/// wait gave up or an earlier one did.
-PYCCL_HOST_DEVICE bool pollSourcePackets(const PlanContext& c, const PlanOp& op, int first, uint64_t j, uint64_t i,
-                                         uint64_t call, uint32_t flag,
+/// Polls packet `i` of chunk `j` of the packet chunks srcs[first, first +
+/// kPacketPollBatch) (of numSrcs) together (pollPacketBatch) into payloads;
+/// false if the wait gave up or an earlier one did.
+PYCCL_HOST_DEVICE bool pollSourcePackets(const PlanContext& c, const PlanChunk* srcs, int numSrcs, int first,
+                                         uint64_t j, uint64_t i, uint64_t call, uint32_t flag,
                                          uint32_t (&payloads)[kPacketPollBatch][2]) {
   const LL16Packet* src[kPacketPollBatch];
   int peers[kPacketPollBatch];
-#pragma unroll
+  PYCCL_UNROLL
   for (int k = 0; k < kPacketPollBatch; ++k) {
-    const bool used = first + k < op.numSrcs;
-    const PlanChunk& ch = op.srcs[used ? first + k : 0];
+    const bool used = first + k < numSrcs;
+    const PlanChunk& ch = srcs[used ? first + k : 0];
     peers[k] = ch.rank;
     src[k] = used ? packetPtr(c, ch.rank, ch.index + j, call) + i : nullptr;
   }
   return waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i, [&] { return failedAlready(c); }));
+}
+
+/// Lane `l` of a packet's payload set to `v` (byte copies: no aliasing of the words as T).
+template <typename T>
+PYCCL_HOST_DEVICE void setLane(uint32_t (&payload)[2], uint32_t l, T v) {
+  auto* to = reinterpret_cast<unsigned char*>(payload) + l * sizeof(T);
+  const auto* from = reinterpret_cast<const unsigned char*>(&v);
+  for (uint32_t k = 0; k < sizeof(T); ++k) to[k] = from[k];
 }
 
 PYCCL_HOST_DEVICE float applyReduce(int op, float a, float b) {
@@ -247,6 +255,60 @@ PYCCL_HOST_DEVICE void copyPairs(const PlanContext& c, const PlanOp& op, uint64_
   for (int k = 0; k < n; ++k) copyBytes(dsts[k] + done, srcs[k] + done, bytes - done, tid, numThreads);
 }
 
+/// reduce_packets (and, with packet destinations, reduce_put_packets): `out`
+/// = `start` reduced with the packets of srcs[0, numSrcs). One packet index
+/// per thread: poll it in every source (the peers' packets land in several
+/// slots; kPacketPollBatch sources at a time), reduce in fp32 in source
+/// order, store once, and send the result from registers to every packet
+/// destination (2PA LL's reduce-then-send, as its hand-written kernel does:
+/// no store and reload in between). Plain loops over the operands: a form
+/// that resolved every operand into registers first, in loops unrolled over
+/// kPlanMaxOperands, spilled, grew the kernels by 40% and made each small
+/// call 1.4 us slower (a one-GPU self-loop of the 1PA LL plan).
+template <typename T>
+PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanChunk& out, const PlanChunk& start,
+                                     const PlanChunk* srcs, int numSrcs, const PlanChunk* dsts, int numDsts,
+                                     int redOp, uint64_t call, uint32_t tid, uint32_t numThreads) {
+  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
+  const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
+  const uint64_t packets = perChunk * out.count;
+  const uint64_t chunkElems = c.chunkBytes / sizeof(T);
+  const uint32_t flag = packetFlag(call);
+  bool ok = true;
+  char* const outBase = chunkPtr(c, out, call);
+  const char* const startBase = chunkPtr(c, start, call);
+  for (uint64_t p = tid; ok && p < packets; p += numThreads) {
+    uint64_t j, i;
+    packetOf(p, perChunk, out.count, &j, &i);
+    float acc[kLanes];
+    const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes) : kLanes;
+    T* elems = reinterpret_cast<T*>(outBase + j * c.chunkBytes) + i * kLanes;  // this packet's elements
+    const T* first = reinterpret_cast<const T*>(startBase + j * c.chunkBytes) + i * kLanes;
+    for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(first[l]);
+    for (int s0 = 0; ok && s0 < numSrcs; s0 += kPacketPollBatch) {
+      uint32_t payloads[kPacketPollBatch][2];
+      ok = pollSourcePackets(c, srcs, numSrcs, s0, j, i, call, flag, payloads);
+      PYCCL_UNROLL
+      for (int k = 0; k < kPacketPollBatch; ++k) {
+        if (!ok || s0 + k >= numSrcs) break;
+        for (uint32_t l = 0; l < lanes; ++l) {
+          const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payloads[k]), l));
+          acc[l] = applyReduce(redOp, acc[l], x);
+        }
+      }
+    }
+    if (!ok) break;
+    uint32_t result[2] = {0, 0};  // zero past the chunk's end, as packPayload pads
+    for (uint32_t l = 0; l < lanes; ++l) {
+      const T r = ElementTraits<T>::fromFloat(acc[l]);
+      elems[l] = r;
+      setLane<T>(result, l, r);
+    }
+    for (int d = 0; d < numDsts; ++d) packetPtr(c, dsts[d].rank, dsts[d].index + j, call)[i].write(result, flag);
+  }
+  return ok;
+}
+
 /// One op of thread block `tb`; false once a wait gave up (timeout or abort).
 template <typename T, int LoadBatch>
 PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp, uint64_t call, uint32_t tid,
@@ -315,8 +377,8 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         packetOf(p, perChunk, op.dsts[0].count, &j, &i);
         for (int k0 = 0; ok && k0 < op.numSrcs; k0 += kPacketPollBatch) {
           uint32_t payloads[kPacketPollBatch][2];
-          ok = pollSourcePackets(c, op, k0, j, i, call, flag, payloads);
-#pragma unroll
+          ok = pollSourcePackets(c, op.srcs, op.numSrcs, k0, j, i, call, flag, payloads);
+          PYCCL_UNROLL
           for (int k = 0; k < kPacketPollBatch; ++k) {
             if (!ok || k0 + k >= op.numSrcs) break;
             unpackPayload<LL16Packet>(chunkPtr(c, op.dsts[k0 + k], call) + j * c.chunkBytes, i, c.chunkBytes,
@@ -326,46 +388,15 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       }
       return ok;
     }
-    case PlanOpKind::kReducePackets: {
-      // One packet index per thread: poll it in every source (the peers'
-      // packets land in several slots; kPacketPollBatch sources at a time),
-      // reduce in fp32 in source order, store once. A second destination is
-      // the chunk the reduction starts from (the plan's init).
-      const int from = op.numDsts > 1 ? 1 : 0;
-      constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
-      const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
-      const uint64_t packets = perChunk * op.dsts[0].count;
-      const uint64_t chunkElems = c.chunkBytes / sizeof(T);
-      const uint32_t flag = packetFlag(call);
-      bool ok = true;
-      char* const dstBase = chunkPtr(c, op.dsts[0], call);
-      const char* const startBase = chunkPtr(c, op.dsts[from], call);
-      for (uint64_t p = tid; ok && p < packets; p += numThreads) {
-        uint64_t j, i;
-        packetOf(p, perChunk, op.dsts[0].count, &j, &i);
-        float acc[kLanes];
-        const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes)
-                                                                 : kLanes;
-        T* elems = reinterpret_cast<T*>(dstBase + j * c.chunkBytes) + i * kLanes;  // this packet's elements
-        const T* start = reinterpret_cast<const T*>(startBase + j * c.chunkBytes) + i * kLanes;
-        for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(start[l]);
-        for (int s0 = 0; ok && s0 < op.numSrcs; s0 += kPacketPollBatch) {
-          uint32_t payloads[kPacketPollBatch][2];
-          ok = pollSourcePackets(c, op, s0, j, i, call, flag, payloads);
-#pragma unroll
-          for (int k = 0; k < kPacketPollBatch; ++k) {
-            if (!ok || s0 + k >= op.numSrcs) break;
-            for (uint32_t l = 0; l < lanes; ++l) {
-              const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payloads[k]), l));
-              acc[l] = applyReduce(redOp, acc[l], x);
-            }
-          }
-        }
-        if (ok) {
-          for (uint32_t l = 0; l < lanes; ++l) elems[l] = ElementTraits<T>::fromFloat(acc[l]);
-        }
-      }
-      return ok;
+    case PlanOpKind::kReducePackets:
+    case PlanOpKind::kReducePutPackets: {
+      // reduce_packets: a second destination is the chunk the reduction starts
+      // from (the plan's init). reduce_put_packets: srcs[0] is, and dsts[1..]
+      // get the result as packets. One call site: one inlined copy of the body.
+      const int puts = static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePutPackets ? 1 : 0;
+      const PlanChunk& start = puts ? op.srcs[0] : op.dsts[op.numDsts > 1 ? 1 : 0];
+      return reducePackets<T>(c, op.dsts[0], start, op.srcs + puts, op.numSrcs - puts, op.dsts + 1,
+                              puts ? op.numDsts - 1 : 0, redOp, call, tid, numThreads);
     }
     case PlanOpKind::kSignal:
       syncBlock();  // the block's writes happen before the releasing adds (cumulativity)

@@ -28,6 +28,9 @@ enum class PlanOpKind : int32_t {
   kSwitchReduce,
   kBarrier,
   kSync,
+  /// srcs[0] (where the reduction starts) reduced with the packets of
+  /// srcs[1..]; the result to dsts[0] and as packets to every dsts[1..]
+  kReducePutPackets,
   kCount
 };
 

@@ -30,12 +30,13 @@ __all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
 
 _KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "put_packets": 5,
           "channel_reduce": 6, "reduce_put": 7, "signal": 8, "wait": 9, "flush": 10, "switch_reduce": 11,
-          "barrier": 12, "sync": 13}
+          "barrier": 12, "sync": 13, "reduce_put_packets": 14}
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
 _REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
-_REDUCING = ("reduce", "reduce_packets", "channel_reduce", "multi_reduce", "reduce_put", "switch_reduce")
-_PACKET_READS = ("unpack", "multi_unpack", "reduce_packets")
-_PACKET_WRITES = ("put_packets", "multi_put_packets")
+_REDUCING = ("reduce", "reduce_packets", "reduce_put_packets", "channel_reduce", "multi_reduce", "reduce_put",
+             "switch_reduce")
+_PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
+_PACKET_WRITES = ("put_packets", "multi_put_packets")  # dst or dsts are packets (reduce_put_packets: dsts)
 
 
 def _op_words(kind: str, reduce_op=None, srcs=(), dsts=(), channels=(), ordinals=()) -> List[int]:
@@ -62,8 +63,10 @@ def _chunks_touched(op: dict) -> List[Tuple[list, bool]]:
     def named(c: list, packets: bool) -> list:
         return [c[0], "packets", c[2], c[3]] if packets else c
 
-    written = ([op["dst"]] if "dst" in op else []) + op.get("dsts", []) + op.get("copy_to", [])
-    out = [(named(c, kind in _PACKET_WRITES), True) for c in written]
+    packet_dsts = kind in _PACKET_WRITES or kind == "reduce_put_packets"
+    out = [(named(c, kind in _PACKET_WRITES), True) for c in ([op["dst"]] if "dst" in op else [])]
+    out += [(named(c, packet_dsts), True) for c in op.get("dsts", [])]
+    out += [(c, True) for c in op.get("copy_to", [])]
     for i, c in enumerate(op.get("srcs", [])):
         out.append((named(c, kind in _PACKET_READS), kind == "reduce_put" and i == 0))
     if "init" in op:
@@ -102,7 +105,7 @@ def buffer_placement(plan: Plan) -> dict:
                         remote[(c[0], b)] = True
                     if c[0] == r and b == "input" and written:
                         writes_input[r] = True
-                    if b == "packets" and op["op"] in _PACKET_WRITES:
+                    if b == "packets" and written:
                         for i in range(c[2], c[2] + c[3]):
                             senders[(c[0], i)].add(r)
     stage_input = [remote[(r, "input")] or (not in_place and writes_input[r]) for r in range(n)]
@@ -181,6 +184,8 @@ def pack_plan(plan: Plan, rank: int) -> dict:
                 out.append(_op_words("reduce", red, srcs=srcs, dsts=dst + op.get("copy_to", [])))
             elif kind == "reduce_packets":  # init: a second entry, where the reduction starts
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst + ([op["init"]] if "init" in op else [])))
+            elif kind == "reduce_put_packets":  # where it starts, then the packets; dst, then the packets' dsts
+                out.append(_op_words(kind, red, srcs=[op.get("init", op["dst"])] + srcs, dsts=dst + op["dsts"]))
             elif kind in ("unpack", "put_packets", "reduce_put", "switch_reduce"):
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
             elif kind in ("signal", "multi_signal"):

@@ -25,7 +25,10 @@ The passes, in order:
    of the reduction (``copy_to``: the result is stored twice from registers);
    a local copy into chunks followed by ``reduce_packets`` into them becomes
    the reduction's ``init`` (it starts from the copy's source: one pass and
-   one block sync fewer, as 1PA reduces from its input).
+   one block sync fewer, as 1PA reduces from its input); packet puts of a
+   ``reduce_packets`` result right after it become ``reduce_put_packets``
+   (the result goes to the peers from registers, with no store and reload
+   in between, as in 2PA LL's kernel).
 4. **Synchronization**: the threads of a block split each op's data their own
    way, so an op that reads or writes chunks that an earlier op of the same
    block wrote (or reads what it overwrites) needs a ``sync`` first. The data
@@ -52,7 +55,7 @@ __all__ = ["lower"]
 
 _SOURCE_SIDE = ("put", "get", "put_packets", "put_with_signal", "channel_reduce", "reduce_put", "signal", "flush")
 _SYNCS_ITSELF = ("signal", "wait", "barrier", "multi_signal", "multi_wait")
-_PACKET_OPS = ("put_packets", "multi_put_packets", "unpack", "multi_unpack", "reduce_packets")
+_PACKET_OPS = ("put_packets", "multi_put_packets", "unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 # op kind -> the kind of several of them fused as (source, destination) pairs
 _PAIRS = {"put": "multi_put", "put_packets": "multi_put_packets", "get": "multi_get", "unpack": "multi_unpack"}
 
@@ -167,6 +170,33 @@ def _fused_pair(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bo
     return True
 
 
+def _fused_reduce_put_packets(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
+    """Merges packet puts of a ``reduce_packets`` result (the whole destination,
+    over memory channels) into the reduction as ``reduce_put_packets``. The
+    interpreter's op holds the chunk it starts from beside the packet sources,
+    and its destination beside the packet destinations: up to
+    MAX_OPERANDS - 1 of each."""
+    if prev.kind not in ("reduce_packets", "reduce_put_packets") or prev.tb_group is not None:
+        return False
+    if op.kind == "put_packets":
+        chans, dsts = [op.channel], [op.dst]
+    elif op.kind == "multi_put_packets":
+        chans, dsts = list(op.channels), list(op.dsts)
+    else:
+        return False
+    if op.tb_group is not None or op.srcs != [prev.dst] or any(channel_types[c] != "memory" for c in chans):
+        return False
+    have = list(getattr(prev, "dsts", []) or [])
+    if len(prev.srcs) > MAX_OPERANDS - 1 or len(have) + len(dsts) > MAX_OPERANDS - 1:
+        return False
+    fused = Op("reduce_put_packets", prev.rank, prev.tb, dst=prev.dst, srcs=list(prev.srcs), reduce_op=prev.reduce_op,
+               line=prev.line, init=prev.init)
+    fused.channels = list(getattr(prev, "channels", []) or []) + chans
+    fused.dsts = have + dsts
+    out[-1] = fused
+    return True
+
+
 def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
     """Merges `op` into `prev` (the last op of its thread block) where allowed."""
     if prev.copy_to:
@@ -185,6 +215,8 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
             and op.tb_group is None and not prev.srcs[0].overlaps(prev.dst)):
         out[-1] = Op("reduce_packets", op.rank, op.tb, dst=op.dst, srcs=list(op.srcs), reduce_op=op.reduce_op,
                      line=op.line, init=prev.srcs[0])
+        return True
+    if _fused_reduce_put_packets(prev, op, channel_types, out):
         return True
     if (prev.kind == "put" and op.kind == "signal" and prev.channel == op.channel
             and channel_types[op.channel] == "port"):

@@ -31,6 +31,8 @@ OP_KINDS: Dict[str, tuple] = {
     "reduce": (True, None, False),
     "unpack": (True, 1, False),
     "reduce_packets": (True, None, False),  # several: the packets of several peers at once
+    # reduce_packets whose result also goes as packets to "dsts"[k] over "channels"[k]
+    "reduce_put_packets": (True, None, False),
     "put": (True, 1, True),
     "put_packets": (True, 1, True),
     "put_with_signal": (True, 1, True),
@@ -226,6 +228,7 @@ def _validate(d: Any, where: str) -> None:
 _LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "reduce_packets")
 _PUTS = ("put", "put_packets", "put_with_signal")
 _MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack")
+_PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 
 
 def _chunks_overlap(a: list, b: list) -> bool:
@@ -286,9 +289,18 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
                          f"multi_reduce, got {copies!r} on {op['op']}")
         for c in copies:
             _destination_sized_local_chunk(c, "copy_to", op, where, buffers, num_ranks, rank)
+    if op["op"] == "reduce_put_packets":
+        chans = _int_list(op.get("channels"), where, "reduce_put_packets channels", num_channels, 1)
+        dsts = op.get("dsts")
+        if not isinstance(dsts, list) or len(dsts) != len(chans) or len(dsts) > MAX_OPERANDS - 1:
+            _fail(where, f"reduce_put_packets needs one dst per channel, up to {MAX_OPERANDS - 1}")
+        if len(srcs) > MAX_OPERANDS - 1:
+            _fail(where, f"reduce_put_packets takes up to {MAX_OPERANDS - 1} source chunks")
+        for c in dsts:
+            _chunk(c, where, buffers, num_ranks)
     if "init" in op:
-        if op["op"] != "reduce_packets":
-            _fail(where, f"init belongs to reduce_packets, got it on {op['op']}")
+        if op["op"] not in ("reduce_packets", "reduce_put_packets"):
+            _fail(where, f"init belongs to reduce_packets and reduce_put_packets, got it on {op['op']}")
         init, dst = op["init"], op["dst"]
         _destination_sized_local_chunk(init, "init", op, where, buffers, num_ranks, rank)
         if init != dst and _chunks_overlap(init, dst):
@@ -308,14 +320,14 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     kind = op["op"]
     dst, srcs = op.get("dst"), op.get("srcs", [])
     counts = {c[3] for c in srcs} | ({dst[3]} if dst else set())
-    if kind in _MULTI_PAIRS:
+    if kind in _MULTI_PAIRS or kind == "reduce_put_packets":
         counts |= {c[3] for c in op["dsts"]}
     if len(counts) > 1:
         _fail(where, f"{kind} moves chunks of different sizes {sorted(counts)}")
     if kind in _LOCAL:
         if any(c[0] != rank for c in srcs + ([dst] if dst else []) + op.get("dsts", [])):
             _fail(where, f"{kind} on rank {rank} may only touch rank {rank}'s chunks")
-        if kind == "multi_unpack" and any(c[1] != "scratch" for c in srcs):
+        if kind in _PACKET_READS and any(c[1] != "scratch" for c in srcs):
             _fail(where, f"{kind} reads packets from scratch buffers, got {srcs}")
         return
     chans = [op["channel"]] if "channel" in op else op.get("channels", [])
@@ -349,14 +361,19 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
             if channels[cid]["type"] != "memory" or d[0] != rank or src[0] != channels[cid]["dst"]:
                 _fail(where, f"{kind} must write this rank's chunks and read source {src} over memory channel "
                              f"{cid}'s destination")
-    if kind in ("multi_put", "multi_put_packets"):
+    if kind == "reduce_put_packets":
+        if any(c[0] != rank or c[1] != "scratch" for c in srcs) or dst[0] != rank:
+            _fail(where, f"{kind} must reduce packets in rank {rank}'s scratch into rank {rank}'s chunks")
+    if kind in ("multi_put", "multi_put_packets", "reduce_put_packets"):
         if any(c[0] != rank for c in srcs):
             _fail(where, f"{kind} must read this rank's chunks")
         for cid, d in zip(op["channels"], op["dsts"]):
             if channels[cid]["type"] != "memory" or d[0] != channels[cid]["dst"]:
                 _fail(where, f"{kind} destination {d} does not match memory channel {cid}")
-            if kind == "multi_put_packets" and d[1] != "scratch":
+            if kind != "multi_put" and d[1] != "scratch":
                 _fail(where, f"{kind} lands in scratch buffers, got {d}")
+    if kind == "put_packets" and dst[1] != "scratch":
+        _fail(where, f"{kind} lands in scratch buffers, got {dst}")
     if kind in ("multi_signal", "multi_wait") and any(channels[c]["type"] != "memory" for c in chans):
         _fail(where, f"{kind} takes memory channels")
     if kind == "switch_reduce":

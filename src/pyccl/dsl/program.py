@@ -85,11 +85,19 @@ class ChunkRange:
     def unpack(self, packets: "ChunkRange", tb: int) -> None:
         """Copies LL packets that a peer put into `packets` (this rank's
         scratch) into these chunks, waiting for each to arrive."""
+        _check_packets("unpack", packets)
         current_program()._local("unpack", self, [packets], tb)
 
     def reduce_packets(self, packets: "ChunkRange", tb: int, op: Optional[str] = None) -> None:
-        """Reduces arriving LL packets in `packets` into these chunks."""
+        """Reduces arriving LL packets in `packets` (this rank's scratch) into these chunks."""
+        _check_packets("reduce_packets", packets)
         current_program()._local("reduce_packets", self, [packets], tb, reduce_op=op)
+
+
+def _check_packets(what: str, packets: "ChunkRange") -> None:
+    """Packets land in scratch buffers (put_packets sends them there)."""
+    if isinstance(packets, ChunkRange) and packets.buffer != "scratch":
+        raise DSLError(f"{_user_line()}: {what} reads LL packets from this rank's scratch buffer, got {packets}")
 
 
 class Buffer:
@@ -136,16 +144,17 @@ class Op:
     line: str = "?"
     # Local chunks that also get a reduction's result (fusion of a copy of it).
     copy_to: List[ChunkRange] = field(default_factory=list)
-    # reduce_packets only: the local chunk the reduction starts from instead of
-    # its destination (fusion of a copy into the destination before it).
+    # reduce_packets and reduce_put_packets only: the local chunk the reduction
+    # starts from instead of its destination (fusion of a copy into the
+    # destination before it).
     init: Optional[ChunkRange] = None
 
     def reads(self) -> List[ChunkRange]:
         """The chunks this op reads (a reduce also reads its destination, or its init)."""
         if self.init is not None:
             return list(self.srcs) + [self.init]
-        extra = [self.dst] if self.kind in ("reduce", "reduce_packets", "channel_reduce", "multi_reduce") and self.dst \
-            else []
+        reducing = ("reduce", "reduce_packets", "reduce_put_packets", "channel_reduce", "multi_reduce")
+        extra = [self.dst] if self.kind in reducing and self.dst else []
         return list(self.srcs) + extra
 
     def writes(self) -> List[ChunkRange]:

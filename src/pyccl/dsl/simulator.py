@@ -176,7 +176,7 @@ class _Sim:
             return all(len(self.signals.get(c, [])) > self.waited.get(c, 0) for c in chans)
         if kind == "flush":
             return not self.queues.get(op["channel"])
-        if kind in ("unpack", "multi_unpack", "reduce_packets"):
+        if kind in ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets"):
             return all(s in self.packets for src in op["srcs"] for s in self._slots(src))
         if kind == "barrier":
             key = (r, tuple(op["tbs"]))
@@ -214,13 +214,17 @@ class _Sim:
             for s in self._slots(op["srcs"][0]):
                 self._acquire(i, self.packets[s])
             self._write(i, op["dst"], self._read(i, op["srcs"][0], where), where)
-        elif kind == "reduce_packets":
+        elif kind in ("reduce_packets", "reduce_put_packets"):
             acc = self._read(i, op.get("init", op["dst"]), where)
             for src in op["srcs"]:
                 for s in self._slots(src):
                     self._acquire(i, self.packets[s])
                 acc = red(acc, self._read(i, src, where))
             self._write(i, op["dst"], acc, where)
+            for d in op.get("dsts", ()):  # reduce_put_packets: the result, from registers, as packets
+                self._write(i, d, acc, where)
+                for s in self._slots(d):
+                    self.packets[s] = self.clock[i].copy()
         elif kind in ("put", "get", "put_with_signal", "put_packets", "switch_broadcast"):
             if op.get("channel") in self.queues:  # a port channel: the proxy does it later
                 self.queues[op["channel"]].append(("put", op, self.clock[i].copy(), where))
