@@ -33,11 +33,14 @@ TOOLS = ("memcheck", "synccheck")
 SANITIZER_FLAGS = ["--report-api-errors", "no", "--target-processes", "all", "--print-limit", "20"]
 
 
-def collect(files: List[str], k: Optional[str]) -> List[str]:
+def collect(files: List[str], k: Optional[str], gpus: str) -> List[str]:
+    """The test ids as a job sees them: with its GPUs visible, so that tests
+    parametrized by the GPU count are collected as they will run (a world size
+    larger than a job's GPUs is not collected at all)."""
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files]
     if k:
         cmd += ["-k", k]
-    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_job_env(gpus)).stdout
     return [line.strip() for line in out.splitlines() if "::" in line and not line.startswith(" ")]
 
 
@@ -109,10 +112,11 @@ def main() -> int:
     done = set()
     if args.resume and os.path.exists(results_path):
         done = {tuple(line.split()[1:3]) for line in open(results_path) if len(line.split()) > 2}
-    tests = collect(args.files, args.k)
+    groups = gpu_groups(args.gpus_per_job)
+    tests = collect(args.files, args.k, groups[0])
     todo = [(tool, test) for test in tests for tool in TOOLS if (tool, test) not in done]
-    print(f"{len(tests)} tests, {len(todo)} sanitizer runs to do", flush=True)
-    running: Dict[str, Optional[Job]] = {g: None for g in gpu_groups(args.gpus_per_job)}
+    print(f"{len(tests)} tests on {args.gpus_per_job} GPU(s) each, {len(todo)} sanitizer runs to do", flush=True)
+    running: Dict[str, Optional[Job]] = {g: None for g in groups}
     findings = 0
 
     def record(job: Job, status: str) -> None:
