@@ -13,16 +13,18 @@ from conftest import requires_gpus
 from pyccl._spawn import run_ranks
 
 CYCLES = 200
-# Counted resources must come back exactly; memory may wander within these bounds
-# (the allocator's and the driver's own bookkeeping), far below what a leaked
-# scratch buffer per cycle would add.
+# Counted resources must not grow: a leak adds one or more per cycle, 200 in all.
+# (A count may fall where something open at the first snapshot closes during the
+# cycles: a CI run saw 23 fds before and 22 after; which fd it was is not known.) Memory may wander within these bounds (the
+# allocator's and the driver's own bookkeeping), far below what a leaked scratch
+# buffer per cycle would add.
 RSS_SLACK_MIB = 24
 GPU_SLACK_MIB = 8
 
 
 def _assert_no_growth(before, after):
     for key in ("fds", "threads", "dev_shm", "memfd_maps", "host_allocs", "peer_device_mappings"):
-        assert after[key] == before[key], f"{key} grew over {CYCLES} cycles: {before} -> {after}"
+        assert after[key] <= before[key], f"{key} grew over {CYCLES} cycles: {before} -> {after}"
     assert after["rss_mib"] - before["rss_mib"] <= RSS_SLACK_MIB, (before, after)
     if "gpu_used_mib" in before:
         assert after["gpu_used_mib"] - before["gpu_used_mib"] <= GPU_SLACK_MIB, (before, after)
