@@ -15,6 +15,18 @@ namespace {
 
 uint64_t roundUp(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
 
+/// Whether every source and destination chunk of `op` (at least one) has the same chunk count.
+bool oneChunkSize(const PlanOp& op) {
+  const int32_t count = op.numSrcs > 0 ? op.srcs[0].count : op.dsts[0].count;
+  for (int s = 0; s < op.numSrcs; ++s) {
+    if (op.srcs[s].count != count) return false;
+  }
+  for (int d = 0; d < op.numDsts; ++d) {
+    if (op.dsts[d].count != count) return false;
+  }
+  return true;
+}
+
 void checkProgram(const PlanProgram& p, int world) {
   const int numTbs = static_cast<int>(p.tbOffsets.size()) - 1;
   PYCCL_CHECK_ARG(numTbs >= 1 && numTbs <= 1024, "plan", "needs 1 to 1024 thread blocks per rank, has ", numTbs);
@@ -44,10 +56,7 @@ void checkProgram(const PlanProgram& p, int world) {
       // One source for every destination (moves only), or one per destination (pairs).
       PYCCL_CHECK_ARG(op.numSrcs == op.numDsts || (moves && op.numSrcs == 1), "plan", "op ", i, " pairs ", op.numSrcs,
                       " sources with ", op.numDsts, " destinations");
-      bool sameSize = true;
-      for (int s = 0; s < op.numSrcs; ++s) sameSize = sameSize && op.srcs[s].count == op.srcs[0].count;
-      for (int d = 0; d < op.numDsts; ++d) sameSize = sameSize && op.dsts[d].count == op.srcs[0].count;
-      PYCCL_CHECK_ARG(sameSize, "plan", "op ", i, " moves chunks of different sizes");
+      PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, " moves chunks of different sizes");
     }
     if (kind == PlanOpKind::kReducePackets || kind == PlanOpKind::kReducePutPackets) {
       // reduce_packets: the packet sources, and the destination (then where it starts);
@@ -55,10 +64,7 @@ void checkProgram(const PlanProgram& p, int world) {
       const bool puts = kind == PlanOpKind::kReducePutPackets;
       PYCCL_CHECK_ARG(puts ? op.numSrcs >= 2 && op.numDsts >= 2 : op.numSrcs >= 1 && op.numDsts >= 1 && op.numDsts <= 2,
                       "plan", "op ", i, " has ", op.numSrcs, " sources and ", op.numDsts, " destinations");
-      bool sameSize = true;
-      for (int s = 0; s < op.numSrcs; ++s) sameSize = sameSize && op.srcs[s].count == op.dsts[0].count;
-      for (int d = 0; d < op.numDsts; ++d) sameSize = sameSize && op.dsts[d].count == op.dsts[0].count;
-      PYCCL_CHECK_ARG(sameSize, "plan", "op ", i, " reduces chunks of different sizes");
+      PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, " reduces chunks of different sizes");
     }
     // Packet chunks live in the packet region, which has one slot per scratch chunk.
     auto packetChunk = [&](bool isSource, int k) {

@@ -117,14 +117,6 @@ PYCCL_HOST_DEVICE bool pollSourcePackets(const PlanContext& c, const PlanChunk* 
   return waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i, [&] { return failedAlready(c); }));
 }
 
-/// Lane `l` of a packet's payload set to `v` (byte copies: no aliasing of the words as T).
-template <typename T>
-PYCCL_HOST_DEVICE void setLane(uint32_t (&payload)[2], uint32_t l, T v) {
-  auto* to = reinterpret_cast<unsigned char*>(payload) + l * sizeof(T);
-  const auto* from = reinterpret_cast<const unsigned char*>(&v);
-  for (uint32_t k = 0; k < sizeof(T); ++k) to[k] = from[k];
-}
-
 PYCCL_HOST_DEVICE float applyReduce(int op, float a, float b) {
   switch (static_cast<ReduceOp>(op)) {
     case ReduceOp::kMin: return Reducer<ReduceOp::kMin>::apply(a, b);
@@ -141,6 +133,15 @@ PYCCL_HOST_DEVICE T elementAt(const char* base, uint64_t i) {
   auto* d = reinterpret_cast<char*>(&v);
   for (uint32_t k = 0; k < sizeof(T); ++k) d[k] = p[k];
   return v;
+}
+
+/// Element `i` of `base` set to `v`, as elementAt reads it (byte copies: a
+/// vector or packet payload written through a T* would break strict aliasing).
+template <typename T>
+PYCCL_HOST_DEVICE void setElementAt(char* base, uint64_t i, T v) {
+  char* p = base + i * sizeof(T);
+  const auto* from = reinterpret_cast<const char*>(&v);
+  for (uint32_t k = 0; k < sizeof(T); ++k) p[k] = from[k];
 }
 
 /// 16-byte vector `v` of `base`. Host code goes through memcpy (which may
@@ -202,10 +203,7 @@ PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, ui
     }
     detail::Vec16 packed;
     for (uint32_t l = 0; l < kVec; ++l) {
-      const T r = ElementTraits<T>::fromFloat(acc[l]);
-      const char* from = reinterpret_cast<const char*>(&r);
-      char* to = reinterpret_cast<char*>(&packed) + l * sizeof(T);
-      for (uint32_t k = 0; k < sizeof(T); ++k) to[k] = from[k];
+      setElementAt<T>(reinterpret_cast<char*>(&packed), l, ElementTraits<T>::fromFloat(acc[l]));
     }
     storeVec(dst, v, packed);
     for (int e = 0; e < numExtra; ++e) storeVec(extra[e], v, packed);
@@ -302,7 +300,7 @@ PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanChunk& out,
     for (uint32_t l = 0; l < lanes; ++l) {
       const T r = ElementTraits<T>::fromFloat(acc[l]);
       elems[l] = r;
-      setLane<T>(result, l, r);
+      setElementAt<T>(reinterpret_cast<char*>(result), l, r);
     }
     for (int d = 0; d < numDsts; ++d) packetPtr(c, dsts[d].rank, dsts[d].index + j, call)[i].write(result, flag);
   }

@@ -23,7 +23,7 @@ import torch
 
 from . import _C
 from .communicator import Communicator
-from .dsl.plan import MAX_OPERANDS as _MAX, Plan
+from .dsl.plan import MAX_OPERANDS as _MAX, PACKET_READS, Plan
 from .errors import InvalidArgumentError
 
 __all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
@@ -35,7 +35,6 @@ _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
 _REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 _REDUCING = ("reduce", "reduce_packets", "reduce_put_packets", "channel_reduce", "multi_reduce", "reduce_put",
              "switch_reduce")
-_PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 _PACKET_WRITES = ("put_packets", "multi_put_packets")  # dst or dsts are packets (reduce_put_packets: dsts)
 
 
@@ -68,7 +67,7 @@ def _chunks_touched(op: dict) -> List[Tuple[list, bool]]:
     out += [(named(c, packet_dsts), True) for c in op.get("dsts", [])]
     out += [(c, True) for c in op.get("copy_to", [])]
     for i, c in enumerate(op.get("srcs", [])):
-        out.append((named(c, kind in _PACKET_READS), kind == "reduce_put" and i == 0))
+        out.append((named(c, kind in PACKET_READS), kind == "reduce_put" and i == 0))
     if "init" in op:
         out.append((op["init"], False))
     return out
@@ -114,7 +113,7 @@ def buffer_placement(plan: Plan) -> dict:
     def waited_on(op: dict) -> set:
         if op["op"] in ("wait", "multi_wait"):
             return {plan.channels[c]["src"] for c in (op.get("channels") or [op["channel"]])}
-        if op["op"] in _PACKET_READS:
+        if op["op"] in PACKET_READS:
             return {s for c in op["srcs"] for i in range(c[2], c[2] + c[3]) for s in senders[(c[0], i)]}
         return set()
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from .collectives import collective_from
 from .program import BUFFER_KINDS, PROTOCOLS, DSLError
 
-__all__ = ["OP_KINDS", "PLAN_VERSION", "Plan", "PlanError", "load_plan"]
+__all__ = ["OP_KINDS", "PACKET_READS", "PLAN_VERSION", "Plan", "PlanError", "load_plan"]
 
 PLAN_VERSION = 1
 # op kind -> (has dst, number of srcs (None: one or more), needs a channel)
@@ -55,6 +55,8 @@ OP_KINDS: Dict[str, tuple] = {
     "barrier": (False, 0, False),
     "sync": (False, 0, False),
 }
+# Op kinds whose sources are LL packets (in the scratch buffer)
+PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 CHANNEL_TYPES = ("memory", "port", "switch")
 MAX_OPERANDS = 8  # sources, destinations or channels of one op in the interpreter (kPlanMaxOperands)
 
@@ -228,7 +230,6 @@ def _validate(d: Any, where: str) -> None:
 _LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "reduce_packets")
 _PUTS = ("put", "put_packets", "put_with_signal")
 _MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack")
-_PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 
 
 def _chunks_overlap(a: list, b: list) -> bool:
@@ -259,11 +260,12 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         _chunk(s, where, buffers, num_ranks)
     if needs_channel:
         _int(op.get("channel"), where, "channel", 0, num_channels)
-    if op["op"] in ("multi_put", "multi_put_packets", "multi_get", "multi_signal", "multi_wait", "multi_reduce"):
+    if op["op"] in ("multi_put", "multi_put_packets", "multi_get", "multi_signal", "multi_wait", "multi_reduce",
+                    "reduce_put_packets"):
         chans = _int_list(op.get("channels"), where, f"{op['op']} channels", num_channels, 1)
         if op["op"] in ("multi_reduce", "multi_get") and len(srcs) != len(chans):
             _fail(where, f"{op['op']} needs one source chunk per channel")
-        if op["op"] in ("multi_put", "multi_put_packets", "multi_get"):
+        if op["op"] in ("multi_put", "multi_put_packets", "multi_get", "reduce_put_packets"):
             dsts = op.get("dsts")
             if not isinstance(dsts, list) or len(dsts) != len(chans):
                 _fail(where, f"{op['op']} needs one dst per channel")
@@ -289,14 +291,10 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
                          f"multi_reduce, got {copies!r} on {op['op']}")
         for c in copies:
             _destination_sized_local_chunk(c, "copy_to", op, where, buffers, num_ranks, rank)
-    if op["op"] == "reduce_put_packets":
-        chans = _int_list(op.get("channels"), where, "reduce_put_packets channels", num_channels, 1)
-        dsts = op.get("dsts")
-        if not isinstance(dsts, list) or len(dsts) != len(chans) or len(dsts) > MAX_OPERANDS - 1:
-            _fail(where, f"reduce_put_packets needs one dst per channel, up to {MAX_OPERANDS - 1}")
-        if len(srcs) > MAX_OPERANDS - 1:
-            _fail(where, f"reduce_put_packets takes up to {MAX_OPERANDS - 1} source chunks")
-        for c in dsts:
+    if op["op"] == "reduce_put_packets":  # the interpreter's op also holds the start and the destination
+        if len(op["dsts"]) > MAX_OPERANDS - 1 or len(srcs) > MAX_OPERANDS - 1:
+            _fail(where, f"reduce_put_packets takes up to {MAX_OPERANDS - 1} source chunks and as many dsts")
+        for c in op["dsts"]:
             _chunk(c, where, buffers, num_ranks)
     if "init" in op:
         if op["op"] not in ("reduce_packets", "reduce_put_packets"):
@@ -327,7 +325,7 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     if kind in _LOCAL:
         if any(c[0] != rank for c in srcs + ([dst] if dst else []) + op.get("dsts", [])):
             _fail(where, f"{kind} on rank {rank} may only touch rank {rank}'s chunks")
-        if kind in _PACKET_READS and any(c[1] != "scratch" for c in srcs):
+        if kind in PACKET_READS and any(c[1] != "scratch" for c in srcs):
             _fail(where, f"{kind} reads packets from scratch buffers, got {srcs}")
         return
     chans = [op["channel"]] if "channel" in op else op.get("channels", [])

@@ -26,7 +26,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from .collectives import collective_from
-from .plan import Plan
+from .plan import PACKET_READS, Plan
 from .program import DSLError
 
 __all__ = ["SimulationError", "SimulationReport", "simulate", "verify"]
@@ -176,7 +176,7 @@ class _Sim:
             return all(len(self.signals.get(c, [])) > self.waited.get(c, 0) for c in chans)
         if kind == "flush":
             return not self.queues.get(op["channel"])
-        if kind in ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets"):
+        if kind in PACKET_READS:
             return all(s in self.packets for src in op["srcs"] for s in self._slots(src))
         if kind == "barrier":
             key = (r, tuple(op["tbs"]))
