@@ -67,3 +67,43 @@ def compiled_mlp(rank, world, store, on_gpu):
     ok = torch.allclose(got.cpu().double(), ref, rtol=1e-4, atol=1e-4)
     dist.destroy_process_group()
     return ok
+
+
+def opcheck_fused(rank, world, store, on_gpu):
+    """torch.library.opcheck on torch.ops.pyccl.fused_all_reduce_rmsnorm. Returns the failures."""
+    device = _init(rank, world, store, on_gpu)
+    name = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(200 + rank)
+    x = torch.randn(5, 24, generator=gen).to(device)
+    residual = torch.randn(5, 24, generator=torch.Generator().manual_seed(1)).to(device)
+    weight = torch.randn(24, generator=torch.Generator().manual_seed(2)).to(device)
+    result = torch.library.opcheck(torch.ops.pyccl.fused_all_reduce_rmsnorm.default, (x, residual, weight, 1e-5, name))
+    dist.destroy_process_group()
+    return {k: v for k, v in result.items() if v != "SUCCESS"}
+
+
+def compiled_fused_layer(rank, world, store, on_gpu):
+    """A row-parallel projection, then the fused all-reduce + residual add +
+    RMSNorm, under torch.compile(fullgraph=True); checked against float64."""
+    device = _init(rank, world, store, on_gpu)
+    name = dist.group.WORLD.group_name
+    hidden, inner = 32, 8 * world
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(inner, hidden, generator=g) / 4
+    h = torch.randn(6, inner, generator=g)
+    residual = torch.randn(6, hidden, generator=g)
+    gamma = 1 + 0.1 * torch.randn(hidden, generator=g)
+    shard = slice(rank * 8, (rank + 1) * 8)
+
+    def layer(h, w, residual, gamma):
+        return torch.ops.pyccl.fused_all_reduce_rmsnorm(h @ w, residual, gamma, 1e-5, name)
+
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor" if on_gpu else "aot_eager")
+    normed, new_res = compiled(h[:, shard].contiguous().to(device), w[shard].contiguous().to(device),
+                               residual.to(device), gamma.to(device))
+    s = h.double() @ w.double() + residual.double()
+    ref = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * gamma.double()
+    ok = (torch.allclose(new_res.cpu().double(), s, rtol=1e-4, atol=1e-4) and
+          torch.allclose(normed.cpu().double(), ref, rtol=1e-4, atol=1e-4))
+    dist.destroy_process_group()
+    return ok

@@ -137,6 +137,15 @@ PYCCL_HOST_DEVICE T laneOf(const uint32_t* words, uint32_t lane) {
   return v;
 }
 
+/// Sets lane `lane` of packed words to `v` through bytes (char may alias
+/// anything: the words stay readable as words under strict aliasing).
+template <typename T>
+PYCCL_HOST_DEVICE void setLaneOf(uint32_t* words, uint32_t lane, T v) {
+  auto* bytes = reinterpret_cast<unsigned char*>(words) + lane * sizeof(T);
+  const auto* src = reinterpret_cast<const unsigned char*>(&v);
+  for (uint32_t k = 0; k < sizeof(T); ++k) bytes[k] = src[k];
+}
+
 /// Barrier of block `block` with block `block` of every peer, at `value`
 /// (monotonic per block). Release/acquire: this block's earlier writes are
 /// visible to the peers' blocks after it, and theirs to this one. Returns the

@@ -1,5 +1,6 @@
 #include "collectives/collective_engine.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/errors.hpp"
@@ -28,6 +29,17 @@ const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
     case AllReduceAlgorithm::kTwoPhaseHB: return "2pa_hb";
   }
   return "?";
+}
+
+FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what) {
+  if (name == "one_shot") return FusedNormAlgorithm::kOneShot;
+  if (name == "two_shot") return FusedNormAlgorithm::kTwoShot;
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
+                               "' is not a fused all-reduce algorithm (expected one_shot or two_shot)"));
+}
+
+const char* fusedNormAlgorithmName(FusedNormAlgorithm a) {
+  return a == FusedNormAlgorithm::kOneShot ? "one_shot" : "two_shot";
 }
 
 Protocol parseProtocol(const std::string& name, const char* what) {
@@ -69,6 +81,7 @@ std::vector<const void*> collectiveKernels() {
   allReduceKernels(&kernels);
   exchangeKernels(&kernels);
   reduceScatterKernels(&kernels);
+  fusedNormKernels(&kernels);
 #endif
   return kernels;
 }
@@ -101,6 +114,17 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;
   // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
   if (options_.zeroCopyMaxBytes == 0) options_.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
+  // Where two-shot overtakes one-shot on 4 x H200, hidden 8192 bf16 (benchmarks/RESULTS.md).
+  if (options_.fusedTwoShotBytes == 0) options_.fusedTwoShotBytes = host ? options_.llMaxBytes / 2 : (256u << 10);
+#ifdef PYCCL_WITH_CUDA
+  clusters_ = host || clusterLaunchSupported(comm.device());
+#else
+  clusters_ = host;
+#endif
+  PYCCL_CHECK_ARG(options_.fusedSegments <= 8 && options_.fusedSegments <= options_.llBlocks, "fused_segments",
+                  "must be at most 8 and at most ll_blocks (", options_.llBlocks, "), got ", options_.fusedSegments);
+  PYCCL_CHECK_ARG(options_.fusedThreads <= kFusedMaxThreads, "fused_threads", "must be at most ", kFusedMaxThreads,
+                  " (0: by the call), got ", options_.fusedThreads);
   for (int k = 0; k < 4; ++k) {
     uint64_t& threshold = options_.exchangeLLThresholdBytes[k];
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
@@ -109,7 +133,9 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   }
   for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"},
                                std::pair{options_.hbLargeThreads, "hb_large_threads"},
-                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"}}) {
+                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"},
+                               std::pair{options_.fusedThreads == 0 ? 32u : options_.fusedThreads,
+                                         "fused_threads"}}) {
     PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
                     "must be a multiple of 32 in [32, 1024], got ", threads);
   }
@@ -304,6 +330,103 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     }
     launchAllReduce(ctx, call, threads, stream);
   }
+}
+
+CollectiveEngine::FusedLaunch CollectiveEngine::fusedLaunchFor(uint64_t rows, uint64_t rowBytes,
+                                                               FusedNormAlgorithm algorithm) const {
+  const uint64_t blockBytes = context_.llBlockPackets * LL16Packet::kDataBytes;
+  const uint64_t needed = (rowBytes + blockBytes - 1) / blockBytes;  // a slice fits one block's LL region
+  uint64_t segments = options_.fusedSegments;
+  if (!clusters_) {
+    segments = 1;
+  } else if (segments == 0) {
+    const uint64_t world = static_cast<uint64_t>(comm_.worldSize());
+    const uint64_t groups = algorithm == FusedNormAlgorithm::kTwoShot ? (rows + world - 1) / world : rows;
+    segments = std::min<uint64_t>(8, options_.llBlocks);
+    while (segments > 1 && groups * segments > options_.llBlocks) segments /= 2;
+    segments = std::max(segments, needed);
+  }
+  uint32_t threads = options_.fusedThreads;
+  if (threads == 0) {
+    const uint64_t packets = FusedNormSlice(rowBytes, static_cast<uint32_t>(segments), 0).slotsPerRow;
+    threads = static_cast<uint32_t>(std::clamp<uint64_t>((packets + 31) / 32 * 32, 128, kFusedMaxThreads));
+  }
+  return {static_cast<uint32_t>(segments), threads};
+}
+
+uint64_t CollectiveEngine::fusedMaxRowBytes() const {
+  uint64_t segments = 1;
+  if (clusters_) {
+    segments = options_.fusedSegments != 0 ? options_.fusedSegments : std::min<uint64_t>(8, options_.llBlocks);
+  }
+  return segments * context_.llBlockPackets * LL16Packet::kDataBytes;
+}
+
+FusedNormAlgorithm CollectiveEngine::selectFused(uint64_t rows, uint64_t rowBytes) const {
+  if (rows < static_cast<uint64_t>(comm_.worldSize()) || rows * rowBytes <= options_.fusedTwoShotBytes) {
+    return FusedNormAlgorithm::kOneShot;
+  }
+  return FusedNormAlgorithm::kTwoShot;
+}
+
+void CollectiveEngine::allReduceRMSNorm(const void* input, const void* residual, const void* weight, void* normed,
+                                        void* residualOut, uint64_t rows, uint64_t hidden, float eps,
+                                        DataType dtype, std::optional<FusedNormAlgorithm> algorithm, void* stream) {
+  static constexpr const char* kName = "fused_all_reduce_rmsnorm";
+  checkUsable(kName);
+  if (rows == 0 || hidden == 0) return;
+  PYCCL_CHECK_ARG(input != nullptr && residual != nullptr && weight != nullptr && normed != nullptr &&
+                      residualOut != nullptr, "tensor", "has no storage");
+  const int world = comm_.worldSize();
+  const uint64_t rowBytes = hidden * dataTypeSize(dtype);
+  PYCCL_CHECK_ARG(rowBytes <= fusedMaxRowBytes(), "tensor", "rows of ", rowBytes, " bytes exceed the fused kernel's ",
+                  fusedMaxRowBytes(), " in this communicator; all-reduce, then add and normalize");
+  const FusedNormAlgorithm algo = algorithm ? *algorithm : selectFused(rows, rowBytes);
+  const FusedLaunch launch = fusedLaunchFor(rows, rowBytes, algo);
+  const uint32_t segments = launch.segments;
+  const uint64_t rowsPerBlock = fusedRowsPerBlock(context_, rowBytes, segments);
+  // fusedSegments may be set below what a long row needs.
+  PYCCL_CHECK_ARG(rowsPerBlock >= 1, "fused_segments", segments, " blocks per row cannot hold rows of ", rowBytes,
+                  " bytes");
+  PYCCL_CHECK_ARG(algo != FusedNormAlgorithm::kTwoShot || rows >= static_cast<uint64_t>(world), "algorithm",
+                  "two_shot needs at least one row per rank (", world, "), the call has ", rows);
+  const uint64_t tag = comm_.beginCall(CallOp::kAllReduceRMSNorm, stream,
+                                       comm_.callChecks() ? strCat(kName, " ", dataTypeName(dtype), " ", rows, " x ",
+                                                                   hidden)
+                                                          : std::string());
+  const uint64_t groupsMost = options_.llBlocks / segments;
+  const uint64_t perCall = (algo == FusedNormAlgorithm::kOneShot ? 1 : world) * groupsMost * rowsPerBlock;
+  CollectiveContext ctx = context_;
+  ctx.abort.call = tag;
+  for (uint64_t done = 0; done < rows;) {
+    const uint64_t n = rows - done < perCall ? rows - done : perCall;
+    const uint64_t at = done * rowBytes;
+    // A last two-shot piece of fewer rows than ranks runs one-shot.
+    const bool twoShot = algo == FusedNormAlgorithm::kTwoShot && n >= static_cast<uint64_t>(world);
+    const uint64_t groupRows = twoShot ? fusedRowsOf(n, world, 0) : n;
+    FusedNormCall call{{static_cast<const char*>(input) + at, static_cast<const char*>(residual) + at, weight,
+                        static_cast<char*>(normed) + at, static_cast<char*>(residualOut) + at, n, hidden, eps,
+                        segments, static_cast<uint32_t>(groupRows < groupsMost ? groupRows : groupsMost),
+                        twoShot ? 1u : 0u},
+                       dtype};
+    launchFused(ctx, call, launch.threads, stream);
+    done += n;
+  }
+}
+
+void CollectiveEngine::launchFused(const CollectiveContext& ctx, const FusedNormCall& call, uint32_t threads,
+                                   void* stream) {
+#ifdef PYCCL_WITH_CUDA
+  if (!comm_.hostMode()) {
+    allReduceRMSNormDevice(ctx, call, stream, {threads, options_.programmaticLaunch});
+    return;
+  }
+#endif
+  (void)stream;
+  (void)threads;
+  Communicator::HostKernelScope active(comm_);
+  allReduceRMSNormHost(ctx, call);
+  comm_.checkCompleted("fused_all_reduce_rmsnorm");
 }
 
 void CollectiveEngine::launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads,

@@ -56,6 +56,15 @@ struct CollectiveOptions {
   /// Zero-copy all-reduces run on about (bytes per rank's chunk) / this many
   /// blocks, up to hbBlocks; 0: always on hbBlocks.
   uint64_t zeroCopyBytesPerBlock = 0;
+  /// Fused all-reduce + RMSNorm: blocks per row, one thread-block cluster (at
+  /// most 8); 0: by the call (CollectiveEngine::fusedLaunchFor).
+  uint32_t fusedSegments = 0;
+  /// Threads per block of the fused kernel (at most kFusedMaxThreads); 0: by the call.
+  uint32_t fusedThreads = 0;
+  /// Fused all-reduce + RMSNorm, automatic choice: one-shot up to this many
+  /// bytes of the whole message (and below world-size rows), two-shot above;
+  /// 0: default (256 KiB on GPUs, llMaxBytes / 2 in host mode).
+  uint64_t fusedTwoShotBytes = 0;
   /// Launch the kernels with programmatic dependent launch (kernel_launch.cuh),
   /// so back-to-back collectives overlap their launch latency.
   bool programmaticLaunch = true;
@@ -85,6 +94,30 @@ class CollectiveEngine {
                 uint64_t chunkBytes, int root, DataType dtype, ReduceOp op, std::optional<Protocol> protocol,
                 void* stream);
 
+  /// All-reduces `rows` rows of `hidden` elements of `input` (sum), adds
+  /// `residual` and applies RMSNorm with `weight` and `eps`, in one kernel
+  /// (fused_norm_device.hpp): the rounded sums go to `residualOut` (may be
+  /// `residual`), the normalized rows to `normed` (may be `input`). One-shot
+  /// or two-shot by `algorithm` or by size; enqueued on `stream` like allReduce.
+  /// Rows of more than fusedMaxRowBytes() raise InvalidArgument.
+  void allReduceRMSNorm(const void* input, const void* residual, const void* weight, void* normed,
+                        void* residualOut, uint64_t rows, uint64_t hidden, float eps, DataType dtype,
+                        std::optional<FusedNormAlgorithm> algorithm, void* stream);
+  /// The longest row (bytes) the fused kernel takes.
+  uint64_t fusedMaxRowBytes() const;
+  /// The algorithm the automatic choice takes for a fused call of `rows` rows of `rowBytes`.
+  FusedNormAlgorithm selectFused(uint64_t rows, uint64_t rowBytes) const;
+  /// Blocks per row (cluster size) and threads per block of a fused call of
+  /// `rows` rows of `rowBytes`: as many blocks per row (up to 8) as the LL
+  /// grid (llBlocks) has room for with one row group per row (one-shot) or
+  /// per row of an owner (two-shot), and a thread per packet of a block's
+  /// slice (128 to kFusedMaxThreads); the options override either.
+  struct FusedLaunch {
+    uint32_t segments;
+    uint32_t threads;
+  };
+  FusedLaunch fusedLaunchFor(uint64_t rows, uint64_t rowBytes, FusedNormAlgorithm algorithm) const;
+
   /// Collective: makes `memory` (registered on this communicator, the same
   /// size on every rank, 16-byte aligned) a symmetric buffer: every peer's is
   /// mapped here, and all-reduces whose input and output both lie in symmetric
@@ -113,6 +146,7 @@ class CollectiveEngine {
   /// Runs one all-reduce call: a kernel of `threads` per block on `stream`, or
   /// in host mode CPU threads (and then raises if a wait gave up).
   void launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads, void* stream);
+  void launchFused(const CollectiveContext& ctx, const FusedNormCall& call, uint32_t threads, void* stream);
   /// The context of an LL call moving `llPackets` per (source, destination) pair.
   CollectiveContext contextFor(uint64_t llPackets) const;
 
@@ -128,6 +162,7 @@ class CollectiveEngine {
   char* peerPointer(const SymmetricBuffer& buffer, const void* ptr, int q) const;
   std::map<uintptr_t, SymmetricBuffer> symmetric_;  ///< by local start address
   bool closed_ = false;
+  bool clusters_ = false;  ///< the device launches thread-block clusters (host mode emulates them)
   uint64_t zeroCopyCalls_ = 0;
 };
 
@@ -139,6 +174,9 @@ std::vector<const void*> collectiveKernels();
 /// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.
 AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what);
 const char* allReduceAlgorithmName(AllReduceAlgorithm a);
+/// Parses "one_shot" / "two_shot"; throws InvalidArgument naming `what`.
+FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what);
+const char* fusedNormAlgorithmName(FusedNormAlgorithm a);
 /// Parses "ll" / "hb" (exchange protocols); throws InvalidArgument naming `what`.
 Protocol parseProtocol(const std::string& name, const char* what);
 const char* protocolName(Protocol p);

@@ -10,6 +10,7 @@
 #include "collectives/allreduce_device.hpp"
 #include "collectives/allreduce_zero_copy_device.hpp"
 #include "collectives/exchange_device.hpp"
+#include "collectives/fused_norm_device.hpp"
 
 namespace pyccl {
 
@@ -30,6 +31,14 @@ struct AllReduceCall {
   const SymmetricPointers* symmetric = nullptr;
 };
 
+/// The fused all-reduce + residual add + RMSNorm (fused_norm_device.hpp).
+enum class FusedNormAlgorithm : uint32_t { kOneShot = 0, kTwoShot = 1 };
+
+struct FusedNormCall {
+  FusedNormArgs args;  ///< rows within the layout's per-call limit
+  DataType dtype;
+};
+
 struct ExchangeCall {
   ExchangeKind kind;
   Protocol protocol;
@@ -46,6 +55,8 @@ struct KernelLaunch {
   bool programmatic;
   /// Dynamic shared memory per block.
   uint32_t sharedBytes = 0;
+  /// Blocks per thread-block cluster (sm_90+); 1: no clusters.
+  uint32_t clusterBlocks = 1;
 };
 
 /// False where PYCCL_PDL=0 turns programmatic dependent launch off (for the
@@ -58,12 +69,19 @@ inline bool programmaticLaunchAllowed() {
 /// Runs one call on CPU threads and returns when it is done.
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);
 void exchangeHost(const CollectiveContext& context, const ExchangeCall& call);
+void allReduceRMSNormHost(const CollectiveContext& context, const FusedNormCall& call);
 #ifdef PYCCL_WITH_CUDA
 /// Enqueues one call on `stream` (a cudaStream_t); capturable in CUDA graphs.
 void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
                      const KernelLaunch& launch);
 void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
                     const KernelLaunch& launch);
+/// Enqueues a fused call on args.groups * args.segments blocks, in clusters of
+/// args.segments (launch.clusterBlocks is taken from it).
+void allReduceRMSNormDevice(const CollectiveContext& context, const FusedNormCall& call, void* stream,
+                            KernelLaunch launch);
+/// Whether `device` launches thread-block clusters (sm_90+): the fused kernel's segments need them.
+bool clusterLaunchSupported(int device);
 /// The reduce-scatter kernels (reduce_scatter.cu), called by exchangeDevice.
 void reduceScatterDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
                          const KernelLaunch& launch);
@@ -72,6 +90,7 @@ void reduceScatterDevice(const CollectiveContext& context, const ExchangeCall& c
 void allReduceKernels(std::vector<const void*>* out);
 void exchangeKernels(std::vector<const void*>* out);
 void reduceScatterKernels(std::vector<const void*>* out);
+void fusedNormKernels(std::vector<const void*>* out);
 #endif
 
 /// Calls fn.template operator()<T, Op>() for the runtime dtype and op.
@@ -91,6 +110,16 @@ void dispatchReduction(DataType dtype, ReduceOp op, Fn&& fn) {
     case DataType::kFloat32: withOp(float{}); break;
     case DataType::kFloat16: withOp(Half{}); break;
     case DataType::kBFloat16: withOp(BFloat16{}); break;
+  }
+}
+
+/// Calls fn.template operator()<T>() for the runtime dtype (a reduction dtype).
+template <typename Fn>
+void dispatchFloat(DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DataType::kFloat32: fn.template operator()<float>(); break;
+    case DataType::kFloat16: fn.template operator()<Half>(); break;
+    case DataType::kBFloat16: fn.template operator()<BFloat16>(); break;
   }
 }
 

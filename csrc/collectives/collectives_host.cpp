@@ -1,4 +1,6 @@
 // Host mode: each block of a collective body runs on its own CPU thread.
+#include <barrier>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -15,7 +17,49 @@ void runBlocks(uint32_t blocks, Body&& body) {
   for (auto& t : threads) t.join();
 }
 
+/// The row sums of fused_norm_device.hpp for one row group's blocks (CPU
+/// threads of one block each): every thread stores its value, all meet at a
+/// barrier, and each adds them in block order.
+struct HostRowGroup {
+  struct Shared {
+    explicit Shared(uint32_t segments)
+        : meet(segments), partials(2ull * segments * kMaxCollectiveRanks) {}
+    std::barrier<> meet;
+    std::vector<float> partials;  ///< [2 parities][segment][kMaxCollectiveRanks]
+  };
+  Shared* shared;
+  uint32_t segment;
+  uint32_t segments;
+  uint32_t parity = 0;
+
+  template <int N>
+  void sums(float (&values)[N], int used) {
+    float* slots = shared->partials.data() + static_cast<size_t>(parity) * segments * kMaxCollectiveRanks;
+    for (int n = 0; n < used; ++n) slots[segment * kMaxCollectiveRanks + n] = values[n];
+    shared->meet.arrive_and_wait();  // a parity is written again only after the next meeting
+    for (int n = 0; n < used; ++n) {
+      float total = 0;
+      for (uint32_t s = 0; s < segments; ++s) total += slots[s * kMaxCollectiveRanks + n];
+      values[n] = total;
+    }
+    parity ^= 1;
+  }
+  void finish() {}
+};
+
 }  // namespace
+
+void allReduceRMSNormHost(const CollectiveContext& context, const FusedNormCall& call) {
+  const FusedNormArgs& a = call.args;
+  std::vector<std::unique_ptr<HostRowGroup::Shared>> groups;
+  for (uint32_t g = 0; g < a.groups; ++g) groups.push_back(std::make_unique<HostRowGroup::Shared>(a.segments));
+  dispatchFloat(call.dtype, [&]<typename T>() {
+    runBlocks(a.groups * a.segments, [&](uint32_t b) {
+      HostRowGroup rowGroup{groups[b / a.segments].get(), b % a.segments, a.segments};
+      allReduceRMSNorm<T>(context, a, b / a.segments, b % a.segments, 0, 1, rowGroup);
+    });
+  });
+}
 
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) {
   const bool hb = call.algorithm == AllReduceAlgorithm::kTwoPhaseHB;

@@ -42,21 +42,29 @@ __device__ __forceinline__ void collectiveKernelPrologue() {
 }
 
 /// Enqueues kernel<<<blocks, launch.threadsPerBlock, 0, stream>>>(args...),
-/// with the programmatic-serialization attribute when launch.programmatic.
+/// with the programmatic-serialization attribute when launch.programmatic, in
+/// clusters of launch.clusterBlocks (which must divide `blocks`).
 /// Capturable: stream capture turns the attribute into a programmatic edge.
 template <typename... Params, typename... Args>
 void launchCollectiveKernel(void (*kernel)(Params...), uint32_t blocks, const KernelLaunch& launch,
                             cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attributes[2] = {};
+  uint32_t numAttributes = 0;
+  if (launch.programmatic) {
+    attributes[numAttributes].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[numAttributes++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (launch.clusterBlocks > 1) {
+    attributes[numAttributes].id = cudaLaunchAttributeClusterDimension;
+    attributes[numAttributes++].val.clusterDim = {launch.clusterBlocks, 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(blocks);
   config.blockDim = dim3(launch.threadsPerBlock);
   config.dynamicSmemBytes = launch.sharedBytes;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = launch.programmatic ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = numAttributes;
   PYCCL_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

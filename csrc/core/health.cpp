@@ -41,6 +41,7 @@ const char* callOpName(CallOp op) {
     case CallOp::kBroadcast: return "broadcast";
     case CallOp::kReduceScatter: return "reduce_scatter";
     case CallOp::kPlan: return "plan";
+    case CallOp::kAllReduceRMSNorm: return "fused_all_reduce_rmsnorm";
   }
   return "unknown op";
 }

@@ -37,6 +37,7 @@ enum class CallOp : uint8_t {
   kBroadcast = 4,
   kReduceScatter = 5,
   kPlan = 6,
+  kAllReduceRMSNorm = 7,
 };
 
 const char* callOpName(CallOp op);

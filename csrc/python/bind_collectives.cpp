@@ -41,7 +41,8 @@ void bindCollectives(py::module_& m) {
                        std::vector<uint64_t> exchangeLLThresholdBytes, bool programmaticLaunch,
                        uint64_t zeroCopyThresholdBytes, uint32_t zeroCopyThreads, uint64_t zeroCopyBytesPerBlock,
                        uint32_t hbRoundsPerLaunch, bool hbPush, uint32_t hbLargeThreads,
-                       uint64_t zeroCopyMaxBytes) {
+                       uint64_t zeroCopyMaxBytes, uint32_t fusedSegments, uint32_t fusedThreads,
+                       uint64_t fusedTwoShotBytes) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -60,6 +61,9 @@ void bindCollectives(py::module_& m) {
              o.hbPush = hbPush;
              o.hbLargeThreads = hbLargeThreads;
              o.zeroCopyMaxBytes = zeroCopyMaxBytes;
+             o.fusedSegments = fusedSegments;
+             o.fusedThreads = fusedThreads;
+             o.fusedTwoShotBytes = fusedTwoShotBytes;
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
                              "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
@@ -77,7 +81,9 @@ void bindCollectives(py::module_& m) {
            py::arg("programmatic_launch") = true, py::arg("zero_copy_threshold_bytes") = 0,
            py::arg("zero_copy_threads") = 512, py::arg("zero_copy_bytes_per_block") = 0,
            py::arg("hb_rounds_per_launch") = 0, py::arg("hb_push") = true,
-           py::arg("hb_large_threads") = 512, py::arg("zero_copy_max_bytes") = 0, py::keep_alive<1, 2>())
+           py::arg("hb_large_threads") = 512, py::arg("zero_copy_max_bytes") = 0, py::arg("fused_segments") = 0,
+           py::arg("fused_threads") = 0, py::arg("fused_two_shot_bytes") = 0,
+           py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),
            "Collective: makes a registration (the same size on every rank) a symmetric buffer.")
@@ -97,6 +103,32 @@ void bindCollectives(py::module_& m) {
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum",
            py::arg("algorithm") = std::nullopt)
+      .def("all_reduce_rmsnorm",
+           [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& residual,
+              const at::Tensor& weight, const at::Tensor& normed, const at::Tensor& residualOut, double eps,
+              const std::optional<std::string>& algorithm) {
+             std::optional<FusedNormAlgorithm> algo;
+             if (algorithm && !algorithm->empty()) algo = parseFusedNormAlgorithm(*algorithm, "algorithm");
+             py::gil_scoped_release release;
+             allReduceRMSNormTensor(e, comm, input, residual, weight, normed, residualOut, eps, algo);
+           },
+           py::arg("comm"), py::arg("tensor"), py::arg("residual"), py::arg("weight"), py::arg("out"),
+           py::arg("residual_out"), py::arg("eps"), py::arg("algorithm") = std::nullopt,
+           "All-reduce (sum) + residual add + RMSNorm over the last dimension, in one kernel.")
+      .def("select_fused",
+           [](const CollectiveEngine& e, uint64_t rows, uint64_t rowBytes) {
+             return fusedNormAlgorithmName(e.selectFused(rows, rowBytes));
+           },
+           py::arg("rows"), py::arg("row_bytes"), "The fused algorithm chosen for rows of row_bytes.")
+      .def("fused_launch",
+           [](const CollectiveEngine& e, uint64_t rows, uint64_t rowBytes, const std::string& algorithm) {
+             const auto launch = e.fusedLaunchFor(rows, rowBytes, parseFusedNormAlgorithm(algorithm, "algorithm"));
+             return std::make_pair(launch.segments, launch.threads);
+           },
+           py::arg("rows"), py::arg("row_bytes"), py::arg("algorithm"),
+           "(blocks per row, threads per block) of the fused kernel for rows x row_bytes.")
+      .def_property_readonly("fused_max_row_bytes", &CollectiveEngine::fusedMaxRowBytes,
+                             "The longest row (bytes) the fused kernel takes.")
       .def("all_gather",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
               const std::optional<std::string>& protocol) {

@@ -4,6 +4,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <cmath>
+
 #include "core/errors.hpp"
 
 namespace pyccl {
@@ -21,6 +23,12 @@ void runExchange(CollectiveEngine& e, const Communicator& comm, ExchangeKind kin
                  DataType dtype, ReduceOp op, std::optional<Protocol> protocol) {
   e.exchange(kind, input.data_ptr(), inStride, output.data_ptr(), outStride, chunkBytes, root, dtype, op, protocol,
              currentStream(comm));
+}
+
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  const auto* pa = static_cast<const char*>(a.data_ptr());
+  const auto* pb = static_cast<const char*>(b.data_ptr());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
 
 }  // namespace
@@ -123,6 +131,47 @@ void allToAllTensor(CollectiveEngine& e, const Communicator& comm, const at::Ten
   const uint64_t chunk = input.nbytes() / comm.worldSize();
   runExchange(e, comm, ExchangeKind::kAllToAll, input, chunk, output, chunk, chunk, 0, DataType::kFloat32,
               ReduceOp::kSum, protocol);
+}
+
+void allReduceRMSNormTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
+                            const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& normed,
+                            const at::Tensor& residualOut, double eps, std::optional<FusedNormAlgorithm> algorithm) {
+  const DataType dtype = reductionTypeOf(input, "tensor");
+  PYCCL_CHECK_ARG(input.dim() >= 1, "tensor", "must have at least one dimension (rows x hidden)");
+  const struct {
+    const at::Tensor& t;
+    const char* name;
+  } all[] = {{input, "tensor"}, {residual, "residual"}, {weight, "weight"}, {normed, "out"},
+             {residualOut, "residual_out"}};
+  for (const auto& [t, name] : all) {
+    checkTensorFor(comm, t, name);
+    PYCCL_CHECK_ARG(t.scalar_type() == input.scalar_type(), name, "dtype ", dtypeName(t.scalar_type()),
+                    " differs from the input's ", dtypeName(input.scalar_type()));
+    if (&t != &weight) {
+      PYCCL_CHECK_ARG(t.sizes() == input.sizes(), name, "has shape ", t.sizes(), ", the input ", input.sizes());
+    }
+  }
+  const int64_t hidden = input.size(-1);
+  PYCCL_CHECK_ARG(weight.dim() == 1 && weight.numel() == hidden, "weight", "must have shape [", hidden,
+                  "] (the input's last dimension), got ", weight.sizes());
+  PYCCL_CHECK_ARG(std::isfinite(eps) && eps >= 0, "eps", "must be finite and >= 0, got ", eps);
+  if (input.numel() == 0) return;
+  // In place as the engines do it: the normalized rows over the input, the new residual over the old.
+  const struct {
+    const at::Tensor& a;
+    const at::Tensor& b;
+    const char* name;
+  } pairs[] = {{normed, residual, "out"}, {normed, weight, "out"}, {normed, residualOut, "out"},
+               {residualOut, input, "residual_out"}, {residualOut, weight, "residual_out"},
+               {input, residual, "residual"}, {input, weight, "weight"}, {residual, weight, "weight"}};
+  for (const auto& [a, b, name] : pairs) PYCCL_CHECK_ARG(!overlaps(a, b), name, "overlaps another argument");
+  PYCCL_CHECK_ARG(!overlaps(normed, input) || normed.data_ptr() == input.data_ptr(), "out",
+                  "must be the input itself or not overlap it");
+  PYCCL_CHECK_ARG(!overlaps(residualOut, residual) || residualOut.data_ptr() == residual.data_ptr(),
+                  "residual_out", "must be the residual itself or not overlap it");
+  e.allReduceRMSNorm(input.data_ptr(), residual.data_ptr(), weight.data_ptr(), normed.data_ptr(),
+                     residualOut.data_ptr(), static_cast<uint64_t>(input.numel() / hidden),
+                     static_cast<uint64_t>(hidden), static_cast<float>(eps), dtype, algorithm, currentStream(comm));
 }
 
 void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,

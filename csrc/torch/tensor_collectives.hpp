@@ -35,6 +35,14 @@ void reduceScatterTensor(CollectiveEngine& e, const Communicator& comm, const at
 /// Equal splits: input.numel() a multiple of world_size.
 void allToAllTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                     const at::Tensor& output, std::optional<Protocol> protocol);
+/// The fused all-reduce (sum) + residual add + RMSNorm over the last
+/// dimension (CollectiveEngine::allReduceRMSNorm). `residual`, `normed` and
+/// `residualOut` have the input's shape and dtype, `weight` the last
+/// dimension; `normed` may be the input and `residualOut` the residual, no
+/// other two may overlap.
+void allReduceRMSNormTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
+                            const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& normed,
+                            const at::Tensor& residualOut, double eps, std::optional<FusedNormAlgorithm> algorithm);
 void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                      const at::Tensor& output, int root, std::optional<Protocol> protocol);
 

@@ -12,19 +12,23 @@ implementations, so ``torch.compile(fullgraph=True)`` traces through them::
 Ops: ``all_reduce(x, op, group_name)``, ``all_gather(x, group_name)``
 (concatenated along dim 0), ``reduce_scatter(x, op, group_name)`` (split along
 dim 0), ``all_to_all(x, group_name)`` (equal splits) and
-``broadcast(x, src, group_name)`` (``src`` a rank of the group). Each runs
-``pyccl.<collective>`` on the group: same algorithms, same stream semantics.
+``broadcast(x, src, group_name)`` (``src`` a rank of the group), and
+``fused_all_reduce_rmsnorm(x, residual, weight, eps, group_name)`` returning
+``(normed, new_residual)``. Each runs ``pyccl.<name>`` on the group: same
+algorithms, same stream semantics.
 """
 
 from __future__ import annotations
+
+from typing import Tuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from . import collectives
+from . import collectives, fused
 
-__all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "fused_all_reduce_rmsnorm", "reduce_scatter"]
 
 
 def _group(group_name: str) -> dist.ProcessGroup:
@@ -95,3 +99,21 @@ def broadcast(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
 @broadcast.register_fake
 def _(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("pyccl::fused_all_reduce_rmsnorm", mutates_args=())
+def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                             group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """All-reduce of ``x`` + ``residual``, then RMSNorm with ``weight``: (normed, new residual)."""
+    return fused.fused_all_reduce_rmsnorm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
+                                          group=_group(group_name))
+
+
+@fused_all_reduce_rmsnorm.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+      group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    torch._check(residual.shape == x.shape, lambda: "fused_all_reduce_rmsnorm: residual must have x's shape")
+    torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+                 lambda: "fused_all_reduce_rmsnorm: weight must have shape [x.shape[-1]]")
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(residual, memory_format=torch.contiguous_format))

@@ -1,0 +1,128 @@
+"""The all-reduce of a tensor-parallel layer fused with what follows it: the
+residual add and RMSNorm, ``pyccl.fused_all_reduce_rmsnorm``.
+
+    normed, residual = pyccl.fused_all_reduce_rmsnorm(partial, residual, norm.weight, eps=1e-5)
+
+is, per row of the last dimension and with sums in fp32,
+
+    new_residual = (all_reduce(partial) + residual).to(dtype)
+    normed = (new_residual * rsqrt(mean(new_residual ** 2) + eps) * weight).to(dtype)
+
+in one kernel (``csrc/collectives/fused_norm_device.hpp``): one-shot LL for
+few rows, two-shot LL above, and above ``FUSED_MAX_BYTES`` (or for rows longer
+than the kernel takes) ``pyccl.all_reduce`` followed by torch's add and
+``rms_norm``. Both results are bitwise identical on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ._logging import logger
+from .collectives import _engine, all_reduce, communicator_for
+from .communicator import Communicator
+from .errors import ClosedError, InvalidArgumentError, PycclTypeError
+
+__all__ = ["FUSED_ALGORITHMS", "FUSED_MAX_BYTES", "fused_all_reduce_rmsnorm"]
+
+FUSED_ALGORITHMS = ("one_shot", "two_shot", "unfused")
+# Messages (bytes of the input) above this take the unfused path. The fused
+# kernel is measured up to 1 MiB (64 tokens of hidden 8192 bf16), where it
+# still wins (benchmarks/RESULTS.md); above, the all-reduce's bandwidth sets
+# the time, and the LL kernel is not the fastest all-reduce there.
+FUSED_MAX_BYTES = 1 << 20
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check(x, residual, weight, eps, out, residual_out) -> None:
+    """The argument checks of the fused call, for every path (the kernel's
+    binding checks again); each error names its argument."""
+    tensors = {"tensor": x, "residual": residual, "weight": weight, "out": out, "residual_out": residual_out}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"invalid argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+    if x.dtype not in _FLOATS:
+        raise PycclTypeError(f"invalid argument 'tensor': the fused all-reduce supports float32, float16 and "
+                             f"bfloat16, got {x.dtype}")
+    if x.dim() < 1:
+        raise InvalidArgumentError("invalid argument 'tensor': must have at least one dimension (rows x hidden)")
+    for name, t in tensors.items():
+        if t.dtype != x.dtype:
+            raise InvalidArgumentError(f"invalid argument '{name}': dtype {t.dtype} differs from the input's {x.dtype}")
+        if t.device != x.device:
+            raise InvalidArgumentError(f"invalid argument '{name}': on {t.device}, the input on {x.device}")
+        if not t.is_contiguous():
+            raise InvalidArgumentError(f"invalid argument '{name}': must be contiguous")
+        if name != "weight" and t.shape != x.shape:
+            raise InvalidArgumentError(f"invalid argument '{name}': has shape {tuple(t.shape)}, the input "
+                                       f"{tuple(x.shape)}")
+    if weight.dim() != 1 or weight.numel() != x.shape[-1]:
+        raise InvalidArgumentError(f"invalid argument 'weight': must have shape [{x.shape[-1]}] (the input's last "
+                                   f"dimension), got {tuple(weight.shape)}")
+    if not isinstance(eps, (int, float)) or not (0 <= float(eps) < float("inf")):
+        raise InvalidArgumentError(f"invalid argument 'eps': must be a finite number >= 0, got {eps!r}")
+
+
+def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                             group: Optional[dist.ProcessGroup] = None, *, out: Optional[torch.Tensor] = None,
+                             residual_out: Optional[torch.Tensor] = None, comm: Optional[Communicator] = None,
+                             algorithm: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """All-reduces ``x`` (sum) over the ranks, adds ``residual`` and applies
+    RMSNorm with ``weight`` over the last dimension, on the current stream.
+
+    Args:
+        x: this rank's partial sums, contiguous float32, float16 or bfloat16, shape (..., hidden).
+        residual: the residual stream, the same shape and dtype (the same on every rank).
+        weight: the norm's weight, shape (hidden,), the same dtype.
+        eps: added to the mean square before the square root.
+        group: a torch process group (default: the world); or ``comm``, a pyccl Communicator.
+        out: where the normalized rows go (may be ``x``); a new tensor if None.
+        residual_out: where the new residual goes (may be ``residual``); a new tensor if None.
+        algorithm: "one_shot", "two_shot" (at least one row per rank) or "unfused" to force one;
+            default: by size (the engine's ``fused_two_shot_bytes``, then ``FUSED_MAX_BYTES``).
+
+    Returns ``(normed, new_residual)``, bitwise identical on every rank.
+    Capturable in CUDA graphs, like the other collectives.
+    """
+    if algorithm is not None and algorithm not in FUSED_ALGORITHMS:
+        raise InvalidArgumentError(f"invalid argument 'algorithm': {algorithm!r} is not one of "
+                                   f"{', '.join(FUSED_ALGORITHMS)}")
+    if not isinstance(x, torch.Tensor):
+        raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(x).__name__}")
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if residual_out is None and isinstance(residual, torch.Tensor):
+        residual_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    _check(x, residual, weight, eps, out, residual_out)
+    given = comm
+    comm = communicator_for(group, x.device) if comm is None else comm
+    if comm.closed:
+        raise ClosedError(f"fused_all_reduce_rmsnorm: communicator '{comm.name}' is closed")
+    engine = _engine(comm)
+    row_bytes = x.shape[-1] * x.element_size()
+    unfused = algorithm == "unfused"
+    if algorithm is None:
+        unfused = x.numel() * x.element_size() > FUSED_MAX_BYTES or row_bytes > engine.fused_max_row_bytes
+    elif not unfused and row_bytes > engine.fused_max_row_bytes:
+        raise InvalidArgumentError(f"invalid argument 'algorithm': {algorithm} takes rows of at most "
+                                   f"{engine.fused_max_row_bytes} bytes here, the input's have {row_bytes}; "
+                                   "pass algorithm='unfused' or None")
+    if unfused:
+        _unfused(x, residual, weight, float(eps), group, given, out, residual_out)
+        return out, residual_out
+    engine.all_reduce_rmsnorm(comm._comm, x, residual, weight, out, residual_out, float(eps), algorithm)
+    return out, residual_out
+
+
+def _unfused(x, residual, weight, eps, group, comm, out, residual_out) -> None:
+    """The same result from pyccl.all_reduce (on ``comm`` if given, else on
+    ``group``, which may hand it to NCCL), torch's add and rms_norm."""
+    if x.numel() == 0:
+        return
+    logger.debug("fused_all_reduce_rmsnorm: %d bytes take the unfused path", x.numel() * x.element_size())
+    reduced = all_reduce(x, group=group, comm=comm)
+    torch.add(reduced, residual, out=residual_out)
+    out.copy_(torch.nn.functional.rms_norm(residual_out, (x.shape[-1],), weight, eps))

@@ -1,0 +1,72 @@
+"""The fused all-reduce + residual add + RMSNorm in host mode (CPU processes)."""
+
+import random
+
+import pytest
+import torch
+
+import pyccl
+import ranks_fused as rf
+import ranks_ops as ro
+from pyccl._spawn import run_ranks
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_random_cases_match_float64_reference(world):
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rf.fused_cases, world, args=(False, seed, 36, 8192), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_fused_on_one_block_per_row_and_small_regions():
+    # One block per row (no row groups), and LL regions of 2 KiB per block: long
+    # rows need every segment, and the calls split into many pieces.
+    seed = random.randrange(1 << 20)
+    for options in ({"fused_segments": 1}, {"ll_blocks": 4, "ll_max_bytes": 8 << 10}):
+        for bad, record in run_ranks(rf.fused_cases, 3, args=(False, seed, 24, 1024, options), timeout=300):
+            assert bad == [], f"seed {seed} {options}: {bad} (device record {record})"
+
+
+def test_fused_at_eight_ranks():
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rf.fused_cases, 8, args=(False, seed, 9, 2048), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_fused_rejects_bad_arguments():
+    for out in run_ranks(rf.fused_bad_arguments, 2, timeout=120):
+        assert out["dtype"][0] == "PycclTypeError" and "'tensor'" in out["dtype"][1]
+        for label, arg in [("residual_shape", "'residual'"), ("residual_dtype", "'residual'"),
+                           ("weight_shape", "'weight'"), ("eps", "'eps'"), ("out", "'out'"),
+                           ("residual_out", "'residual_out'"), ("contiguous", "'tensor'"),
+                           ("algorithm", "'algorithm'"), ("two_shot_rows", "'algorithm'")]:
+            kind, text = out[label]
+            assert kind == "InvalidArgumentError" and arg in text, (label, kind, text)
+
+
+def test_fused_op_is_registered_and_passes_opcheck():
+    assert hasattr(torch.ops.pyccl, "fused_all_reduce_rmsnorm")
+    for bad in run_ranks(ro.opcheck_fused, 2, args=(False,), timeout=300):
+        assert bad == {}
+
+
+def test_fused_op_traces_under_compile():
+    assert run_ranks(ro.compiled_fused_layer, 2, args=(False,), timeout=300) == [True, True]
+
+
+def test_fused_is_exported():
+    assert pyccl.fused_all_reduce_rmsnorm is pyccl.fused.fused_all_reduce_rmsnorm
+
+
+def test_fused_launch_shapes_follow_the_rows():
+    # A thread per packet of a block's slice; as many blocks per row as the
+    # 64-block grid has room for, one row group per row (one-shot) or per
+    # owner's row (two-shot, 4 ranks).
+    shapes = run_ranks(rf.launch_shapes, 4, timeout=120)[0]
+    assert shapes[(1, 16384, "one_shot")] == (8, 256)
+    assert shapes[(8, 16384, "one_shot")] == (8, 256)
+    assert shapes[(16, 16384, "one_shot")] == (4, 512)
+    assert shapes[(32, 16384, "two_shot")] == (8, 256)
+    assert shapes[(64, 16384, "two_shot")] == (4, 512)
+    assert shapes[(1, 1 << 17, "one_shot")] == (8, 512)
+    assert shapes["max_row"] == 8 * (1 << 20) // 64
