@@ -84,7 +84,8 @@ struct ClusterRowGroup {
 };
 
 template <typename T>
-__global__ void __launch_bounds__(kFusedMaxThreads) allReduceRMSNormKernel(CollectiveContext context, FusedNormArgs args) {
+__global__ void __launch_bounds__(kFusedMaxThreads) allReduceRMSNormKernel(CollectiveContext context,
+                                                                           FusedNormArgs args) {
   __shared__ float warpSums[32 * kMaxCollectiveRanks];
   __shared__ float gathered[2 * 8 * kMaxCollectiveRanks];
   __shared__ float totals[kMaxCollectiveRanks];
