@@ -27,30 +27,14 @@ namespace pyccl {
 namespace detail {
 
 /// Packet `i` (of this block's share starting at `lo`) reduced over every rank
-/// in rank order, fp32 lanes: this rank's from `mine` (`mineBytes` of data),
-/// the peers' from their packets in its LL region, polled kPacketPollBatch
-/// ranks at a time (one round trip per batch once they have landed, not one
-/// per peer). `ok` turns false, and stays so, once a wait gives up (the lanes
-/// are then meaningless).
+/// in rank order (reducePolledPacket), this rank's from `mine` (`mineBytes` of data).
 template <typename T, ReduceOp Op>
 PYCCL_HOST_DEVICE void reduceArrivingPacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t lo,
                                             uint64_t i, const char* mine, uint64_t mineBytes, uint32_t flag,
                                             bool& ok, float (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
-  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
-  for (int q0 = 0; q0 < c.worldSize; q0 += kPacketPollBatch) {
-    uint32_t payloads[kPacketPollBatch][2];
-    pollPeerPackets(c, false, phase, block, i - lo, q0, flag, [](int) { return true; }, payloads, ok);
-    PYCCL_UNROLL
-    for (int k = 0; k < kPacketPollBatch; ++k) {
-      const int q = q0 + k;
-      if (q >= c.worldSize) break;
-      if (q == c.rank) packPayload<LL16Packet>(mine, i, mineBytes, payloads[k]);
-      for (uint32_t l = 0; l < kLanes; ++l) {
-        const float v = ElementTraits<T>::toFloat(laneOf<T>(payloads[k], l));
-        acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
-      }
-    }
-  }
+  reducePolledPacket<T, Op>(
+      c, phase, block, i - lo, [&](uint32_t (&payload)[2]) { packPayload<LL16Packet>(mine, i, mineBytes, payload); },
+      flag, ok, acc);
 }
 
 }  // namespace detail

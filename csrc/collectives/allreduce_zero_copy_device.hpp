@@ -61,16 +61,12 @@ PYCCL_HOST_DEVICE void allReduceZeroCopy(const CollectiveContext& c, const Symme
       const uint64_t at = offset + v * 16;
       detail::Vec16 raw[kMaxCollectiveRanks];
       // All loads first: `world` 16-byte requests in flight per thread.
-#if PYCCL_ON_DEVICE  // host compilers do not know the pragma
-PYCCL_UNROLL
-#endif
+      PYCCL_UNROLL
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q < world) raw[q] = *reinterpret_cast<const detail::Vec16*>(p.inputs[q] + at);
       }
       float acc[kVec];
-#if PYCCL_ON_DEVICE  // host compilers do not know the pragma
-PYCCL_UNROLL
-#endif
+      PYCCL_UNROLL
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q >= world) break;
         const auto* words = reinterpret_cast<const uint32_t*>(&raw[q]);

@@ -146,6 +146,33 @@ PYCCL_HOST_DEVICE void setLaneOf(uint32_t* words, uint32_t lane, T v) {
   for (uint32_t k = 0; k < sizeof(T); ++k) bytes[k] = src[k];
 }
 
+/// Packet `slot` of `block`'s share of this rank's LL region in `phase`,
+/// reduced over every rank in rank order with fp32 lanes: the peers' packets
+/// polled kPacketPollBatch ranks at a time (one round trip per batch once
+/// they have landed, not one per peer), this rank's from own(payload). `ok`
+/// turns false, and stays so, once a wait gives up (the lanes are then
+/// meaningless).
+template <typename T, ReduceOp Op, typename Own>
+PYCCL_HOST_DEVICE void reducePolledPacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t slot,
+                                          Own&& own, uint32_t flag, bool& ok,
+                                          float (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
+  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
+  for (int q0 = 0; q0 < c.worldSize; q0 += kPacketPollBatch) {
+    uint32_t payloads[kPacketPollBatch][2];
+    pollPeerPackets(c, false, phase, block, slot, q0, flag, [](int) { return true; }, payloads, ok);
+    PYCCL_UNROLL
+    for (int k = 0; k < kPacketPollBatch; ++k) {
+      const int q = q0 + k;
+      if (q >= c.worldSize) break;
+      if (q == c.rank) own(payloads[k]);
+      for (uint32_t l = 0; l < kLanes; ++l) {
+        const float v = ElementTraits<T>::toFloat(laneOf<T>(payloads[k], l));
+        acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
+      }
+    }
+  }
+}
+
 /// Barrier of block `block` with block `block` of every peer, at `value`
 /// (monotonic per block). Release/acquire: this block's earlier writes are
 /// visible to the peers' blocks after it, and theirs to this one. Returns the

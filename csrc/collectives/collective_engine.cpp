@@ -121,10 +121,13 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
 #else
   clusters_ = host;
 #endif
-  PYCCL_CHECK_ARG(options_.fusedSegments <= 8 && options_.fusedSegments <= options_.llBlocks, "fused_segments",
-                  "must be at most 8 and at most ll_blocks (", options_.llBlocks, "), got ", options_.fusedSegments);
-  PYCCL_CHECK_ARG(options_.fusedThreads <= kFusedMaxThreads, "fused_threads", "must be at most ", kFusedMaxThreads,
-                  " (0: by the call), got ", options_.fusedThreads);
+  PYCCL_CHECK_ARG(options_.fusedSegments <= kFusedMaxSegments && options_.fusedSegments <= options_.llBlocks,
+                  "fused_segments", "must be at most ", kFusedMaxSegments, " and at most ll_blocks (",
+                  options_.llBlocks, "), got ", options_.fusedSegments);
+  const uint32_t fusedThreads = options_.fusedThreads;
+  PYCCL_CHECK_ARG(fusedThreads == 0 || (fusedThreads >= 32 && fusedThreads <= kFusedMaxThreads && fusedThreads % 32 == 0),
+                  "fused_threads", "must be 0 (by the call) or a multiple of 32 in [32, ", kFusedMaxThreads, "], got ",
+                  options_.fusedThreads);
   for (int k = 0; k < 4; ++k) {
     uint64_t& threshold = options_.exchangeLLThresholdBytes[k];
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
@@ -133,9 +136,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   }
   for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"},
                                std::pair{options_.hbLargeThreads, "hb_large_threads"},
-                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"},
-                               std::pair{options_.fusedThreads == 0 ? 32u : options_.fusedThreads,
-                                         "fused_threads"}}) {
+                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"}}) {
     PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
                     "must be a multiple of 32 in [32, 1024], got ", threads);
   }
@@ -334,15 +335,12 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
 
 CollectiveEngine::FusedLaunch CollectiveEngine::fusedLaunchFor(uint64_t rows, uint64_t rowBytes,
                                                                FusedNormAlgorithm algorithm) const {
-  const uint64_t blockBytes = context_.llBlockPackets * LL16Packet::kDataBytes;
-  const uint64_t needed = (rowBytes + blockBytes - 1) / blockBytes;  // a slice fits one block's LL region
-  uint64_t segments = options_.fusedSegments;
-  if (!clusters_) {
-    segments = 1;
-  } else if (segments == 0) {
+  uint64_t segments = fusedMostSegments();
+  if (clusters_ && options_.fusedSegments == 0) {
+    const uint64_t blockBytes = context_.llBlockPackets * LL16Packet::kDataBytes;
+    const uint64_t needed = (rowBytes + blockBytes - 1) / blockBytes;  // a slice fits one block's LL region
     const uint64_t world = static_cast<uint64_t>(comm_.worldSize());
     const uint64_t groups = algorithm == FusedNormAlgorithm::kTwoShot ? (rows + world - 1) / world : rows;
-    segments = std::min<uint64_t>(8, options_.llBlocks);
     while (segments > 1 && groups * segments > options_.llBlocks) segments /= 2;
     segments = std::max(segments, needed);
   }
@@ -354,12 +352,14 @@ CollectiveEngine::FusedLaunch CollectiveEngine::fusedLaunchFor(uint64_t rows, ui
   return {static_cast<uint32_t>(segments), threads};
 }
 
+uint32_t CollectiveEngine::fusedMostSegments() const {
+  if (!clusters_) return 1;
+  if (options_.fusedSegments != 0) return options_.fusedSegments;
+  return std::min(kFusedMaxSegments, options_.llBlocks);
+}
+
 uint64_t CollectiveEngine::fusedMaxRowBytes() const {
-  uint64_t segments = 1;
-  if (clusters_) {
-    segments = options_.fusedSegments != 0 ? options_.fusedSegments : std::min<uint64_t>(8, options_.llBlocks);
-  }
-  return segments * context_.llBlockPackets * LL16Packet::kDataBytes;
+  return fusedMostSegments() * context_.llBlockPackets * LL16Packet::kDataBytes;
 }
 
 FusedNormAlgorithm CollectiveEngine::selectFused(uint64_t rows, uint64_t rowBytes) const {

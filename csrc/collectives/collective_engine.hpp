@@ -57,7 +57,7 @@ struct CollectiveOptions {
   /// blocks, up to hbBlocks; 0: always on hbBlocks.
   uint64_t zeroCopyBytesPerBlock = 0;
   /// Fused all-reduce + RMSNorm: blocks per row, one thread-block cluster (at
-  /// most 8); 0: by the call (CollectiveEngine::fusedLaunchFor).
+  /// most kFusedMaxSegments); 0: by the call (CollectiveEngine::fusedLaunchFor).
   uint32_t fusedSegments = 0;
   /// Threads per block of the fused kernel (at most kFusedMaxThreads); 0: by the call.
   uint32_t fusedThreads = 0;
@@ -147,6 +147,8 @@ class CollectiveEngine {
   /// in host mode CPU threads (and then raises if a wait gave up).
   void launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads, void* stream);
   void launchFused(const CollectiveContext& ctx, const FusedNormCall& call, uint32_t threads, void* stream);
+  /// Blocks per row of the fused kernel at most here (1 without clusters; fusedSegments where set).
+  uint32_t fusedMostSegments() const;
   /// The context of an LL call moving `llPackets` per (source, destination) pair.
   CollectiveContext contextFor(uint64_t llPackets) const;
 

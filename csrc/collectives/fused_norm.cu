@@ -21,7 +21,7 @@ namespace cg = cooperative_groups;
 /// in the same order, so each gets the same bits.
 struct ClusterRowGroup {
   float* warpSums;  ///< shared [32 warps][kMaxCollectiveRanks]
-  float* gathered;  ///< shared [2 parities][8 blocks][kMaxCollectiveRanks], written by the cluster's blocks
+  float* gathered;  ///< shared [2 parities][kFusedMaxSegments][kMaxCollectiveRanks], written by the cluster's blocks
   float* totals;    ///< shared [kMaxCollectiveRanks]
   uint32_t segment;
   uint32_t segments;
@@ -41,7 +41,7 @@ struct ClusterRowGroup {
       if (lane == 0) warpSums[warp * kMaxCollectiveRanks + n] = values[n];
     }
     __syncthreads();
-    float* slots = gathered + parity * 8 * kMaxCollectiveRanks;
+    float* slots = gathered + parity * kFusedMaxSegments * kMaxCollectiveRanks;
     if (segments == 1) {
       if (threadIdx.x < static_cast<uint32_t>(used)) {
         float total = 0;
@@ -87,7 +87,7 @@ template <typename T>
 __global__ void __launch_bounds__(kFusedMaxThreads) allReduceRMSNormKernel(CollectiveContext context,
                                                                            FusedNormArgs args) {
   __shared__ float warpSums[32 * kMaxCollectiveRanks];
-  __shared__ float gathered[2 * 8 * kMaxCollectiveRanks];
+  __shared__ float gathered[2 * kFusedMaxSegments * kMaxCollectiveRanks];
   __shared__ float totals[kMaxCollectiveRanks];
   collectiveKernelPrologue();
   ClusterRowGroup group{warpSums, gathered, totals, blockIdx.x % args.segments, args.segments};

@@ -34,6 +34,8 @@ namespace pyccl {
 /// Threads per block of the fused kernel at most: it keeps a few packets of
 /// every row in registers, more than 64 registers a thread.
 constexpr uint32_t kFusedMaxThreads = 512;
+/// Blocks per row at most: a portable thread-block cluster.
+constexpr uint32_t kFusedMaxSegments = 8;
 
 /// One fused call over `rows` rows of `hidden` elements (every pointer any alignment).
 struct FusedNormArgs {
@@ -131,16 +133,30 @@ PYCCL_HOST_DEVICE float inverseRms(float sumSquares, uint64_t hidden, float eps)
 /// until it normalizes them. A thread's further packets are loaded again.
 constexpr uint32_t kFusedCached = 2;
 
-/// This thread's first kFusedCached packets of the weight's slice.
-template <typename T>
-PYCCL_HOST_DEVICE void loadWeights(const FusedNormArgs& a, const FusedNormSlice& s, uint32_t tid, uint32_t numThreads,
-                                   uint32_t (&weights)[kFusedCached][2]) {
+/// Calls fn(i, k) for this thread's packets i of the slice, in order: the
+/// first kFusedCached with k = 0, 1, ... (an unrolled loop, so that k indexes
+/// registers), the rest with k = kFusedCached (not cached).
+template <typename Fn>
+PYCCL_HOST_DEVICE void forEachSlicePacket(const FusedNormSlice& s, uint32_t tid, uint32_t numThreads, Fn&& fn) {
   PYCCL_UNROLL
   for (uint32_t k = 0; k < kFusedCached; ++k) {
     const uint64_t i = tid + static_cast<uint64_t>(k) * numThreads;
-    weights[k][0] = weights[k][1] = 0;
-    if (i < s.packets) packPayload<LL16Packet>(static_cast<const char*>(a.weight) + s.begin, i, s.bytes, weights[k]);
+    if (i >= s.packets) return;
+    fn(i, k);
   }
+  for (uint64_t i = tid + static_cast<uint64_t>(kFusedCached) * numThreads; i < s.packets; i += numThreads) {
+    fn(i, kFusedCached);
+  }
+}
+
+/// This thread's first kFusedCached packets of the weight's slice (zero past its end).
+template <typename T>
+PYCCL_HOST_DEVICE void loadWeights(const FusedNormArgs& a, const FusedNormSlice& s, uint32_t tid, uint32_t numThreads,
+                                   uint32_t (&weights)[kFusedCached][2]) {
+  for (auto& w : weights) w[0] = w[1] = 0;
+  forEachSlicePacket(s, tid, numThreads, [&](uint64_t i, uint32_t k) {
+    if (k < kFusedCached) packPayload<LL16Packet>(static_cast<const char*>(a.weight) + s.begin, i, s.bytes, weights[k]);
+  });
 }
 
 /// Packet i of `out` = v * scale * w, rounded to T.
@@ -165,49 +181,23 @@ PYCCL_HOST_DEVICE void normalizeSlice(const FusedNormArgs& a, const FusedNormSli
   const uint64_t at = row * a.hidden * sizeof(T) + s.begin;
   const char* res = static_cast<const char*>(a.residualOut) + at;
   char* out = static_cast<char*>(a.normed) + at;
-  PYCCL_UNROLL
-  for (uint32_t k = 0; k < kFusedCached; ++k) {
-    const uint64_t i = tid + static_cast<uint64_t>(k) * numThreads;
-    if (i >= s.packets) break;
-    uint32_t v[2];
-    if (sums != nullptr) {
+  const char* weight = static_cast<const char*>(a.weight) + s.begin;
+  forEachSlicePacket(s, tid, numThreads, [&](uint64_t i, uint32_t k) {
+    uint32_t v[2], w[2];
+    if (k < kFusedCached && sums != nullptr) {
       v[0] = sums[k][0];
       v[1] = sums[k][1];
     } else {
       packPayload<LL16Packet>(res, i, s.bytes, v);
     }
-    normalizePacket<T>(out, s, i, v, weights[k], scale);
-  }
-  const char* weight = static_cast<const char*>(a.weight) + s.begin;
-  for (uint64_t i = tid + static_cast<uint64_t>(kFusedCached) * numThreads; i < s.packets; i += numThreads) {
-    uint32_t v[2], w[2];
-    packPayload<LL16Packet>(res, i, s.bytes, v);
-    packPayload<LL16Packet>(weight, i, s.bytes, w);
-    normalizePacket<T>(out, s, i, v, w, scale);
-  }
-}
-
-/// A packet reduced over every rank in rank order (fp32): this rank's
-/// `mine` (loaded before the wait), the peers' polled from LL slot `slot` of
-/// block `block` (kPacketPollBatch peers at a time).
-template <typename T>
-PYCCL_HOST_DEVICE void reduceSlicePacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t slot,
-                                         const uint32_t (&mine)[2], uint32_t flag, bool& ok,
-                                         float (&acc)[kFusedLanes<T>]) {
-  for (int q0 = 0; q0 < c.worldSize; q0 += kPacketPollBatch) {
-    uint32_t payloads[kPacketPollBatch][2];
-    pollPeerPackets(c, false, phase, block, slot, q0, flag, [](int) { return true; }, payloads, ok);
-    PYCCL_UNROLL
-    for (int k = 0; k < kPacketPollBatch; ++k) {
-      const int q = q0 + k;
-      if (q >= c.worldSize) break;
-      const uint32_t* p = q == c.rank ? mine : payloads[k];
-      for (uint32_t l = 0; l < kFusedLanes<T>; ++l) {
-        const float v = ElementTraits<T>::toFloat(laneOf<T>(p, l));
-        acc[l] = q == 0 ? v : acc[l] + v;
-      }
+    if (k < kFusedCached) {
+      w[0] = weights[k][0];
+      w[1] = weights[k][1];
+    } else {
+      packPayload<LL16Packet>(weight, i, s.bytes, w);
     }
-  }
+    normalizePacket<T>(out, s, i, v, w, scale);
+  });
 }
 
 /// Reduces this block's slice of `row` (LL slots from `slot0`), adds the
@@ -237,30 +227,33 @@ PYCCL_HOST_DEVICE float reduceRowSlice(const CollectiveContext& c, const FusedNo
   };
   // This rank's input and the residual are loaded before the polls, so their loads wait with them.
   uint32_t res[kFusedCached][2], own[kFusedCached][2];
-  PYCCL_UNROLL
-  for (uint32_t k = 0; k < kFusedCached; ++k) {
-    const uint64_t i = tid + static_cast<uint64_t>(k) * numThreads;
-    if (i >= s.packets) break;
+  forEachSlicePacket(s, tid, numThreads, [&](uint64_t i, uint32_t k) {
+    if (k >= kFusedCached) return;
     packPayload<LL16Packet>(residual, i, s.bytes, res[k]);
     packPayload<LL16Packet>(mine, i, s.bytes, own[k]);
-  }
+  });
   float squares = 0;
-  PYCCL_UNROLL
-  for (uint32_t k = 0; k < kFusedCached; ++k) {
-    const uint64_t i = tid + static_cast<uint64_t>(k) * numThreads;
-    if (i >= s.packets) break;
+  forEachSlicePacket(s, tid, numThreads, [&](uint64_t i, uint32_t k) {
     float acc[kFusedLanes<T>] = {};
-    reduceSlicePacket<T>(c, phase, block, slot0 + i, own[k], flag, ok, acc);
-    squares += finishPacket(i, acc, res[k], sums[k]);
-  }
-  for (uint64_t i = tid + static_cast<uint64_t>(kFusedCached) * numThreads; i < s.packets; i += numThreads) {
-    uint32_t more[2], mineMore[2], sum[2];
-    packPayload<LL16Packet>(residual, i, s.bytes, more);
-    packPayload<LL16Packet>(mine, i, s.bytes, mineMore);
-    float acc[kFusedLanes<T>] = {};
-    reduceSlicePacket<T>(c, phase, block, slot0 + i, mineMore, flag, ok, acc);
-    squares += finishPacket(i, acc, more, sum);
-  }
+    reducePolledPacket<T, ReduceOp::kSum>(
+        c, phase, block, slot0 + i,
+        [&](uint32_t (&payload)[2]) {
+          if (k < kFusedCached) {
+            payload[0] = own[k][0];
+            payload[1] = own[k][1];
+          } else {
+            packPayload<LL16Packet>(mine, i, s.bytes, payload);
+          }
+        },
+        flag, ok, acc);
+    if (k < kFusedCached) {
+      squares += finishPacket(i, acc, res[k], sums[k]);
+    } else {
+      uint32_t more[2], sum[2];
+      packPayload<LL16Packet>(residual, i, s.bytes, more);
+      squares += finishPacket(i, acc, more, sum);
+    }
+  });
   return squares;
 }
 
@@ -370,16 +363,7 @@ PYCCL_HOST_DEVICE void allReduceRMSNorm(const CollectiveContext& c, const FusedN
           }
         }
       };
-      PYCCL_UNROLL
-      for (uint32_t k = 0; k < detail::kFusedCached; ++k) {
-        const uint64_t i = tid + static_cast<uint64_t>(k) * numThreads;
-        if (i >= s.packets) break;
-        receive(i, k);
-      }
-      for (uint64_t i = tid + static_cast<uint64_t>(detail::kFusedCached) * numThreads; i < s.packets;
-           i += numThreads) {
-        receive(i, detail::kFusedCached);
-      }
+      detail::forEachSlicePacket(s, tid, numThreads, receive);
       PYCCL_UNROLL
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q == c.rank) squares[q] = own;
