@@ -1,0 +1,196 @@
+"""The engine-neutral half of the integrations: pyccl's collectives for one
+torch process group, in the shape inference engines call them.
+
+vLLM's device communicators and SGLang's custom all-reduce both ask the same
+things of a collective library: out-of-place all-reduce, all-gather and
+reduce-scatter along a dimension, a check of whether a tensor should go
+through it at all, and a way to close it. :class:`GroupCommunicator` answers
+them with pyccl's kernels; the engine adapters (``pyccl.integrations.vllm``,
+``pyccl.integrations.sglang``) route a call here when :meth:`should_use`
+says so, and to the engine's own NCCL path otherwise. That covers the sizes
+where NCCL's ring is faster (from ``PYCCL_NCCL_MIN_BYTES`` or the tuning
+table's hand-over point), so the engine is never slower for having pyccl.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from .._logging import logger
+from ..collectives import _nccl_min_bytes, all_gather, all_reduce, communicator_for, reduce_scatter, table_for
+from ..communicator import Communicator
+from ..errors import ClosedError, InvalidArgumentError
+from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
+
+__all__ = ["GroupCommunicator", "REDUCIBLE_DTYPES"]
+
+#: What the reducing collectives take (data movement takes any dtype).
+REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "fused_all_reduce_rmsnorm")
+
+
+def _positive_dim(dim: int, tensor: torch.Tensor) -> int:
+    if not isinstance(dim, int) or not -tensor.dim() <= dim < tensor.dim():
+        raise InvalidArgumentError(f"invalid argument 'dim': {dim!r} is out of range for a tensor of shape "
+                                   f"{tuple(tensor.shape)}")
+    return dim + tensor.dim() if dim < 0 else dim
+
+
+class GroupCommunicator:
+    """pyccl collectives over the ranks of ``cpu_group``, on ``device``.
+
+    Collective to make: every rank of the group constructs it at the same point
+    (as engines construct their device communicators). It makes (or reuses) the
+    group's pyccl communicator, so that no set-up is left for the first call;
+    calls may then be captured in CUDA graphs.
+
+    Args:
+        cpu_group: the torch process group whose ranks take part (engines pass
+            their gloo group; pyccl uses only its ranks and the default store).
+        device: a CUDA device, or ``cpu`` for host mode (tests); default: the
+            current CUDA device.
+        device_group: the group's NCCL process group, used for send/recv.
+        max_bytes: the largest message (bytes of the input) that :meth:`should_use`
+            accepts, for every collective; default: per collective, where the
+            tuning table (or ``PYCCL_NCCL_MIN_BYTES``) hands messages to NCCL.
+        comm: a pyccl Communicator to use instead of the group's.
+    """
+
+    def __init__(self, cpu_group: Optional[dist.ProcessGroup], device: Union[str, torch.device, None] = None,
+                 device_group: Optional[dist.ProcessGroup] = None, *, max_bytes: Optional[int] = None,
+                 comm: Optional[Communicator] = None) -> None:
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
+            raise InvalidArgumentError(f"invalid argument 'max_bytes': expected a byte count >= 0, got {max_bytes!r}")
+        self.cpu_group = cpu_group
+        self.device_group = device_group
+        self.comm = comm if comm is not None else communicator_for(cpu_group, self.device)
+        self.world_size = self.comm.world_size
+        self.rank = self.comm.rank
+        self._max_bytes = max_bytes
+        self._limits: dict = {}
+        #: Set to stop routing calls here (the engine's own path takes them).
+        self.disabled = self.world_size < 2
+        logger.info("pyccl group communicator: rank %d of %d on %s", self.rank, self.world_size, self.device)
+
+    # -- selection ----------------------------------------------------------------------------------------------
+
+    def max_bytes(self, collective: str, dtype: torch.dtype) -> int:
+        """The largest message of ``collective`` that :meth:`should_use` takes."""
+        if self._max_bytes is not None:
+            return self._max_bytes
+        if collective == "fused_all_reduce_rmsnorm":
+            return FUSED_MAX_BYTES
+        key = (collective, dtype)
+        if key not in self._limits:
+            self._limits[key] = _nccl_min_bytes(collective, table_for(self.device, self.world_size, dtype)) - 1
+        return self._limits[key]
+
+    def should_use(self, tensor: torch.Tensor, collective: str = "all_reduce") -> bool:
+        """Whether ``collective`` on ``tensor`` should go through pyccl: the
+        tensor is contiguous, on this device, of a dtype the collective takes,
+        and at most :meth:`max_bytes` (the message of an all-gather is the
+        gathered tensor). False when disabled or closed; never raises for a tensor."""
+        if collective not in _COLLECTIVES:
+            raise InvalidArgumentError(f"invalid argument 'collective': {collective!r} is not one of "
+                                       f"{', '.join(_COLLECTIVES)}")
+        if self.disabled or self.comm.closed or not isinstance(tensor, torch.Tensor):
+            return False
+        if tensor.device != self.device or not tensor.is_contiguous() or tensor.numel() == 0:
+            return False
+        if collective != "all_gather" and tensor.dtype not in REDUCIBLE_DTYPES:
+            return False
+        nbytes = tensor.numel() * tensor.element_size()
+        if collective == "all_gather":
+            nbytes *= self.world_size
+        return nbytes <= self.max_bytes(collective, tensor.dtype)
+
+    # -- collectives --------------------------------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self.comm.closed:
+            raise ClosedError(f"{what}: the pyccl group communicator is closed (destroy() was called)")
+
+    def all_reduce(self, input_: torch.Tensor) -> torch.Tensor:
+        """Sum of ``input_`` over the ranks, in a new tensor (``input_`` is left
+        as it is). Enqueued on the current stream; capturable in CUDA graphs."""
+        self._check_open("all_reduce")
+        return all_reduce(input_, comm=self.comm)
+
+    def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's ``input_`` concatenated in rank order along ``dim``."""
+        self._check_open("all_gather")
+        dim = _positive_dim(dim, input_)
+        shape = tuple(input_.shape)
+        gathered = all_gather(input_.contiguous(), comm=self.comm)
+        if dim == 0:
+            return gathered
+        # (world * n0, ...) -> (world, n0, ...) -> world moved next to dim, merged into it.
+        gathered = gathered.reshape((self.world_size,) + shape).movedim(0, dim)
+        return gathered.reshape(shape[:dim] + (self.world_size * shape[dim],) + shape[dim + 1:])
+
+    def reduce_scatter(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Sum over the ranks of ``input_``, split in ``world_size`` equal parts
+        along ``dim``; rank r gets part r."""
+        self._check_open("reduce_scatter")
+        dim = _positive_dim(dim, input_)
+        if input_.shape[dim] % self.world_size != 0:
+            raise InvalidArgumentError(f"invalid argument 'input_': dimension {dim} has {input_.shape[dim]} entries, "
+                                       f"not a multiple of the {self.world_size} ranks")
+        moved = input_.movedim(dim, 0).contiguous()
+        part = reduce_scatter(moved, comm=self.comm)
+        return part.movedim(0, dim).contiguous() if dim != 0 else part
+
+    def fused_all_reduce_rmsnorm(self, input_: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                 eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``pyccl.fused_all_reduce_rmsnorm`` on this group: (normed, new residual)."""
+        self._check_open("fused_all_reduce_rmsnorm")
+        return fused_all_reduce_rmsnorm(input_, residual, weight, eps, comm=self.comm)
+
+    # -- point to point -----------------------------------------------------------------------------------------
+
+    def _p2p_group(self) -> dist.ProcessGroup:
+        return self.device_group if self.device_group is not None else self.cpu_group
+
+    def _peer(self, peer: Optional[int], step: int, name: str) -> int:
+        if peer is None:
+            peer = (self.rank + step) % self.world_size
+        if not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:
+            raise InvalidArgumentError(f"invalid argument '{name}': {peer!r} is not another rank of the group "
+                                       f"(0..{self.world_size - 1}, this rank is {self.rank})")
+        return dist.get_global_rank(self._p2p_group(), peer)
+
+    def send(self, tensor: torch.Tensor, dst: Optional[int] = None) -> None:
+        """Sends ``tensor`` to group rank ``dst`` (default: the next rank),
+        through the device group (NCCL on GPUs): pyccl has no point-to-point
+        kernel faster than NCCL's."""
+        dist.send(tensor, self._peer(dst, 1, "dst"), group=self._p2p_group())
+
+    def recv(self, size: torch.Size, dtype: torch.dtype, src: Optional[int] = None) -> torch.Tensor:
+        """Receives a tensor of ``size`` and ``dtype`` from group rank ``src``
+        (default: the previous rank)."""
+        tensor = torch.empty(size, dtype=dtype, device=self.device)
+        dist.recv(tensor, self._peer(src, -1, "src"), group=self._p2p_group())
+        return tensor
+
+    # -- life cycle ---------------------------------------------------------------------------------------------
+
+    def destroy(self) -> None:
+        """Closes the pyccl communicator (idempotent); later calls raise ClosedError."""
+        if not self.comm.closed:
+            self.comm.close()
+        self.disabled = True
+
+    close = destroy
+
+    def __repr__(self) -> str:
+        state = "closed" if self.comm.closed else ("disabled" if self.disabled else "open")
+        return f"GroupCommunicator(rank={self.rank}, world_size={self.world_size}, device={self.device}, {state})"

@@ -1,0 +1,191 @@
+"""pyccl inside SGLang: the tensor-parallel GroupCoordinator's collectives through pyccl.
+
+Written for SGLang 0.5.17 (the release built against torch 2.11); the steps
+are in ``examples/sglang/README.md``.
+
+SGLang's ``GroupCoordinator`` picks an all-reduce per call from the
+communicators it holds; the first it asks is the custom all-reduce,
+``ca_comm`` (``disabled``, ``should_custom_ar``, ``custom_all_reduce``,
+``capture``, and ``fused_allreduce_rmsnorm`` where the communicator has one).
+:class:`PycclCustomAllreduce` fills that slot for the tensor-parallel group:
+pyccl takes what :meth:`GroupCommunicator.should_use` accepts, and SGLang's
+own custom all-reduce (kept inside it) or its later choices take the rest. The
+group's ``all_gather`` and ``reduce_scatter_along_dim`` go through pyccl the
+same way, outside torch.compile tracing.
+
+Two ways to install it, in every SGLang process:
+
+* the general plugin: pyccl's package declares the ``sglang.srt.plugins``
+  entry point ``pyccl``; with ``PYCCL_SGLANG=1`` it registers the hooks with
+  SGLang's ``HookRegistry``, which SGLang applies in every process;
+* :func:`patch`, for processes you start yourself (it patches the class).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any, Optional, Tuple
+
+import torch
+
+from .._logging import logger
+from .group import GroupCommunicator
+
+__all__ = ["PycclCustomAllreduce", "SGLANG_VERSION", "enabled", "install", "patch", "plugin"]
+
+#: The SGLang release this adapter is written and tested for.
+SGLANG_VERSION = "0.5.17"
+#: The environment variable that turns the plugin on.
+ENABLE_ENV = "PYCCL_SGLANG"
+_COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
+
+
+def enabled() -> bool:
+    """Whether ``PYCCL_SGLANG`` asks for pyccl (``1``, ``true``, ``yes`` or ``on``)."""
+    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class PycclCustomAllreduce:
+    """SGLang's custom all-reduce interface over pyccl, with the coordinator's
+    previous ``ca_comm`` (if any) behind it for the calls pyccl leaves.
+
+    Args:
+        group: the pyccl side (a :class:`GroupCommunicator` of the group).
+        previous: the ``ca_comm`` the coordinator had, or None.
+    """
+
+    def __init__(self, group: GroupCommunicator, previous: Optional[Any] = None) -> None:
+        self.group = group
+        self.previous = previous if previous is not None and not getattr(previous, "disabled", True) else None
+
+    @property
+    def disabled(self) -> bool:
+        """True once closed, or when the group has a single rank."""
+        return self.group.disabled and self.previous is None
+
+    def _pyccl_takes(self, inp: torch.Tensor) -> bool:
+        return self.group.should_use(inp, "all_reduce")
+
+    def should_custom_ar(self, inp: torch.Tensor) -> bool:
+        """Whether this slot takes the all-reduce of ``inp`` (pyccl's, or the previous custom one's)."""
+        return self._pyccl_takes(inp) or (self.previous is not None and self.previous.should_custom_ar(inp))
+
+    def custom_all_reduce(self, input: torch.Tensor) -> Optional[torch.Tensor]:  # noqa: A002 (SGLang's name)
+        """The sum over the ranks in a new tensor, on the current stream (CUDA-graph capturable)."""
+        if self._pyccl_takes(input):
+            return self.group.all_reduce(input)
+        return self.previous.custom_all_reduce(input) if self.previous is not None else None
+
+    def fused_allreduce_rmsnorm(self, input_: torch.Tensor, residual_inp_: torch.Tensor, weight_: torch.Tensor,
+                                eps: float) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """All-reduce + residual add + RMSNorm in one pyccl kernel: (normed, new residual), or None where
+        pyccl does not take the call (SGLang then runs its unfused path)."""
+        if not self.group.should_use(input_, "fused_all_reduce_rmsnorm"):
+            return None
+        return self.group.fused_all_reduce_rmsnorm(input_, residual_inp_, weight_, eps)
+
+    @contextlib.contextmanager
+    def capture(self):
+        """The coordinator's graph-capture context: pyccl needs none; the previous communicator's, if any."""
+        with (self.previous.capture() if self.previous is not None else contextlib.nullcontext()):
+            yield
+
+    def close(self) -> None:
+        """Closes pyccl's communicator and the previous one; the slot is disabled after."""
+        self.group.destroy()
+        previous, self.previous = self.previous, None
+        if previous is not None and hasattr(previous, "close"):
+            previous.close()
+
+
+def _pyccl_of(coordinator: Any) -> Optional[GroupCommunicator]:
+    ca = getattr(coordinator, "ca_comm", None)
+    return ca.group if isinstance(ca, PycclCustomAllreduce) else None
+
+
+def install(coordinator: Any) -> bool:
+    """Puts pyccl into ``coordinator`` (a GroupCoordinator) if it is a
+    tensor-parallel group of 2+ ranks; returns whether it did (on a CPU
+    device, pyccl runs in host mode).
+    Collective: every rank of the group calls it at the same point."""
+    name = str(getattr(coordinator, "unique_name", ""))
+    device = getattr(coordinator, "device", None)
+    if name.split(":")[0] != "tp" or getattr(coordinator, "world_size", 1) < 2 or _pyccl_of(coordinator) is not None:
+        return False
+    if not isinstance(device, torch.device):
+        return False
+    group = GroupCommunicator(coordinator.cpu_group, device, coordinator.device_group)
+    coordinator.ca_comm = PycclCustomAllreduce(group, getattr(coordinator, "ca_comm", None))
+    logger.info("SGLang group %s: all-reduce, all-gather and reduce-scatter through pyccl", name)
+    return True
+
+
+def _after_init(result: Any, coordinator: Any, *args: Any, **kwargs: Any) -> None:
+    install(coordinator)
+    return None
+
+
+def _around_all_gather(original, coordinator, input_, dim=-1, output_tensor_list=None):
+    group = _pyccl_of(coordinator)
+    if (group is not None and output_tensor_list is None and not torch.compiler.is_compiling()
+            and group.should_use(input_, "all_gather")):
+        return group.all_gather(input_, dim)
+    return original(coordinator, input_, dim, output_tensor_list)
+
+
+def _around_reduce_scatter(original, coordinator, input_, dim=-1):
+    group = _pyccl_of(coordinator)
+    if group is not None and not torch.compiler.is_compiling() and group.should_use(input_, "reduce_scatter"):
+        return group.reduce_scatter(input_, dim)
+    return original(coordinator, input_, dim)
+
+
+#: (method of GroupCoordinator, kind of hook, hook): what the plugin and patch() install.
+HOOKS = (
+    ("__init__", "after", _after_init),
+    ("all_gather", "around", _around_all_gather),
+    ("reduce_scatter_along_dim", "around", _around_reduce_scatter),
+)
+
+
+def plugin() -> None:
+    """SGLang's ``sglang.srt.plugins`` entry point: with ``PYCCL_SGLANG`` set,
+    registers :data:`HOOKS` with SGLang's HookRegistry (applied by SGLang in
+    every process); otherwise does nothing."""
+    if not enabled():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for method, kind, hook in HOOKS:
+        HookRegistry.register(f"{_COORDINATOR}.{method}", hook, HookType[kind.upper()])
+    logger.info("pyccl hooks registered for SGLang's GroupCoordinator")
+
+
+def patch(coordinator_cls: Optional[type] = None) -> None:
+    """Installs :data:`HOOKS` on ``coordinator_cls`` (default: SGLang's
+    GroupCoordinator) directly, for processes you start yourself. Idempotent."""
+    if coordinator_cls is None:
+        from sglang.srt.distributed.parallel_state import GroupCoordinator as coordinator_cls
+    for method, kind, hook in HOOKS:
+        original = getattr(coordinator_cls, method)
+        if getattr(original, "_pyccl_hook", False):
+            continue
+        setattr(coordinator_cls, method, _wrap(original, kind, hook))
+    logger.info("pyccl patched into %s", coordinator_cls.__qualname__)
+
+
+def _wrap(original, kind: str, hook):
+    if kind == "after":
+        @functools.wraps(original)
+        def wrapped(*args, **kwargs):
+            result = original(*args, **kwargs)
+            hooked = hook(result, *args, **kwargs)
+            return result if hooked is None else hooked
+    else:
+        @functools.wraps(original)
+        def wrapped(*args, **kwargs):
+            return hook(original, *args, **kwargs)
+    wrapped._pyccl_hook = True
+    return wrapped

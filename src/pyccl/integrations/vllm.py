@@ -1,0 +1,142 @@
+"""pyccl inside vLLM: a device communicator and the platform plugin that installs it.
+
+Written for vLLM 0.26.0 (the release built against torch 2.11); the steps are
+in ``examples/vllm/README.md``.
+
+vLLM builds one device communicator per process group, of the class its
+platform names (``Platform.get_device_communicator_cls``), and sends the
+tensor-parallel all-reduce, all-gather and reduce-scatter through it (inside
+its own custom ops, so torch.compile and CUDA graphs see one opaque call).
+:class:`PycclCudaCommunicator` is vLLM's ``CudaCommunicator`` with pyccl in
+front: for the tensor-parallel group, a call that
+:meth:`GroupCommunicator.should_use` accepts runs pyccl's kernels; the rest
+(large messages, odd dtypes, non-contiguous tensors, send/recv) go to
+``CudaCommunicator`` as before.
+
+Two ways to install it, in every vLLM process:
+
+* the platform plugin: pyccl's package declares the ``vllm.platform_plugins``
+  entry point ``pyccl``; with ``PYCCL_VLLM=1`` in the environment it
+  activates :class:`PycclCudaPlatform` (vLLM's CUDA platform naming this
+  communicator) wherever vLLM's own CUDA platform would be active;
+* :func:`patch`, for processes you start yourself: it makes vLLM's CUDA
+  platform name this communicator.
+
+The classes derive from vLLM's, so they are made on first access (module
+``__getattr__``): importing this module needs no vLLM, and vLLM finds
+``pyccl.integrations.vllm.PycclCudaCommunicator`` by name as usual.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from .._logging import logger
+from .group import GroupCommunicator
+
+__all__ = ["COMMUNICATOR_QUALNAME", "PLATFORM_QUALNAME", "VLLM_VERSION", "enabled", "patch", "platform_plugin"]
+
+#: The vLLM release this adapter is written and tested for.
+VLLM_VERSION = "0.26.0"
+COMMUNICATOR_QUALNAME = "pyccl.integrations.vllm.PycclCudaCommunicator"
+PLATFORM_QUALNAME = "pyccl.integrations.vllm.PycclCudaPlatform"
+#: The environment variable that turns the platform plugin on.
+ENABLE_ENV = "PYCCL_VLLM"
+
+_made: dict = {}
+
+
+def enabled() -> bool:
+    """Whether ``PYCCL_VLLM`` asks for pyccl (``1``, ``true``, ``yes`` or ``on``)."""
+    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def platform_plugin() -> Optional[str]:
+    """vLLM's ``vllm.platform_plugins`` entry point: the qualified name of
+    :class:`PycclCudaPlatform` when ``PYCCL_VLLM`` is set and vLLM's own CUDA
+    platform would be active (its detection, through NVML, initializes no CUDA
+    context), else None (vLLM then picks its platform as without pyccl)."""
+    if not enabled():
+        return None
+    from vllm.platforms import cuda_platform_plugin
+
+    if cuda_platform_plugin() is None:
+        logger.info("%s is set, but vLLM's CUDA platform is not active here: pyccl stays out", ENABLE_ENV)
+        return None
+    return PLATFORM_QUALNAME
+
+
+def patch() -> None:
+    """Makes vLLM's CUDA platform name :class:`PycclCudaCommunicator` in this
+    process (for processes you start yourself; vLLM's workers need the plugin)."""
+    from vllm.platforms import cuda as vllm_cuda
+
+    vllm_cuda.CudaPlatform.get_device_communicator_cls = classmethod(lambda cls: COMMUNICATOR_QUALNAME)
+    logger.info("vLLM's CUDA platform now names %s", COMMUNICATOR_QUALNAME)
+
+
+def _make_communicator_cls() -> type:
+    from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+
+    class PycclCudaCommunicator(CudaCommunicator):
+        """vLLM's CudaCommunicator with pyccl's collectives in front, for the
+        tensor-parallel group (the groups whose unique name starts ``tp``)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.pyccl_comm: Optional[GroupCommunicator] = None
+            is_tp = self.unique_name.split(":")[0] == "tp"
+            if is_tp and self.world_size > 1:  # (a CPU device runs pyccl's host mode)
+                self.pyccl_comm = GroupCommunicator(self.cpu_group, self.device, self.device_group)
+
+        def _pyccl_for(self, tensor, collective: str) -> Optional[GroupCommunicator]:
+            comm = self.pyccl_comm
+            return comm if comm is not None and comm.should_use(tensor, collective) else None
+
+        def all_reduce(self, input_):
+            comm = self._pyccl_for(input_, "all_reduce")
+            return comm.all_reduce(input_) if comm is not None else super().all_reduce(input_)
+
+        def all_gather(self, input_, dim: int = -1):
+            comm = self._pyccl_for(input_, "all_gather")
+            return comm.all_gather(input_, dim) if comm is not None else super().all_gather(input_, dim)
+
+        def reduce_scatter(self, input_, dim: int = -1):
+            comm = self._pyccl_for(input_, "reduce_scatter")
+            return comm.reduce_scatter(input_, dim) if comm is not None else super().reduce_scatter(input_, dim)
+
+        def destroy(self):
+            if self.pyccl_comm is not None:
+                self.pyccl_comm.destroy()
+                self.pyccl_comm = None
+            super().destroy()
+
+    PycclCudaCommunicator.__module__ = __name__
+    return PycclCudaCommunicator
+
+
+def _make_platform_cls() -> type:
+    from vllm.platforms.cuda import CudaPlatform
+
+    class PycclCudaPlatform(CudaPlatform):
+        """vLLM's CUDA platform, naming pyccl's device communicator."""
+
+        @classmethod
+        def get_device_communicator_cls(cls) -> str:
+            return COMMUNICATOR_QUALNAME
+
+    PycclCudaPlatform.__module__ = __name__
+    return PycclCudaPlatform
+
+
+_MAKERS = {"PycclCudaCommunicator": _make_communicator_cls, "PycclCudaPlatform": _make_platform_cls}
+
+
+def __getattr__(name: str) -> type:
+    maker = _MAKERS.get(name)
+    if maker is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _made:
+        _made[name] = maker()
+    return _made[name]

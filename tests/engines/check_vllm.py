@@ -1,0 +1,114 @@
+"""pyccl.integrations.vllm against the installed vLLM, on CPUs: run with the
+Python of .venv-engines/vllm (tests/test_engine_interfaces.py does). Prints
+one JSON object: what is wrong ("problems"), and the per-rank results of
+vLLM's real CudaCommunicator with pyccl in front, in pyccl's host mode."""
+
+import inspect
+import json
+import os
+import random
+import sys
+
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: ranks_integrations
+
+
+def params(fn) -> list:
+    return [(p.name, p.default if p.default is not inspect.Parameter.empty else "<required>")
+            for p in inspect.signature(fn).parameters.values()]
+
+
+def interface_problems() -> list:
+    import vllm
+    from vllm.distributed.device_communicators.base_device_communicator import DeviceCommunicatorBase
+    from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+    from vllm.distributed.parallel_state import GroupCoordinator
+    from vllm.platforms import interface
+    from vllm.plugins import load_plugins_by_group
+
+    import pyccl.integrations.vllm as pv
+    from pyccl.integrations.group import GroupCommunicator
+
+    problems = []
+    if vllm.__version__ != pv.VLLM_VERSION:
+        problems.append(f"vLLM {vllm.__version__} installed, the adapter is for {pv.VLLM_VERSION}")
+    ours = pv.PycclCudaCommunicator
+    if not issubclass(ours, CudaCommunicator):
+        problems.append("PycclCudaCommunicator does not derive from vLLM's CudaCommunicator")
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "destroy"):
+        if params(getattr(ours, name)) != params(getattr(CudaCommunicator, name)):
+            problems.append(f"{name}: ours takes {params(getattr(ours, name))}, "
+                            f"CudaCommunicator's {params(getattr(CudaCommunicator, name))}")
+    # The engine-neutral class takes what vLLM's interface passes (self aside).
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "send", "recv", "destroy"):
+        theirs, mine = params(getattr(DeviceCommunicatorBase, name))[1:], params(getattr(GroupCommunicator, name))[1:]
+        if theirs != mine:
+            problems.append(f"GroupCommunicator.{name} takes {mine}, DeviceCommunicatorBase.{name} {theirs}")
+    init = inspect.signature(CudaCommunicator.__init__).parameters
+    for arg in ("cpu_group", "device", "device_group", "unique_name"):
+        if arg not in init:
+            problems.append(f"CudaCommunicator.__init__ has no '{arg}'")
+    src = inspect.getsource(GroupCoordinator.__init__)
+    if "get_device_communicator_cls()" not in src or "device_comm_cls(" not in src:
+        problems.append("GroupCoordinator no longer builds the platform's device communicator class")
+    if not isinstance(inspect.getattr_static(interface.Platform, "get_device_communicator_cls"), classmethod):
+        problems.append("Platform.get_device_communicator_cls is no longer a classmethod")
+    found = load_plugins_by_group("vllm.platform_plugins")
+    if found.get("pyccl") is not pv.platform_plugin:
+        problems.append(f"vLLM's plugin loader does not find pyccl's entry point: {sorted(found)}")
+    # No GPU here: with PYCCL_VLLM set, the plugin still stays out.
+    os.environ[pv.ENABLE_ENV] = "1"
+    if pv.platform_plugin() is not None:
+        problems.append("the platform plugin activates without vLLM's CUDA platform")
+    return problems
+
+
+def communicator_rank(rank: int, world: int, store, seed: int) -> dict:
+    """vLLM's CudaCommunicator with pyccl in front, on CPU: pyccl (host mode)
+    for what should_use accepts, vLLM's path (gloo here) for the rest."""
+    import pyccl.integrations.vllm as pv
+    from ranks_integrations import _close, _inputs
+
+    # No GPU: vLLM's NCCL wrapper must find no libnccl (as on a machine without NCCL) and disable itself.
+    os.environ["VLLM_NCCL_SO_PATH"] = "/nonexistent/libnccl.so.2"
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    group = dist.new_group(list(range(world)), backend="gloo")
+    comm = pv.PycclCudaCommunicator(cpu_group=group, device=torch.device("cpu"), device_group=group,
+                                    unique_name="tp:0")
+    res = {"has_pyccl": comm.pyccl_comm is not None, "bad": []}
+    comm.pyccl_comm._max_bytes = 8 << 10  # both routes at small sizes
+    for label, shape in (("pyccl", (4, 64)), ("vllm", (64, 96))):
+        xs = _inputs(seed, len(label), world, shape, torch.float32)
+        mine = xs[rank]
+        res[label + "_routed_to_pyccl"] = comm.pyccl_comm.should_use(mine)
+        exact = torch.stack([x.double() for x in xs]).sum(0)
+        scale = torch.stack([x.double().abs() for x in xs]).sum(0)
+        if not _close(comm.all_reduce(mine), exact, scale, torch.float32):
+            res["bad"].append(f"all_reduce {label}")
+        if label == "pyccl":  # vLLM's own all-gather/reduce-scatter need NCCL
+            if not torch.equal(comm.all_gather(mine, -1), torch.cat(xs, -1)):
+                res["bad"].append("all_gather")
+            part = comm.reduce_scatter(mine, 0)
+            if not _close(part, exact.chunk(world, 0)[rank], scale.chunk(world, 0)[rank], torch.float32):
+                res["bad"].append("reduce_scatter")
+    pyccl_comm = comm.pyccl_comm.comm
+    comm.destroy()
+    res["closed"] = pyccl_comm.closed
+    dist.destroy_process_group()
+    return res
+
+
+def main() -> None:
+    from pyccl._spawn import run_ranks
+
+    seed = random.randrange(1 << 20)
+    out = {"problems": interface_problems(), "seed": seed}
+    out["ranks"] = run_ranks(communicator_rank, 2, args=(seed,), timeout=300)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""pyccl.integrations in host mode: the engine-neutral GroupCommunicator, and
+the vLLM and SGLang adapters over stand-ins with the engines' signatures.
+The engines' real interfaces are checked in tests/test_engine_interfaces.py."""
+
+import importlib
+import random
+import sys
+
+import pytest
+
+import ranks_integrations as ri
+from pyccl._spawn import run_ranks
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_group_communicator_collectives_match_float64(world):
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(ri.collective_cases, world, args=(False, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+def test_group_communicator_selection_errors_and_destroy():
+    outs = run_ranks(ri.selection_and_errors, 2, timeout=120)
+    for rank, out in enumerate(outs):
+        assert out["fits"] and not out["too_big"]
+        assert not out["gather_counts_world"] and out["gather_small"]
+        assert not out["int_reduce"] and out["int_gather"]
+        assert not out["non_contiguous"] and not out["empty"] and not out["not_a_tensor"]
+        assert out["fused_limit"]
+        for label, arg in [("collective", "'collective'"), ("dim", "'dim'"), ("rs_divides", "'input_'"),
+                           ("dst", "'dst'"), ("max_bytes", "'max_bytes'")]:
+            kind, text = out["errors"][label]
+            assert kind == "InvalidArgumentError" and arg in text, (label, kind, text)
+        assert out["recv_from"] == float(1 - rank) + 0.5
+        assert not out["after_destroy_should_use"]
+        assert "closed" in out["after_destroy_call"]
+
+
+def test_vllm_adapter_routes_by_size_and_falls_back():
+    seed = random.randrange(1 << 20)
+    for res in run_ranks(ri.vllm_adapter, 2, args=(False, seed), timeout=300):
+        assert res["bad"] == [], f"seed {seed}: {res['bad']}"
+        assert not res["pp_has_pyccl"]  # only the tensor-parallel group
+        # Small messages went to pyccl; the 160 KiB ones to the NCCL path.
+        assert res["fallback_calls"] == ["all_reduce", "all_gather", "reduce_scatter"]
+        assert res["non_contiguous_to"] == "all_reduce"
+        assert res["platform_names"] == "pyccl.integrations.vllm.PycclCudaCommunicator"
+        assert res["destroyed"] == (True, True, True)
+
+
+def test_vllm_platform_plugin_is_opt_in(monkeypatch):
+    for name, module in ri.vllm_stand_in_modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    import pyccl.integrations.vllm as pv
+
+    monkeypatch.setattr(pv, "_made", {})
+
+    monkeypatch.delenv("PYCCL_VLLM", raising=False)
+    assert pv.platform_plugin() is None
+    monkeypatch.setenv("PYCCL_VLLM", "1")
+    assert pv.platform_plugin() == pv.PLATFORM_QUALNAME
+    monkeypatch.setattr(sys.modules["vllm.platforms"], "cuda_platform_plugin", lambda: None)
+    assert pv.platform_plugin() is None  # no CUDA platform: vLLM chooses as without pyccl
+    # vLLM resolves the names it is given with import_module + getattr.
+    module, _, name = pv.PLATFORM_QUALNAME.rpartition(".")
+    platform = getattr(importlib.import_module(module), name)
+    assert platform.get_device_communicator_cls() == pv.COMMUNICATOR_QUALNAME
+    assert platform is pv.PycclCudaPlatform  # made once
+    pv.patch()
+    assert sys.modules["vllm.platforms.cuda"].CudaPlatform.get_device_communicator_cls() == pv.COMMUNICATOR_QUALNAME
+    with pytest.raises(AttributeError, match="NoSuchClass"):
+        pv.NoSuchClass
+
+
+def test_sglang_adapter_installs_into_the_tp_group():
+    seed = random.randrange(1 << 20)
+    for res in run_ranks(ri.sglang_adapter, 2, args=(seed,), timeout=300):
+        assert res["bad"] == [], f"seed {seed}: {res['bad']}"
+        assert res["tp_installed"] and not res["other_installed"]
+        assert res["big_taken"] and res["previous_calls"] == ["custom_all_reduce"]
+        assert not res["big_half_taken"]
+        assert res["previous_captures"] == 1
+        assert res["native_calls"] == ["all_gather"]  # only the output-list form
+        assert res["fused_residual_ok"] and res["fused_norm_ok"] and res["fused_declines_big"]
+        assert res["closed"] == (True, True, True)
+
+
+def test_sglang_plugin_is_opt_in(monkeypatch):
+    from pyccl.integrations import sglang as ps
+
+    registered = []
+    hooks = type(sys)("sglang.srt.plugins.hook_registry")
+
+    class HookType:
+        AFTER, AROUND = "after", "around"
+
+        def __class_getitem__(cls, key):
+            return getattr(cls, key)
+
+    class HookRegistry:
+        @classmethod
+        def register(cls, target, hook, hook_type):
+            registered.append((target, hook_type))
+
+    hooks.HookRegistry, hooks.HookType = HookRegistry, HookType
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, type(sys)(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", hooks)
+    monkeypatch.delenv("PYCCL_SGLANG", raising=False)
+    ps.plugin()
+    assert registered == []
+    monkeypatch.setenv("PYCCL_SGLANG", "on")
+    ps.plugin()
+    base = "sglang.srt.distributed.parallel_state.GroupCoordinator."
+    assert registered == [(base + "__init__", "after"), (base + "all_gather", "around"),
+                          (base + "reduce_scatter_along_dim", "around")]
+
+
+def test_integration_modules_import_without_engines():
+    for name in ("pyccl.integrations", "pyccl.integrations.vllm", "pyccl.integrations.sglang"):
+        importlib.import_module(name)
+    import pyccl.integrations.vllm as pv
+    import pyccl.integrations.sglang as ps
+    assert pv.VLLM_VERSION == "0.26.0" and ps.SGLANG_VERSION == "0.5.17"
