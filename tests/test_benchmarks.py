@@ -17,3 +17,42 @@ def test_channel_bench_runs_in_host_mode(tmp_path):
     for needle in ("MemoryChannel GB/s", "PortChannel GB/s", "signal", "ll16", "port_signal"):
         assert needle in proc.stdout, proc.stdout
     assert out_json.exists() and "rows" in out_json.read_text()
+
+
+def test_e2e_decode_model_runs_on_cpu():
+    """The end-to-end benchmark's model (one layer of an 8-way shard) on CPU with
+    a local stand-in for the all-reduce: decode and prefill give finite rows of
+    the right shape, the decode writes its token's K/V into the cache, and the
+    decode attention (query heads grouped per KV head) matches a per-head reference."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import e2e_decode as e2e
+
+    class LocalReducer:
+        def buffer(self, rows):
+            return torch.empty(rows, e2e.HIDDEN, dtype=torch.bfloat16)
+
+        def reduce_add_norm(self, partial, residual, weight):
+            residual.add_(partial)
+            return torch.nn.functional.rms_norm(residual, (e2e.HIDDEN,), weight, e2e.EPS), residual
+
+    model = e2e.Model(torch, 1, 8, torch.device("cpu"), 3, 2, 8)
+    layer = model.layers[0]
+    before = layer["k_cache"].clone()
+    x = torch.randn(2, e2e.HIDDEN).bfloat16()
+    h = model.decode(x, LocalReducer(), 6)
+    assert h.shape == (2, e2e.HIDDEN) and bool(torch.isfinite(h.float()).all())
+    changed = (layer["k_cache"] != before).any(-1)  # (batch, kv heads, ctx)
+    assert bool(changed[:, :, 5].all()) and not bool(changed[:, :, :5].any()) and not bool(changed[:, :, 6:].any())
+    p = model.prefill(torch.randn(5, e2e.HIDDEN).bfloat16(), LocalReducer())
+    assert p.shape == (5, e2e.HIDDEN) and bool(torch.isfinite(p.float()).all())
+    # The grouped-query decode attention against one head at a time, in float64.
+    q, kc, vc = torch.randn(2, model.q, 1, 128), torch.randn(2, model.kv, 6, 128), torch.randn(2, model.kv, 6, 128)
+    grouped = torch.nn.functional.scaled_dot_product_attention(q.view(2, model.kv, model.q // model.kv, 128), kc, vc)
+    group = model.q // model.kv
+    for head in range(model.q):
+        ref = torch.softmax(q[:, head].double() @ kc[:, head // group].double().transpose(-1, -2) / 128 ** 0.5, -1)
+        ref = ref @ vc[:, head // group].double()
+        got = grouped[:, head // group, head % group].double()
+        assert torch.allclose(got, ref[:, 0], atol=1e-4), head
