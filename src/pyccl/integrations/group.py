@@ -52,7 +52,7 @@ class GroupCommunicator:
         cpu_group: the torch process group whose ranks take part (engines pass
             their gloo group; pyccl uses only its ranks and the default store).
         device: a CUDA device, or ``cpu`` for host mode (tests); default: the
-            current CUDA device.
+            current CUDA device (host mode where there is none).
         device_group: the group's NCCL process group, used for send/recv.
         max_bytes: the largest message (bytes of the input) that :meth:`should_use`
             accepts, for every collective; default: per collective, where the
@@ -64,7 +64,7 @@ class GroupCommunicator:
                  device_group: Optional[dist.ProcessGroup] = None, *, max_bytes: Optional[int] = None,
                  comm: Optional[Communicator] = None) -> None:
         if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
