@@ -111,14 +111,7 @@ class Model:
             vc[:, :, ctx - 1:ctx].copy_(v.view(b, self.kv, 1, HEAD_DIM))
             # GQA decode: the query heads of one KV head as that head's query rows.
             att = F.scaled_dot_product_attention(q.view(b, self.kv, self.q // self.kv, HEAD_DIM), kc, vc)
-            partial = reducer.buffer(b)
-            torch.matmul(att.reshape(b, self.q * HEAD_DIM), layer["o"], out=partial)
-            h, residual = reducer.reduce_add_norm(partial, residual, layer["ffn_norm"])
-            gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-            partial = reducer.buffer(b)
-            torch.matmul(F.silu(gate) * up, layer["down"], out=partial)
-            nxt = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
-            h, residual = reducer.reduce_add_norm(partial, residual, nxt)
+            h, residual = self._output_and_ffn(i, att.reshape(b, self.q * HEAD_DIM), residual, reducer)
         return h
 
     def prefill(self, x, reducer):
@@ -136,15 +129,25 @@ class Model:
             v = v.view(t, self.kv, HEAD_DIM).transpose(0, 1).unsqueeze(0)
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            partial = reducer.buffer(t)
-            torch.matmul(att[0].transpose(0, 1).reshape(t, self.q * HEAD_DIM), layer["o"], out=partial)
-            h, residual = reducer.reduce_add_norm(partial, residual, layer["ffn_norm"])
-            gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
-            partial = reducer.buffer(t)
-            torch.matmul(F.silu(gate) * up, layer["down"], out=partial)
-            nxt = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
-            h, residual = reducer.reduce_add_norm(partial, residual, nxt)
+            h, residual = self._output_and_ffn(i, att[0].transpose(0, 1).reshape(t, self.q * HEAD_DIM), residual,
+                                               reducer)
         return h
+
+    def _output_and_ffn(self, i: int, att, residual, reducer):
+        """Layer i after attention: the row-parallel O projection, all-reduce +
+        residual add + the FFN's norm, the FFN, all-reduce + residual add + the
+        next layer's norm. Returns (normed input of the next layer, residual)."""
+        torch, F = self.torch, self.torch.nn.functional
+        layer = self.layers[i]
+        rows = att.shape[0]
+        partial = reducer.buffer(rows)
+        torch.matmul(att, layer["o"], out=partial)
+        h, residual = reducer.reduce_add_norm(partial, residual, layer["ffn_norm"])
+        gate, up = (h @ layer["gate_up"]).chunk(2, dim=-1)
+        partial = reducer.buffer(rows)
+        torch.matmul(F.silu(gate) * up, layer["down"], out=partial)
+        nxt = self.layers[i + 1]["attn_norm"] if i + 1 < len(self.layers) else self.final_norm
+        return reducer.reduce_add_norm(partial, residual, nxt)
 
 
 class Reducer:
@@ -180,27 +183,10 @@ class Reducer:
 
 
 def _graph_ms(torch, fn, replays: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times)
+    """Median ms of `fn` captured once in a CUDA graph (pyccl.bench's timer)."""
+    from pyccl.bench import _time_graph
+
+    return _time_graph(fn, 1, replays) / 1000
 
 
 def _eager_ms(torch, fn, reps: int) -> float:

@@ -4,21 +4,13 @@ one JSON object: what is wrong ("problems"), and the per-rank results of
 vLLM's real CudaCommunicator with pyccl in front, in pyccl's host mode."""
 
 import inspect
-import json
 import os
-import random
-import sys
 
 import torch
 import torch.distributed as dist
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tests/: ranks_integrations
-
-
-def params(fn) -> list:
-    return [(p.name, p.default if p.default is not inspect.Parameter.empty else "<required>")
-            for p in inspect.signature(fn).parameters.values()]
+import engine_check
+from engine_check import params
 
 
 def interface_problems() -> list:
@@ -101,14 +93,5 @@ def communicator_rank(rank: int, world: int, store, seed: int) -> dict:
     return res
 
 
-def main() -> None:
-    from pyccl._spawn import run_ranks
-
-    seed = random.randrange(1 << 20)
-    out = {"problems": interface_problems(), "seed": seed}
-    out["ranks"] = run_ranks(communicator_rank, 2, args=(seed,), timeout=300)
-    print(json.dumps(out))
-
-
 if __name__ == "__main__":
-    main()
+    engine_check.main(interface_problems, communicator_rank)

@@ -1,0 +1,28 @@
+"""What the engine checks (check_vllm.py, check_sglang.py) share: the path to
+tests/ (ranks_integrations), signatures as comparable lists, and the main
+that prints the interface problems and the per-rank results as one JSON line."""
+
+import inspect
+import json
+import os
+import random
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: ranks_integrations
+
+
+def params(fn) -> list:
+    """(name, default or "<required>") of every parameter of ``fn``."""
+    return [(p.name, p.default if p.default is not inspect.Parameter.empty else "<required>")
+            for p in inspect.signature(fn).parameters.values()]
+
+
+def main(interface_problems, rank_fn, world: int = 2) -> None:
+    """Prints {"problems": [...], "seed": s, "ranks": [rank_fn's result per rank]}."""
+    from pyccl._spawn import run_ranks
+
+    seed = random.randrange(1 << 20)
+    out = {"problems": interface_problems(), "seed": seed}
+    out["ranks"] = run_ranks(rank_fn, world, args=(seed,), timeout=300)
+    print(json.dumps(out))
