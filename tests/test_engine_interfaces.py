@@ -49,7 +49,7 @@ def test_sglang_adapter_against_sglang():
     assert out["problems"] == []
     for res in out["ranks"]:
         assert res["bad"] == [], f"seed {out['seed']}: {res['bad']}"
-        assert res["installed"] and res["method"] == "ca"
+        assert res["installed"] and res["method"] == "ca" and res["fusion_hook_matches"]
 
 
 def test_engine_pins_match_the_adapters():

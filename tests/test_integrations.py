@@ -113,7 +113,8 @@ def test_sglang_plugin_is_opt_in(monkeypatch):
     ps.plugin()
     base = "sglang.srt.distributed.parallel_state.GroupCoordinator."
     assert registered == [(base + "__init__", "after"), (base + "all_gather", "around"),
-                          (base + "reduce_scatter_along_dim", "around")]
+                          (base + "reduce_scatter_along_dim", "around"),
+                          ("sglang.srt.layers.flashinfer_comm_fusion.flashinfer_allreduce_residual_rmsnorm", "around")]
 
 
 def test_integration_modules_import_without_engines():

@@ -31,6 +31,11 @@ def interface_problems() -> list:
         ours = params(hook)[2:]
         if theirs != ours:
             problems.append(f"GroupCoordinator.{method} takes {theirs}, the hook {ours}")
+    from sglang.srt.layers import flashinfer_comm_fusion
+
+    fusion = getattr(flashinfer_comm_fusion, ps._FUSION_FUNCTION)
+    if params(fusion) != params(ps._around_fused_norm)[1:]:
+        problems.append(f"{ps._FUSION_FUNCTION} takes {params(fusion)}, the hook {params(ps._around_fused_norm)[1:]}")
     for kind in ("AFTER", "AROUND"):
         if not hasattr(HookType, kind):
             problems.append(f"HookType has no {kind}")
@@ -88,6 +93,16 @@ def coordinator_rank(rank: int, world: int, store, seed: int) -> dict:
     residual = _inputs(seed, 2, 1, (4, 96), torch.bfloat16)[0]
     weight = (1 + 0.1 * _inputs(seed, 3, 1, (96,), torch.float64)[0]).to(torch.bfloat16)
     fused = coord.fused_allreduce_rmsnorm(mine, residual, weight, 1e-5)
+    # SGLang's fused all-reduce + RMSNorm on NVIDIA GPUs (FlashInfer's, hooked), for the TP group.
+    from sglang.srt.layers import flashinfer_comm_fusion
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel_state._TP = coord
+    with get_parallel().override(attn_tp_size=world):
+        hooked = flashinfer_comm_fusion.flashinfer_allreduce_residual_rmsnorm(
+            input_tensor=mine, residual=residual, weight=weight, eps=1e-5, max_token_num=2048, use_attn_tp_group=True)
+    res["fusion_hook_matches"] = hooked[0] is not None and torch.equal(hooked[0], fused[0]) and \
+        torch.equal(hooked[1], fused[1])
     ref_res = exact + residual.double()
     ref_norm = torch.nn.functional.rms_norm(ref_res.to(torch.bfloat16).double(), (96,), weight.double(), 1e-5)
     if fused is None or not _close(fused[1], ref_res, scale + residual.double().abs(), torch.bfloat16) or \

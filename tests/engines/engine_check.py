@@ -13,7 +13,12 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: ranks_integrations
 
 
 def params(fn) -> list:
-    """(name, default or "<required>") of every parameter of ``fn``."""
+    """(name, default or "<required>") of every parameter of ``fn`` (a
+    function, or a torch custom op: its schema's arguments)."""
+    overload = getattr(fn, "default", None)
+    if overload is not None and hasattr(overload, "_schema"):
+        return [(a.name, a.default_value if a.has_default_value() else "<required>")
+                for a in overload._schema.arguments]
     return [(p.name, p.default if p.default is not inspect.Parameter.empty else "<required>")
             for p in inspect.signature(fn).parameters.values()]
 

@@ -11,7 +11,11 @@ communicators it holds; the first it asks is the custom all-reduce,
 pyccl takes what :meth:`GroupCommunicator.should_use` accepts, and SGLang's
 own custom all-reduce (kept inside it) or its later choices take the rest. The
 group's ``all_gather`` and ``reduce_scatter_along_dim`` go through pyccl the
-same way, outside torch.compile tracing.
+same way, outside torch.compile tracing. So does SGLang's fused all-reduce +
+residual add + RMSNorm, which on NVIDIA GPUs it sends to FlashInfer
+(``flashinfer_allreduce_residual_rmsnorm``, with
+``--enable-flashinfer-allreduce-fusion``): for the attention's tensor-parallel
+group, messages up to 1 MiB run ``pyccl.fused_all_reduce_rmsnorm`` instead.
 
 Two ways to install it, in every SGLang process:
 
@@ -40,6 +44,8 @@ SGLANG_VERSION = "0.5.17"
 #: The environment variable that turns the plugin on.
 ENABLE_ENV = "PYCCL_SGLANG"
 _COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
+_FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
+_FUSION_FUNCTION = "flashinfer_allreduce_residual_rmsnorm"
 
 
 def enabled() -> bool:
@@ -142,12 +148,41 @@ def _around_reduce_scatter(original, coordinator, input_, dim=-1):
     return original(coordinator, input_, dim)
 
 
+def _fusion_group(use_attn_tp_group: bool, x, residual, weight) -> Optional[GroupCommunicator]:
+    """pyccl's side of the TP group, where it reduces over the same ranks as
+    the fusion would (the attention's TP group is the whole TP group) and
+    takes these tensors; else None."""
+    if not use_attn_tp_group or torch.compiler.is_compiling():
+        return None
+    from sglang.srt.distributed.parallel_state import get_tp_group
+    from sglang.srt.runtime_context import get_parallel
+
+    tp = get_tp_group()
+    group = _pyccl_of(tp)
+    if group is None or get_parallel().attn_tp_size != tp.world_size:
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.is_contiguous() and t.dtype == x.dtype for t in (residual, weight)):
+        return None
+    return group if group.should_use(x, "fused_all_reduce_rmsnorm") else None
+
+
+def _around_fused_norm(original, input_tensor, residual, weight, eps=1e-6, max_token_num=2048, use_oneshot=None,
+                       trigger_completion_at_end=False, fp32_acc=False, use_attn_tp_group=True):
+    group = _fusion_group(use_attn_tp_group, input_tensor, residual, weight)
+    if group is not None:
+        return group.fused_all_reduce_rmsnorm(input_tensor, residual, weight, eps)
+    return original(input_tensor, residual, weight, eps, max_token_num, use_oneshot, trigger_completion_at_end,
+                    fp32_acc, use_attn_tp_group)
+
+
 #: (method of GroupCoordinator, kind of hook, hook): what the plugin and patch() install.
 HOOKS = (
     ("__init__", "after", _after_init),
     ("all_gather", "around", _around_all_gather),
     ("reduce_scatter_along_dim", "around", _around_reduce_scatter),
 )
+#: (module, function, kind of hook, hook): the same for module functions.
+FUNCTION_HOOKS = ((_FUSION_MODULE, _FUSION_FUNCTION, "around", _around_fused_norm),)
 
 
 def plugin() -> None:
@@ -160,19 +195,27 @@ def plugin() -> None:
 
     for method, kind, hook in HOOKS:
         HookRegistry.register(f"{_COORDINATOR}.{method}", hook, HookType[kind.upper()])
+    for module, function, kind, hook in FUNCTION_HOOKS:
+        HookRegistry.register(f"{module}.{function}", hook, HookType[kind.upper()])
     logger.info("pyccl hooks registered for SGLang's GroupCoordinator")
 
 
 def patch(coordinator_cls: Optional[type] = None) -> None:
     """Installs :data:`HOOKS` on ``coordinator_cls`` (default: SGLang's
-    GroupCoordinator) directly, for processes you start yourself. Idempotent."""
+    GroupCoordinator, and then :data:`FUNCTION_HOOKS` too) directly, for
+    processes you start yourself. Idempotent."""
+    targets = []
     if coordinator_cls is None:
+        import importlib
+
         from sglang.srt.distributed.parallel_state import GroupCoordinator as coordinator_cls
-    for method, kind, hook in HOOKS:
-        original = getattr(coordinator_cls, method)
-        if getattr(original, "_pyccl_hook", False):
-            continue
-        setattr(coordinator_cls, method, _wrap(original, kind, hook))
+        targets = [(importlib.import_module(module), function, kind, hook)
+                   for module, function, kind, hook in FUNCTION_HOOKS]
+    targets += [(coordinator_cls, method, kind, hook) for method, kind, hook in HOOKS]
+    for owner, name, kind, hook in targets:
+        original = getattr(owner, name)
+        if not getattr(original, "_pyccl_hook", False):
+            setattr(owner, name, _wrap(original, kind, hook))
     logger.info("pyccl patched into %s", coordinator_cls.__qualname__)
 
 
