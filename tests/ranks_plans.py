@@ -43,43 +43,66 @@ def library_plans(rank, world, store, on_gpu, seed, calls, max_elems):
     bad = []
     for name, build in sorted(algorithms.LIBRARY.items()):
         for instances in (1, 2):
-            plan = build(world, instances=instances).lower()
-            unit = plan.buffers["input"]
-            # Up to 512 threads take the kernel with more registers, 1024 the other.
-            runner = PlanRunner(plan, comm, max_bytes=max_elems * 4 + unit * 4, threads=rng.choice((256, 512, 1024)))
-            reduces = plan.collective["name"] in ("allreduce", "reducescatter")
-            for i in range(calls):
-                dtype = rng.choice(_FLOATS) if reduces else rng.choice(_FLOATS + (torch.int32, torch.uint8))
-                op = rng.choice(["sum", "sum", "max", "min", "prod"]) if reduces else "sum"
-                n = unit * rng.randrange(1, max(2, max_elems // unit))
-                case = (name, instances, i, str(dtype), op, n)
-                if dtype in _FLOATS:
-                    inputs = [rank_input(seed, i, r, n, dtype, op) for r in range(world)]
-                else:
-                    gen = torch.Generator().manual_seed(seed * 7 + i)
-                    inputs = [torch.randint(0, 100, (n,), generator=gen, dtype=dtype) for _ in range(world)]
-                want = _expected(plan.collective, inputs, op, rank)
-                # The output: a new tensor, the input itself (all-reduce) or a given one.
-                x = inputs[rank].clone().to(device)
-                mode = rng.choice(("new", "same", "given") if name.startswith("allreduce") else ("new", "given"))
-                out = None if mode == "new" else x if mode == "same" else torch.empty(
-                    n // unit * plan.buffers["output"], dtype=dtype, device=device)
-                y = runner(x, out=out, op=op).cpu()
-                case += (mode,)
-                if y.numel() != want.numel():
-                    bad.append(case + ("size", y.numel(), want.numel()))
-                    continue
-                if dtype in _FLOATS:
-                    rtol, atol = TOLERANCE[dtype]
-                    ok = torch.allclose(y.to(torch.float64), want, rtol=rtol, atol=atol * error_scale(inputs))
-                else:
-                    ok = torch.equal(y.to(torch.float64), want)
-                if not ok:
-                    bad.append(case + ("wrong",))
-            runner.close()
+            bad += _plan_cases(name, build(world, instances=instances).lower(), comm, device, rng, seed, calls,
+                               max_elems)
     record = comm.device_error()
     comm.close()
     return bad, record
+
+
+def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node):
+    """The 2PH plans for world / gpus_per_node "nodes" (PortChannels between
+    nodes, MemoryChannels inside), as library_plans runs the others."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    rng = random.Random(seed)
+    bad = []
+    for name, build in sorted(algorithms.HIERARCHICAL.items()):
+        for instances in (1, 2):
+            plan = build(world // gpus_per_node, gpus_per_node, instances=instances).lower()
+            bad += _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems)
+    record = comm.device_error()
+    comm.close()
+    return bad, record
+
+
+def _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems) -> list:
+    """`calls` random calls of `plan` (sizes, dtypes, ops, output modes) against float64; the failures."""
+    rank, world = comm.rank, comm.world_size
+    unit = plan.buffers["input"]
+    # Up to 512 threads take the kernel with more registers, 1024 the other.
+    runner = PlanRunner(plan, comm, max_bytes=max_elems * 4 + unit * 4, threads=rng.choice((256, 512, 1024)))
+    reduces = plan.collective["name"] in ("allreduce", "reducescatter")
+    bad = []
+    for i in range(calls):
+        dtype = rng.choice(_FLOATS) if reduces else rng.choice(_FLOATS + (torch.int32, torch.uint8))
+        op = rng.choice(["sum", "sum", "max", "min", "prod"]) if reduces else "sum"
+        n = unit * rng.randrange(1, max(2, max_elems // unit))
+        case = (name, plan.instances, i, str(dtype), op, n)
+        if dtype in _FLOATS:
+            inputs = [rank_input(seed, i, r, n, dtype, op) for r in range(world)]
+        else:
+            gen = torch.Generator().manual_seed(seed * 7 + i)
+            inputs = [torch.randint(0, 100, (n,), generator=gen, dtype=dtype) for _ in range(world)]
+        want = _expected(plan.collective, inputs, op, rank)
+        # The output: a new tensor, the input itself (all-reduce) or a given one.
+        x = inputs[rank].clone().to(device)
+        mode = rng.choice(("new", "same", "given") if name.startswith("allreduce") else ("new", "given"))
+        out = None if mode == "new" else x if mode == "same" else torch.empty(
+            n // unit * plan.buffers["output"], dtype=dtype, device=device)
+        y = runner(x, out=out, op=op).cpu()
+        case += (mode,)
+        if y.numel() != want.numel():
+            bad.append(case + ("size", y.numel(), want.numel()))
+            continue
+        if dtype in _FLOATS:
+            rtol, atol = TOLERANCE[dtype]
+            ok = torch.allclose(y.to(torch.float64), want, rtol=rtol, atol=atol * error_scale(inputs))
+        else:
+            ok = torch.equal(y.to(torch.float64), want)
+        if not ok:
+            bad.append(case + ("wrong",))
+    runner.close()
+    return bad
 
 
 def plan_errors(rank, world, store):

@@ -29,6 +29,45 @@ def test_replicated_instances_pass_the_simulator(name):
     verify(two, interleavings=6, seed=random.randrange(1 << 20))
 
 
+@pytest.mark.parametrize("name", sorted(algorithms.HIERARCHICAL))
+@pytest.mark.parametrize("layout", [(2, 1), (2, 2), (2, 4), (3, 2), (4, 2), (2, 3), (8, 1), (4, 4)])
+@pytest.mark.parametrize("instances", [1, 2])
+def test_hierarchical_algorithms_pass_the_simulator(name, layout, instances):
+    nodes, gpus = layout
+    plan = algorithms.HIERARCHICAL[name](nodes, gpus, instances=instances).lower()
+    assert plan.num_ranks == nodes * gpus
+    verify(plan, interleavings=8 if nodes * gpus <= 8 else 3, seed=random.randrange(1 << 20))
+    for op in ("max", "prod"):
+        verify(plan, interleavings=2, reduce_op=op)
+
+
+def test_hierarchical_algorithms_check_their_layout():
+    for name, build in algorithms.HIERARCHICAL.items():
+        with pytest.raises(DSLError, match="'num_nodes'"):
+            build(1, 4)
+        with pytest.raises(DSLError, match="'gpus_per_node'"):
+            build(2, 0)
+
+
+def test_replication_keeps_one_pair_per_channel_in_multi_peer_ops():
+    # Gets of two-chunk ranges split into one op per chunk under replication;
+    # they must not fuse into a multi-peer op that names one channel twice.
+    with Program("two_chunk_gets", AllReduce(2, chunks=4, in_place=False), instances=2) as p:
+        ch = {(0, 1): MemoryChannel(0, 1), (1, 0): MemoryChannel(1, 0)}
+        for r in range(2):
+            q = 1 - r
+            p.output(r)[2 * r:2 * r + 2].copy(p.input(r)[2 * r:2 * r + 2], tb=0)
+            p.output(r)[2 * r:2 * r + 2].reduce(p.input(r)[2 * r:2 * r + 2], tb=0)
+            ch[(q, r)].signal(tb=0)
+            ch[(r, q)].wait(tb=0)
+            ch[(q, r)].get(p.output(r)[2 * q:2 * q + 2], p.input(q)[2 * q:2 * q + 2], tb=0)
+    plan = Plan.from_dict(json.loads(json.dumps(p.lower().to_dict())))
+    for rank in range(2):
+        for tb in plan.threadblocks(rank):
+            for op in tb["ops"]:
+                assert len(op.get("channels", [])) == len(set(op.get("channels", []))), op
+
+
 def test_other_reduce_ops_pass_the_simulator():
     plan = algorithms.allreduce_allpairs_hb(4).lower()
     for op in ("max", "min", "prod"):

@@ -15,6 +15,15 @@ def test_library_plans_run_in_host_mode(world):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
+@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 3), (6, 2), (8, 4)])
+def test_hierarchical_plans_run_in_host_mode(world, gpus_per_node):
+    # Host mode: every "node" on this machine, the PortChannels through the host proxy.
+    seed = random.randrange(1 << 20)
+    args = (False, seed, 4 if world <= 4 else 2, 3000 if world <= 4 else 800, gpus_per_node)
+    for bad, record in run_ranks(rp.hierarchical_plans, world, args=args, timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
 def test_library_plans_on_eight_ranks():
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rp.library_plans, 8, args=(False, seed, 2, 800), timeout=300):

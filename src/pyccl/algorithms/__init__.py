@@ -5,6 +5,7 @@ its plan.
 
 from .allgather import allgather_allpairs, allgather_ring
 from .allreduce import allreduce_allpairs_hb, allreduce_allpairs_ll, allreduce_allpairs_ll2, allreduce_ring
+from .hierarchical import allreduce_2ph_hb, allreduce_2ph_ll
 from .reduce_scatter import reduce_scatter_ring
 
 LIBRARY = {
@@ -17,4 +18,10 @@ LIBRARY = {
     "reduce_scatter_ring": reduce_scatter_ring,
 }
 
-__all__ = ["LIBRARY", *LIBRARY]
+#: Algorithms for groups that span nodes, built from (num_nodes, gpus_per_node).
+HIERARCHICAL = {
+    "allreduce_2ph_ll": allreduce_2ph_ll,
+    "allreduce_2ph_hb": allreduce_2ph_hb,
+}
+
+__all__ = ["HIERARCHICAL", "LIBRARY", *LIBRARY, *HIERARCHICAL]

@@ -120,9 +120,13 @@ def _replicate(prog: Program) -> Tuple[List[Op], int]:
             if count == 0:
                 out.append(Op(**base))
                 continue
-            # Sub-chunk j of each chunk of a range is not contiguous: one op per chunk.
+            # Sub-chunk j of each chunk of a range is not contiguous: one op per
+            # chunk. A put-with-signal signals once, after its last chunk.
             for m in range(count):
-                out.append(Op(**base, dst=None if op.dst is None else sub(op.dst, j, m),
+                part = dict(base)
+                if op.kind == "put_with_signal" and m < count - 1:
+                    part["kind"] = "put"
+                out.append(Op(**part, dst=None if op.dst is None else sub(op.dst, j, m),
                               srcs=[sub(s, j, m) for s in op.srcs]))
     return out, len(prog.channels) * k
 
@@ -158,6 +162,10 @@ def _fused_pair(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bo
         return False
     src, dst = op.srcs[0], op.dst
     if len(dsts) >= MAX_OPERANDS or src.count != srcs[0].count:
+        return False
+    # A multi-peer op has one pair per channel (a range that replication split
+    # into several ops on one channel stays several ops).
+    if op.channel is not None and op.channel in chans:
         return False
     # Every pair is done at once: no pair may write what another reads or writes.
     if any(dst.overlaps(c) for c in srcs + dsts) or any(src.overlaps(d) for d in dsts):

@@ -1,0 +1,160 @@
+"""All-reduce across nodes in the DSL: the two-phase hierarchical algorithm
+(2PH) of the MSCCL++ paper, in its LL and HB variants.
+
+Ranks are numbered node-major: rank ``node * gpus_per_node + local``. The
+input is split into ``gpus_per_node`` parts of ``num_nodes`` chunks each;
+local rank j of every node owns part j:
+
+1. local reduce-scatter: inside each node, part j of every GPU is reduced on
+   local rank j (MemoryChannel: NVLink);
+2. cross-node all-reduce of part j among the GPUs of local index j, one per
+   node (PortChannel: the NIC, or sockets);
+3. local all-gather: local rank j hands the finished part j to the other GPUs
+   of its node.
+
+Each GPU sends ``(num_nodes - 1) / (num_nodes * gpus_per_node)`` of the
+message across nodes per direction in the HB variant: every NIC of the node
+carries an equal share, the point of the hierarchy (docs/scaling.md).
+
+Not yet: the paper's pipelining of the local phases with the cross-node one
+(here each phase waits for the one before), and the automatic choice of these
+plans for a group that spans nodes. The plans run wherever PortChannels
+connect the ranks; across machines that needs the socket or RDMA transport
+under the plan interpreter, which is not wired yet.
+"""
+
+from __future__ import annotations
+
+from ..dsl import AllReduce, DSLError, MemoryChannel, PortChannel, Program, signal_and_wait
+
+__all__ = ["allreduce_2ph_hb", "allreduce_2ph_ll"]
+
+
+def _layout(num_nodes: int, gpus_per_node: int):
+    for name, value in (("num_nodes", num_nodes), ("gpus_per_node", gpus_per_node)):
+        if not isinstance(value, int) or value < 1:
+            raise DSLError(f"invalid argument '{name}': expected a positive integer, got {value!r}")
+    if num_nodes < 2:
+        raise DSLError(f"invalid argument 'num_nodes': a hierarchical algorithm needs at least 2 nodes, got "
+                       f"{num_nodes} (one node: the all-pairs algorithms)")
+    g = gpus_per_node
+    rank = lambda node, local: node * g + local  # noqa: E731
+    parts = lambda j: slice(j * num_nodes, (j + 1) * num_nodes)  # noqa: E731  part j's chunks
+    return g, num_nodes, num_nodes * g, rank, parts
+
+
+def _each_rank(num_nodes: int, g: int, rank):
+    """(node, local index, rank, its local peers, the ranks of its local index
+    on the other nodes) for every rank."""
+    for m in range(num_nodes):
+        for j in range(g):
+            yield (m, j, rank(m, j), [rank(m, b) for b in range(g) if b != j],
+                   [rank(k, j) for k in range(num_nodes) if k != m])
+
+
+def _channels(num_nodes: int, g: int, rank):
+    return _local_channels(num_nodes, g, rank), _cross_channels(num_nodes, g, rank)
+
+
+def _local_channels(num_nodes: int, g: int, rank) -> dict:
+    """A MemoryChannel for every ordered pair of GPUs of one node, keyed (dst, src)."""
+    return {(rank(m, a), rank(m, b)): MemoryChannel(rank(m, a), rank(m, b))
+            for m in range(num_nodes) for a in range(g) for b in range(g) if a != b}
+
+
+def _cross_channels(num_nodes: int, g: int, rank) -> dict:
+    """A PortChannel between the GPUs of one local index on every pair of nodes, keyed (dst, src)."""
+    return {(rank(k, j), rank(m, j)): PortChannel(rank(k, j), rank(m, j))
+            for j in range(g) for m in range(num_nodes) for k in range(num_nodes) if k != m}
+
+
+def allreduce_2ph_hb(num_nodes: int, gpus_per_node: int, instances: int = 1) -> Program:
+    """2PH HB: the local phases read and write the node's GPUs directly (as
+    2PA HB); across nodes, local rank j of node m reduces sub-chunk m of part j
+    from every node (a reduce-scatter over PortChannels), then sends it to
+    every node (the all-gather), so each NIC carries (N - 1) / (N g) of the
+    message each way."""
+    g, n_nodes, n, rank, parts = _layout(num_nodes, gpus_per_node)
+    with Program(f"allreduce_2ph_hb_{n_nodes}x{g}", AllReduce(n, chunks=n, in_place=False), protocol="hb",
+                 instances=instances) as p:
+        local, cross = _channels(n_nodes, g, rank)
+        for m, j, r, peers, remotes in _each_rank(n_nodes, g, rank):
+            stage = p.scratch(r, n + n_nodes)
+            out = p.output(r)
+            # 1. local reduce-scatter: stage the input, then reduce part j reading every local peer's stage.
+            stage[0:n].copy(p.input(r)[0:n], tb=0)
+            signal_and_wait(local, r, peers, tb=0)
+            out[parts(j)].copy(stage[parts(j)], tb=0)
+            for q in peers:
+                local[(q, r)].reduce(out[parts(j)], p.scratch(q, n + n_nodes)[parts(j)], tb=0)
+            # 2a. cross-node reduce-scatter: sub-chunk k of part j to node k (its slot m), then reduce mine.
+            for q in remotes:
+                k = q // g
+                cross[(q, r)].put(p.scratch(q, n + n_nodes)[n + m], out[j * n_nodes + k], tb=0)
+                cross[(q, r)].signal(tb=0)
+            for q in remotes:
+                cross[(r, q)].wait(tb=0)
+                out[j * n_nodes + m].reduce(stage[n + q // g], tb=0)
+            # 2b. cross-node all-gather: my finished sub-chunk to every node's output.
+            for q in remotes:
+                cross[(q, r)].put(p.output(q)[j * n_nodes + m], out[j * n_nodes + m], tb=0)
+                cross[(q, r)].signal(tb=0)
+            for q in remotes:
+                cross[(r, q)].wait(tb=0)
+            # 3. local all-gather: every local peer pulls part j once it is complete.
+            signal_and_wait(local, r, peers, tb=0)
+            for q in peers:
+                local[(q, r)].get(out[parts(q % g)], p.output(q)[parts(q % g)], tb=0)
+            for q in remotes:
+                cross[(q, r)].flush(tb=0)
+            # No local peer may leave (and reuse its buffers) while another still reads them.
+            signal_and_wait(local, r, peers, tb=0)
+    return p
+
+
+def allreduce_2ph_ll(num_nodes: int, gpus_per_node: int, instances: int = 1) -> Program:
+    """2PH LL, for small messages: inside the node every hop is LL packets with
+    no signal (each local rank packs part j of its input into the owner's
+    scratch, the owner reduces the packets as they arrive, and packs the
+    finished part back to its peers); across nodes, local rank j sends its
+    node's part j to the same local rank of every other node in one
+    put-with-signal each and reduces what arrives (all-pairs: one network
+    hop, (N - 1) / g of the message per NIC)."""
+    g, n_nodes, n, rank, parts = _layout(num_nodes, gpus_per_node)
+    # Scratch per rank, in parts of N chunks: g packet slots (the local
+    # reduce-scatter, by sender), the node partial (the cross-node source), N
+    # slots of the other nodes' partials (by node), and g packet slots of
+    # finished parts (the local all-gather, by sender).
+    slot = lambda index: slice(index * n_nodes, (index + 1) * n_nodes)  # noqa: E731
+    rs_slot, partial_slot = slot, slot(g)
+    remote_slot = lambda k: slot(g + 1 + k)  # noqa: E731
+    ag_slot = lambda b: slot(g + 1 + n_nodes + b)  # noqa: E731
+    slots = lambda r: p.scratch(r, (2 * g + 1 + n_nodes) * n_nodes)  # noqa: E731
+    with Program(f"allreduce_2ph_ll_{n_nodes}x{g}", AllReduce(n, chunks=n, in_place=False), protocol="ll",
+                 instances=instances) as p:
+        local, cross = _channels(n_nodes, g, rank)
+        for m, j, r, peers, remotes in _each_rank(n_nodes, g, rank):
+            mine, out = slots(r), p.output(r)
+            partial = mine[partial_slot]
+            # 1. local reduce-scatter in packets: part b of my input to local rank b, slot j.
+            for q in peers:
+                local[(q, r)].put_packets(slots(q)[rs_slot(j)], p.input(r)[parts(q % g)], tb=0)
+            partial.copy(p.input(r)[parts(j)], tb=0)
+            for q in peers:
+                partial.reduce_packets(mine[rs_slot(q % g)], tb=0)
+            # 2. cross-node all-pairs: my node's part j to every node, then reduce theirs into mine.
+            for q in remotes:
+                cross[(q, r)].put_with_signal(slots(q)[remote_slot(m)], partial, tb=0)
+            out[parts(j)].copy(partial, tb=0)
+            for q in remotes:
+                cross[(r, q)].wait(tb=0)
+                out[parts(j)].reduce(mine[remote_slot(q // g)], tb=0)
+            # 3. local all-gather in packets: the finished part j to every local peer.
+            for q in peers:
+                local[(q, r)].put_packets(slots(q)[ag_slot(j)], out[parts(j)], tb=0)
+            for q in peers:
+                out[parts(q % g)].unpack(mine[ag_slot(q % g)], tb=0)
+            for q in remotes:
+                cross[(q, r)].flush(tb=0)
+    return p
+
