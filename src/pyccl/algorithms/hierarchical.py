@@ -16,9 +16,9 @@ Each GPU sends ``(num_nodes - 1) / (num_nodes * gpus_per_node)`` of the
 message across nodes per direction in the HB variant: every NIC of the node
 carries an equal share, the point of the hierarchy (docs/scaling.md).
 
-Not yet: the paper's pipelining of the local phases with the cross-node one
-(here each phase waits for the one before), and the automatic choice of these
-plans for a group that spans nodes. The plans run wherever PortChannels
+Not yet: the paper's pipelining of the local all-gather with the cross-node
+one (HB pipelines only the reduce-scatter side; LL neither), and the
+automatic choice of these plans for a group that spans nodes. The plans run wherever PortChannels
 connect the ranks; across machines that needs the socket or RDMA transport
 under the plan interpreter, which is not wired yet.
 """
@@ -73,7 +73,9 @@ def allreduce_2ph_hb(num_nodes: int, gpus_per_node: int, instances: int = 1) -> 
     2PA HB); across nodes, local rank j of node m reduces sub-chunk m of part j
     from every node (a reduce-scatter over PortChannels), then sends it to
     every node (the all-gather), so each NIC carries (N - 1) / (N g) of the
-    message each way."""
+    message each way. The local reduce-scatter is pipelined with the
+    cross-node one (each sub-chunk leaves for its node as soon as it is
+    reduced); the cross-node all-gather and the local one are not yet."""
     g, n_nodes, n, rank, parts = _layout(num_nodes, gpus_per_node)
     with Program(f"allreduce_2ph_hb_{n_nodes}x{g}", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
@@ -81,17 +83,21 @@ def allreduce_2ph_hb(num_nodes: int, gpus_per_node: int, instances: int = 1) -> 
         for m, j, r, peers, remotes in _each_rank(n_nodes, g, rank):
             stage = p.scratch(r, n + n_nodes)
             out = p.output(r)
-            # 1. local reduce-scatter: stage the input, then reduce part j reading every local peer's stage.
+            # 1 + 2a, pipelined: stage the input; then, sub-chunk by sub-chunk of
+            # part j, reduce it reading every local peer's stage and start its
+            # transfer to its node (slot m there) at once, so that the NIC moves
+            # one sub-chunk while NVLink brings the next. Mine (sub-chunk m) last.
             stage[0:n].copy(p.input(r)[0:n], tb=0)
             signal_and_wait(local, r, peers, tb=0)
-            out[parts(j)].copy(stage[parts(j)], tb=0)
-            for q in peers:
-                local[(q, r)].reduce(out[parts(j)], p.scratch(q, n + n_nodes)[parts(j)], tb=0)
-            # 2a. cross-node reduce-scatter: sub-chunk k of part j to node k (its slot m), then reduce mine.
-            for q in remotes:
-                k = q // g
-                cross[(q, r)].put(p.scratch(q, n + n_nodes)[n + m], out[j * n_nodes + k], tb=0)
-                cross[(q, r)].signal(tb=0)
+            for q in remotes + [r]:
+                c = j * n_nodes + q // g
+                out[c].copy(stage[c], tb=0)
+                for peer in peers:
+                    local[(peer, r)].reduce(out[c], p.scratch(peer, n + n_nodes)[c], tb=0)
+                if q != r:
+                    cross[(q, r)].put(p.scratch(q, n + n_nodes)[n + m], out[c], tb=0)
+                    cross[(q, r)].signal(tb=0)
+            # 2a, the rest: the other nodes' sub-chunk m, reduced into mine.
             for q in remotes:
                 cross[(r, q)].wait(tb=0)
                 out[j * n_nodes + m].reduce(stage[n + q // g], tb=0)
