@@ -35,6 +35,8 @@ from .errors import ClosedError, InvalidArgumentError, UnsupportedError
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "communicator_for", "reduce_scatter"]
 
 _REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
+#: The dtypes the reducing collectives take (data movement takes any dtype).
+REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO): those it can be tuned to.
 ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tuning.COLLECTIVES}
 _lock = threading.Lock()

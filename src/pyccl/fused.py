@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ._logging import logger
-from .collectives import _engine, all_reduce, communicator_for
+from .collectives import REDUCIBLE_DTYPES, _engine, all_reduce, communicator_for
 from .communicator import Communicator
 from .errors import ClosedError, InvalidArgumentError, PycclTypeError
 
@@ -34,17 +34,18 @@ FUSED_ALGORITHMS = ("one_shot", "two_shot", "unfused")
 # still wins (benchmarks/RESULTS.md); above, the all-reduce's bandwidth sets
 # the time, and the LL kernel is not the fastest all-reduce there.
 FUSED_MAX_BYTES = 1 << 20
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _check(x, residual, weight, eps, out, residual_out) -> None:
     """The argument checks of the fused call, for every path (the kernel's
     binding checks again); each error names its argument."""
     tensors = {"tensor": x, "residual": residual, "weight": weight, "out": out, "residual_out": residual_out}
+    if out is None:  # made by the call where it needs one
+        del tensors["out"]
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"invalid argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
-    if x.dtype not in _FLOATS:
+    if x.dtype not in REDUCIBLE_DTYPES:
         raise PycclTypeError(f"invalid argument 'tensor': the fused all-reduce supports float32, float16 and "
                              f"bfloat16, got {x.dtype}")
     if x.dim() < 1:
@@ -92,9 +93,6 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
                                    f"{', '.join(FUSED_ALGORITHMS)}")
     if not isinstance(x, torch.Tensor):
         raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(x).__name__}")
-    out_given = out is not None
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if residual_out is None and isinstance(residual, torch.Tensor):
         residual_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     _check(x, residual, weight, eps, out, residual_out)
@@ -112,8 +110,9 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
                                    f"{engine.fused_max_row_bytes} bytes here, the input's have {row_bytes}; "
                                    "pass algorithm='unfused' or None")
     if unfused:
-        normed = _unfused(x, residual, weight, float(eps), group, given, out if out_given else None, residual_out)
-        return (out if out_given else normed), residual_out
+        return _unfused(x, residual, weight, float(eps), group, given, out, residual_out), residual_out
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     engine.all_reduce_rmsnorm(comm._comm, x, residual, weight, out, residual_out, float(eps), algorithm)
     return out, residual_out
 

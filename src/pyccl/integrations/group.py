@@ -20,15 +20,13 @@ import torch
 import torch.distributed as dist
 
 from .._logging import logger
-from ..collectives import _nccl_min_bytes, all_gather, all_reduce, communicator_for, reduce_scatter, table_for
+from ..collectives import (REDUCIBLE_DTYPES, _nccl_min_bytes, all_gather, all_reduce, communicator_for,
+                           reduce_scatter, table_for)
 from ..communicator import Communicator
 from ..errors import ClosedError, InvalidArgumentError
 from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
 
 __all__ = ["GroupCommunicator", "REDUCIBLE_DTYPES"]
-
-#: What the reducing collectives take (data movement takes any dtype).
-REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "fused_all_reduce_rmsnorm")
 

@@ -118,9 +118,8 @@ def install(coordinator: Any) -> bool:
     Collective: every rank of the group calls it at the same point."""
     name = str(getattr(coordinator, "unique_name", ""))
     device = getattr(coordinator, "device", None)
-    if name.split(":")[0] != "tp" or getattr(coordinator, "world_size", 1) < 2 or _pyccl_of(coordinator) is not None:
-        return False
-    if not isinstance(device, torch.device):
+    if (name.split(":")[0] != "tp" or getattr(coordinator, "world_size", 1) < 2 or not isinstance(device, torch.device)
+            or _pyccl_of(coordinator) is not None):
         return False
     group = GroupCommunicator(coordinator.cpu_group, device, coordinator.device_group)
     coordinator.ca_comm = PycclCustomAllreduce(group, getattr(coordinator, "ca_comm", None))
@@ -175,14 +174,13 @@ def _around_fused_norm(original, input_tensor, residual, weight, eps=1e-6, max_t
                     fp32_acc, use_attn_tp_group)
 
 
-#: (method of GroupCoordinator, kind of hook, hook): what the plugin and patch() install.
+#: (owner: the GroupCoordinator class or a module, attribute, kind of hook, hook): what the plugin and patch() install.
 HOOKS = (
-    ("__init__", "after", _after_init),
-    ("all_gather", "around", _around_all_gather),
-    ("reduce_scatter_along_dim", "around", _around_reduce_scatter),
+    (_COORDINATOR, "__init__", "after", _after_init),
+    (_COORDINATOR, "all_gather", "around", _around_all_gather),
+    (_COORDINATOR, "reduce_scatter_along_dim", "around", _around_reduce_scatter),
+    (_FUSION_MODULE, _FUSION_FUNCTION, "around", _around_fused_norm),
 )
-#: (module, function, kind of hook, hook): the same for module functions.
-FUNCTION_HOOKS = ((_FUSION_MODULE, _FUSION_FUNCTION, "around", _around_fused_norm),)
 
 
 def plugin() -> None:
@@ -193,29 +191,30 @@ def plugin() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for method, kind, hook in HOOKS:
-        HookRegistry.register(f"{_COORDINATOR}.{method}", hook, HookType[kind.upper()])
-    for module, function, kind, hook in FUNCTION_HOOKS:
-        HookRegistry.register(f"{module}.{function}", hook, HookType[kind.upper()])
+    for owner, attribute, kind, hook in HOOKS:
+        HookRegistry.register(f"{owner}.{attribute}", hook, HookType[kind.upper()])
     logger.info("pyccl hooks registered for SGLang's GroupCoordinator")
 
 
 def patch(coordinator_cls: Optional[type] = None) -> None:
-    """Installs :data:`HOOKS` on ``coordinator_cls`` (default: SGLang's
-    GroupCoordinator, and then :data:`FUNCTION_HOOKS` too) directly, for
-    processes you start yourself. Idempotent."""
-    targets = []
-    if coordinator_cls is None:
-        import importlib
+    """Installs :data:`HOOKS` directly, for processes you start yourself:
+    on SGLang's GroupCoordinator and module functions, or, given
+    ``coordinator_cls``, only the coordinator's hooks on that class. Idempotent."""
+    import importlib
 
+    only_coordinator = coordinator_cls is not None
+    if coordinator_cls is None:
         from sglang.srt.distributed.parallel_state import GroupCoordinator as coordinator_cls
-        targets = [(importlib.import_module(module), function, kind, hook)
-                   for module, function, kind, hook in FUNCTION_HOOKS]
-    targets += [(coordinator_cls, method, kind, hook) for method, kind, hook in HOOKS]
-    for owner, name, kind, hook in targets:
-        original = getattr(owner, name)
+    for owner_name, attribute, kind, hook in HOOKS:
+        if owner_name == _COORDINATOR:
+            owner = coordinator_cls
+        elif only_coordinator:
+            continue
+        else:
+            owner = importlib.import_module(owner_name)
+        original = getattr(owner, attribute)
         if not getattr(original, "_pyccl_hook", False):
-            setattr(owner, name, _wrap(original, kind, hook))
+            setattr(owner, attribute, _wrap(original, kind, hook))
     logger.info("pyccl patched into %s", coordinator_cls.__qualname__)
 
 
