@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import torch
@@ -50,10 +51,18 @@ def library_plans(rank, world, store, on_gpu, seed, calls, max_elems):
     return bad, record
 
 
-def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node):
+def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node, split=False):
     """The 2PH plans for world / gpus_per_node "nodes" (PortChannels between
-    nodes, MemoryChannels inside), as library_plans runs the others."""
+    nodes, MemoryChannels inside), as library_plans runs the others. With
+    `split`, each group of gpus_per_node ranks is its own node (PYCCL_NODE_ID):
+    no P2P between the groups, so the plans' puts and signals across nodes go
+    through the socket transport."""
+    if split:
+        os.environ["PYCCL_NODE_ID"] = f"node{rank // gpus_per_node}"
     comm, device = _setup(store, rank, world, on_gpu)
+    if split:
+        reach = [q == rank or comm.can_access_peer(q) for q in range(world)]
+        assert reach == [q // gpus_per_node == rank // gpus_per_node for q in range(world)], reach
     rng = random.Random(seed)
     bad = []
     for name, build in sorted(algorithms.HIERARCHICAL.items()):
@@ -63,6 +72,33 @@ def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_
     record = comm.device_error()
     comm.close()
     return bad, record
+
+
+# Library plans that only put and signal to their peers: they run across nodes.
+PUT_ONLY_PLANS = ("allgather_allpairs", "allgather_ring", "allreduce_ring", "reduce_scatter_ring")
+
+
+def library_plans_across_nodes(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node):
+    """Each group of gpus_per_node ranks its own node: the put-only library
+    plans run (rings with their entry barrier through the proxy too) and are
+    checked; the others, which load or store a peer's memory, are refused at
+    creation. Returns (failures, {plan: refusal message})."""
+    os.environ["PYCCL_NODE_ID"] = f"node{rank // gpus_per_node}"
+    comm, device = _setup(store, rank, world, on_gpu)
+    rng = random.Random(seed)
+    bad, refused = [], {}
+    for name, build in sorted(algorithms.LIBRARY.items()):
+        plan = build(world, instances=rng.choice((1, 2))).lower()
+        if name in PUT_ONLY_PLANS:
+            bad += _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems)
+            continue
+        try:
+            PlanRunner(plan, comm, max_bytes=4096).close()
+            refused[name] = None
+        except pyccl.PycclError as e:
+            refused[name] = str(e)
+    comm.close()
+    return bad, refused
 
 
 def _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems) -> list:

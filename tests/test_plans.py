@@ -4,6 +4,8 @@ import random
 
 import pytest
 
+import pyccl.algorithms
+
 import ranks_plans as rp
 from pyccl._spawn import run_ranks
 
@@ -22,6 +24,28 @@ def test_hierarchical_plans_run_in_host_mode(world, gpus_per_node):
     args = (False, seed, 4 if world <= 4 else 2, 3000 if world <= 4 else 800, gpus_per_node)
     for bad, record in run_ranks(rp.hierarchical_plans, world, args=args, timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 3), (8, 4)])
+def test_hierarchical_plans_across_nodes_over_sockets(world, gpus_per_node):
+    # Each group of gpus_per_node ranks is its own node (PYCCL_NODE_ID): no
+    # P2P between nodes, so the interpreter's puts and signals to another
+    # node go through the proxy and the socket transport.
+    seed = random.randrange(1 << 20)
+    args = (False, seed, 3 if world <= 4 else 2, 3000 if world <= 4 else 800, gpus_per_node, True)
+    for bad, record in run_ranks(rp.hierarchical_plans, world, args=args, timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2)])
+def test_put_only_library_plans_run_across_nodes(world, gpus_per_node):
+    seed = random.randrange(1 << 20)
+    for bad, refused in run_ranks(rp.library_plans_across_nodes, world,
+                                  args=(False, seed, 3, 2000, gpus_per_node), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert set(refused) == set(pyccl.algorithms.LIBRARY) - set(rp.PUT_ONLY_PLANS)
+        for name, message in refused.items():
+            assert message is not None and "'plan'" in message and "another node" in message, (name, message)
 
 
 def test_library_plans_on_eight_ranks():

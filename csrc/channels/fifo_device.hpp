@@ -16,7 +16,8 @@ namespace pyccl {
 
 enum TriggerBits : uint32_t {
   kTriggerPut = 1,     ///< copy size bytes from src+srcOffset to the peer's dst+dstOffset
-  kTriggerSignal = 2,  ///< bump the peer's semaphore, ordered after earlier puts
+  kTriggerSignal = 2,  ///< bump the peer's semaphore, ordered after earlier puts; alone (no put),
+                       ///< a non-zero dstOffset names counter dstOffset - 1 of the peer's table instead
   kTriggerFlush = 4,   ///< complete earlier puts before advancing the tail
 };
 

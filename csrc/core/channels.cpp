@@ -146,18 +146,22 @@ std::shared_ptr<PortChannel> Communicator::createPortChannel(int peer, const Reg
 
 namespace pyccl {
 
-std::shared_ptr<PortChannel> Communicator::createSocketPortChannel(int peer, const RegisteredMemory& local) {
+UniqueFd Communicator::connectSocket(int peer, uint64_t localSize, uint64_t* peerSize) {
   // Both sides listen; the lower rank connects to the higher one's listener.
   SocketListener listener;
   ByteWriter w;
-  w.putString(listener.address(topology_.sameNode[peer])).put<uint64_t>(local.size());
+  w.putString(listener.address(topology_.sameNode[peer])).put<uint64_t>(localSize);
   send(peer, kChannelTag, w.take());
   Bytes reply = recv(peer, kChannelTag);
   ByteReader r(reply, "socket channel descriptor");
   const std::string peerAddress = r.getString();
-  const auto peerSize = r.get<uint64_t>();
-  UniqueFd conn = rank_ < peer ? connectTo(peerAddress, options_.timeout)
-                               : listener.accept(options_.timeout);
+  *peerSize = r.get<uint64_t>();
+  return rank_ < peer ? connectTo(peerAddress, options_.timeout) : listener.accept(options_.timeout);
+}
+
+std::shared_ptr<PortChannel> Communicator::createSocketPortChannel(int peer, const RegisteredMemory& local) {
+  uint64_t peerSize = 0;
+  UniqueFd conn = connectSocket(peer, local.size(), &peerSize);
   auto semaphore = createLocalSemaphore(peer);
   SocketChannelConfig cfg{device_, static_cast<char*>(local.data()), local.size(), peerSize,
                           semaphore->localInboundPtr(), abortState(), peer};

@@ -15,6 +15,7 @@
 
 #include "channels/device_common.hpp"
 #include "core/bootstrap.hpp"
+#include "core/fd_passing.hpp"
 #include "core/channels.hpp"
 #include "core/health.hpp"
 #include "core/registered_memory.hpp"
@@ -91,6 +92,10 @@ class Communicator {
   /// P2P), "socket" (any peer), or "auto" (the first that fits).
   std::shared_ptr<PortChannel> createPortChannel(int peer, const RegisteredMemory& local,
                                                  const std::string& transport);
+  /// Pairwise: a TCP connection to `peer` for the socket transport (the lower
+  /// rank connects); tells the peer `localSize` and returns the peer's size
+  /// in `peerSize`. Bounded by the communicator's timeout.
+  UniqueFd connectSocket(int peer, uint64_t localSize, uint64_t* peerSize);
   /// A semaphore slot signalled by something other than the peer's stores
   /// (e.g. a socket receiver); it maps nothing of the peer. Local, not pairwise.
   std::shared_ptr<Semaphore> createLocalSemaphore(int peer);

@@ -137,6 +137,13 @@ void raiseDeviceFlag(int device, uint32_t* flag, const uint32_t* value) {
   PYCCL_CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
 }
 
+void relaxCaptureModeOfThisThread() {
+  // Best effort (it cannot fail short of a broken context, which the
+  // thread's first copy then reports): no throw from a thread's start.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) cudaGetLastError();
+}
+
 bool isDevicePointer(const void* ptr, int* device) {
   if (deviceCount() == 0) return false;
   cudaPointerAttributes attr{};
@@ -265,6 +272,7 @@ void deviceFree(int, void*) {}
 void copyToHost(int, void*, const void*, size_t) { noCuda("copyToHost"); }
 void copyToDevice(int, void*, const void*, size_t) { noCuda("copyToDevice"); }
 void raiseDeviceFlag(int, uint32_t*, const uint32_t*) { noCuda("raiseDeviceFlag"); }
+void relaxCaptureModeOfThisThread() {}
 bool isDevicePointer(const void*, int*) { return false; }
 StreamEvent::StreamEvent(int, void*) : device_(-1) { noCuda("StreamEvent"); }
 StreamEvent::~StreamEvent() = default;

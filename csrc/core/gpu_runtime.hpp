@@ -66,6 +66,11 @@ void copyToDevice(int device, void* dst, const void* src, size_t size);
 /// a kernel spinning on the GPU, or a graph captured by another thread, does
 /// not hold it up.
 void raiseDeviceFlag(int device, uint32_t* flag, const uint32_t* value);
+/// For a helper thread (proxy, socket receiver) that copies while the
+/// application may capture a CUDA graph in another thread: its copies go to
+/// a private stream and are never part of a capture, so it opts out of the
+/// global capture mode's refusal of them. Call once, at the thread's start; never throws.
+void relaxCaptureModeOfThisThread();
 
 /// Whether `ptr` is device memory (false for host or unknown pointers).
 bool isDevicePointer(const void* ptr, int* device);

@@ -107,14 +107,37 @@ ProxyService::ProxyService(int device, uint32_t fifoSize, AbortState abort, std:
 
 ProxyService::~ProxyService() { stop(); }
 
+void ProxyChannel::signalCounter(uint64_t) {
+  throw InternalError(strCat("the ", transport(), " transport has no counter table to signal into"));
+}
+
 uint32_t ProxyService::addChannel(std::unique_ptr<ProxyChannel> channel) {
   std::lock_guard<std::mutex> lock(mu_);
-  PYCCL_CHECK_ARG(owned_.size() < kTriggerMaxChannels, "channel", "a proxy serves at most ",
-                  kTriggerMaxChannels, " port channels");
-  const auto id = static_cast<uint32_t>(owned_.size());
+  auto id = static_cast<uint32_t>(owned_.size());
+  for (uint32_t i = 0; i < owned_.size(); ++i) {
+    if (!owned_[i]) id = std::min(id, i);  // an id freed by removeChannel
+  }
+  PYCCL_CHECK_ARG(id < kTriggerMaxChannels, "channel", "a proxy serves at most ", kTriggerMaxChannels,
+                  " port channels");
   channels_[id].store(channel.get(), std::memory_order_release);
-  owned_.push_back(std::move(channel));
+  if (id == owned_.size()) {
+    owned_.push_back(std::move(channel));
+  } else {
+    owned_[id] = std::move(channel);
+  }
   return id;
+}
+
+void ProxyService::removeChannel(uint32_t id) {
+  std::unique_ptr<ProxyChannel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PYCCL_CHECK_ARG(id < owned_.size() && owned_[id], "channel", "no channel ", id, " at proxy '", name_, "'");
+    std::lock_guard<std::mutex> executing(executeMu_);
+    channels_[id].store(nullptr, std::memory_order_release);
+    channel = std::move(owned_[id]);
+  }
+  channel->shutdown();
 }
 
 std::string ProxyService::error() const {
@@ -134,7 +157,9 @@ void ProxyService::stop() {
   stopRequested_ = true;
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& channel : owned_) channel->shutdown();
+  for (auto& channel : owned_) {
+    if (channel) channel->shutdown();
+  }
 }
 
 void ProxyService::execute(const ProxyTrigger& t) {
@@ -144,7 +169,13 @@ void ProxyService::execute(const ProxyTrigger& t) {
   }
   const uint32_t type = t.type();
   if (type & kTriggerPut) channel->put(t.dstOffset(), t.srcOffset(), t.size());
-  if (type & kTriggerSignal) channel->signal();
+  if (type & kTriggerSignal) {
+    if (!(type & kTriggerPut) && t.dstOffset() != 0) {
+      channel->signalCounter(t.dstOffset() - 1);
+    } else {
+      channel->signal();
+    }
+  }
   if (type & kTriggerFlush) channel->flush();
 }
 
@@ -154,6 +185,7 @@ void ProxyService::run() {
 #ifdef PYCCL_WITH_CUDA
     cudaSetDevice(device_);
 #endif
+    gpu::relaxCaptureModeOfThisThread();
   }
   using Clock = std::chrono::steady_clock;
   uint32_t polls = 0;
@@ -182,7 +214,10 @@ void ProxyService::run() {
       }
       polls = 0;
       lastWork = Clock::now();
-      execute(t);
+      {
+        std::lock_guard<std::mutex> executing(executeMu_);
+        execute(t);
+      }
       // Counted before the tail moves: a producer that saw the tail sees the count.
       executed_.fetch_add(1, std::memory_order_relaxed);
       fifo_.advance();

@@ -24,6 +24,10 @@ class ProxyChannel {
   virtual void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) = 0;
   /// Bumps the peer's semaphore after every earlier put has landed.
   virtual void signal() = 0;
+  /// Adds 1 to counter `slot` of the peer's counter table, after every
+  /// earlier put has landed (the plan interpreter's signals across nodes).
+  /// Only transports made with a counter table take it.
+  virtual void signalCounter(uint64_t slot);
   /// Returns once every earlier put has completed (sources reusable).
   virtual void flush() = 0;
   /// Short name for logs and errors ("cuda_ipc", "socket", ...).
@@ -80,6 +84,9 @@ class ProxyService {
 
   /// Registers a channel; its id goes into the triggers. Thread-safe.
   uint32_t addChannel(std::unique_ptr<ProxyChannel> channel);
+  /// Shuts channel `id` down and frees its id, after the trigger in progress
+  /// (if it is this channel's) finished; no trigger for it may be queued.
+  void removeChannel(uint32_t id);
   FifoDeviceHandle fifoHandle() const { return fifo_.deviceHandle(); }
   /// Stops the thread within about a millisecond: the trigger in progress
   /// finishes, those still queued are dropped (counted and logged); then every
@@ -107,6 +114,7 @@ class ProxyService {
   std::array<std::atomic<ProxyChannel*>, kTriggerMaxChannels> channels_{};
   std::vector<std::unique_ptr<ProxyChannel>> owned_;
   std::mutex mu_;
+  std::mutex executeMu_;  ///< held by the proxy thread while it executes a trigger
   std::atomic<bool> stopRequested_{false};
   std::atomic<bool> failureInjected_{false};
   std::string injectedReason_;

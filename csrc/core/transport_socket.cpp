@@ -90,9 +90,15 @@ class SocketChannel : public ProxyChannel {
   SocketChannel(UniqueFd fd, SocketChannelConfig cfg) : fd_(std::move(fd)), cfg_(cfg) {
     tuneSocket(fd_.get());
     if (cfg_.device >= 0) {
-      sendStage_.resize(kStageBytes);
-      recvStage_.resize(kStageBytes);
+      // Page-locked: a copy between device memory and pageable host memory
+      // is staged by the driver and waits for work queued on the legacy
+      // default stream, where a kernel may be waiting for this very transfer
+      // (it deadlocked whenever an op was queued behind the kernel).
+      gpu::DeviceGuard guard(cfg_.device);
+      sendStage_.reset(static_cast<char*>(gpu::allocPinnedMapped(kStageBytes)));
+      recvStage_.reset(static_cast<char*>(gpu::allocPinnedMapped(kStageBytes + sizeof(uint64_t))));
     }
+    counterCounts_.assign(cfg_.numCounters, 0);
     receiver_ = std::thread([this] { receive(); });
   }
 
@@ -120,14 +126,20 @@ class SocketChannel : public ProxyChannel {
     }
     for (uint64_t done = 0; done < bytes;) {
       const uint64_t n = std::min<uint64_t>(kStageBytes, bytes - done);
-      gpu::copyToHost(cfg_.device, sendStage_.data(), cfg_.local + srcOffset + done, n);
-      if (!sendAll(fd_.get(), sendStage_.data(), n)) fail("send");
+      gpu::copyToHost(cfg_.device, sendStage_.get(), cfg_.local + srcOffset + done, n);
+      if (!sendAll(fd_.get(), sendStage_.get(), n)) fail("send");
       done += n;
     }
   }
 
   void signal() override {
     MsgHeader h{kMsgMagic, kMsgSignal, 0, 0};
+    if (!sendAll(fd_.get(), &h, sizeof(h))) fail("send");
+  }
+
+  // The counter travels as offset + 1 (0: the semaphore).
+  void signalCounter(uint64_t slot) override {
+    MsgHeader h{kMsgMagic, kMsgSignal, slot + 1, 0};
     if (!sendAll(fd_.get(), &h, sizeof(h))) fail("send");
   }
 
@@ -145,10 +157,13 @@ class SocketChannel : public ProxyChannel {
   void receive() {
     MsgHeader h{};
     try {
+      if (cfg_.device >= 0) gpu::relaxCaptureModeOfThisThread();
       while (recvAll(fd_.get(), &h, sizeof(h))) {
         if (h.magic == kMsgMagic && h.type == kMsgBye) return;  // the peer closed in order
-        if (h.magic != kMsgMagic || (h.type != kMsgPut && h.type != kMsgSignal) ||
-            h.offset + h.bytes > cfg_.localSize) {
+        const bool badSignal = h.type == kMsgSignal && (h.offset == 0 ? cfg_.localInbound == nullptr
+                                                                      : h.offset > cfg_.numCounters);
+        if (h.magic != kMsgMagic || (h.type != kMsgPut && h.type != kMsgSignal) || badSignal ||
+            (h.type == kMsgPut && h.offset + h.bytes > cfg_.localSize)) {
           throw RemoteError(strCat("socket transport from rank ", cfg_.peer,
                                    ": malformed message (type ", h.type, ", offset ", h.offset,
                                    ", bytes ", h.bytes, ")"));
@@ -156,12 +171,19 @@ class SocketChannel : public ProxyChannel {
         if (h.type == kMsgPut) {
           receivePayload(h.offset, h.bytes);
         } else {
-          // Data of earlier puts is in place (received in order, copied synchronously).
-          ++received_;
+          // Data of earlier puts is in place (received in order, copied
+          // synchronously). Only this connection adds to the word, so the
+          // count it keeps is the word's value.
+          uint64_t* word = h.offset == 0 ? cfg_.localInbound : cfg_.counters + (h.offset - 1);
+          uint64_t& count = h.offset == 0 ? received_ : counterCounts_[h.offset - 1];
+          ++count;
           if (cfg_.device < 0) {
-            atomicStoreRelease(cfg_.localInbound, received_);
+            atomicStoreRelease(word, count);
           } else {
-            gpu::copyToDevice(cfg_.device, cfg_.localInbound, &received_, sizeof(received_));
+            // From page-locked memory, as the payloads (the word after the stage).
+            auto* pinned = reinterpret_cast<uint64_t*>(recvStage_.get() + kStageBytes);
+            *pinned = count;
+            gpu::copyToDevice(cfg_.device, word, pinned, sizeof(count));
           }
         }
       }
@@ -182,16 +204,20 @@ class SocketChannel : public ProxyChannel {
     }
     for (uint64_t done = 0; done < bytes;) {
       const uint64_t n = std::min<uint64_t>(kStageBytes, bytes - done);
-      if (!recvAll(fd_.get(), recvStage_.data(), n)) throw RemoteError("socket transport: truncated put");
-      gpu::copyToDevice(cfg_.device, cfg_.local + offset + done, recvStage_.data(), n);
+      if (!recvAll(fd_.get(), recvStage_.get(), n)) throw RemoteError("socket transport: truncated put");
+      gpu::copyToDevice(cfg_.device, cfg_.local + offset + done, recvStage_.get(), n);
       done += n;
     }
   }
 
   UniqueFd fd_;
   SocketChannelConfig cfg_;
-  std::vector<char> sendStage_, recvStage_;
+  struct FreePinned {
+    void operator()(char* p) const { gpu::freePinned(p); }
+  };
+  std::unique_ptr<char, FreePinned> sendStage_, recvStage_;  ///< GPU data staged here (page-locked)
   uint64_t received_ = 0;
+  std::vector<uint64_t> counterCounts_;  ///< signals received per counter of the table
   std::atomic<bool> stopping_{false};
   std::thread receiver_;
 };

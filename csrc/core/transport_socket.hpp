@@ -4,7 +4,9 @@
 //   - the proxy thread sends PUT (header + payload) and SIGNAL messages, in
 //     order, so a signal always follows the data of earlier puts;
 //   - a receiver thread per channel writes incoming payloads into this rank's
-//     registered memory and then bumps this rank's semaphore for SIGNALs.
+//     registered memory and then bumps this rank's semaphore for SIGNALs (or,
+//     for a signal naming a counter, that counter of this rank's table: the
+//     plan interpreter's signals across nodes share one connection per peer).
 // GPU memory is staged through host memory on both sides.
 #pragma once
 
@@ -43,9 +45,12 @@ struct SocketChannelConfig {
   char* local;              ///< this rank's registered memory (source of puts, target of the peer's)
   uint64_t localSize;
   uint64_t remoteSize;      ///< the peer's registered size (puts are checked against it)
-  uint64_t* localInbound;   ///< this rank's semaphore inbound counter (host or device memory)
+  uint64_t* localInbound;   ///< this rank's semaphore inbound counter (host or device memory); may be null
+                            ///< where only counters are signalled
   AbortState abort;         ///< raised if the connection fails
   int peer;
+  uint64_t* counters = nullptr;  ///< this rank's counter table for signalCounter (host or device memory)
+  uint64_t numCounters = 0;
 };
 
 /// The channel: the proxy calls put/signal/flush; the receiver thread runs

@@ -8,6 +8,8 @@
 #include "core/gpu_runtime.hpp"
 #include "core/kernel_loading.hpp"
 #include "core/logging.hpp"
+#include "core/proxy.hpp"
+#include "core/transport_socket.hpp"
 #include "executor/interpreter.hpp"
 
 namespace pyccl {
@@ -99,17 +101,50 @@ void checkProgram(const PlanProgram& p, int world) {
   }
 }
 
+/// Across nodes the interpreter only puts and signals to another node's ranks
+/// (through the proxy, from this rank's own buffers); anything else that
+/// names such a rank's memory is refused here.
+void checkAcrossNodes(const PlanProgram& p, int rank, uint32_t remote) {
+  auto far = [&](const PlanChunk& c) { return ((remote >> c.rank) & 1u) != 0; };
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const PlanOp& op = p.ops[i];
+    const auto kind = static_cast<PlanOpKind>(op.kind);
+    const bool put = kind == PlanOpKind::kPut || kind == PlanOpKind::kCopy;
+    bool anyFarDst = false;
+    for (int d = 0; d < op.numDsts; ++d) anyFarDst = anyFarDst || far(op.dsts[d]);
+    for (int s = 0; s < op.numSrcs; ++s) {
+      const PlanChunk& c = op.srcs[s];
+      PYCCL_CHECK_ARG(!far(c) && (!anyFarDst || c.rank == rank), "plan", "op ", i, " reads rank ", c.rank,
+                      "'s memory", far(c) ? ", which is on another node" : " for a put to another node",
+                      "; across nodes a plan may only put its own data and signal (PortChannel)");
+    }
+    for (int d = 0; d < op.numDsts; ++d) {
+      PYCCL_CHECK_ARG(put || !far(op.dsts[d]), "plan", "op ", i, " writes rank ", op.dsts[d].rank,
+                      "'s memory directly, but that rank is on another node; across nodes a plan may only put ",
+                      "and signal (PortChannel)");
+    }
+  }
+}
+
 }  // namespace
 
 PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t maxChunkBytes, uint32_t threadsPerBlock)
     : comm_(comm), program_(std::move(program)), maxChunkBytes_(roundUp(maxChunkBytes, 16)), threads_(threadsPerBlock) {
   const int world = comm.worldSize();
-  PYCCL_CHECK_ARG(world <= kPlanMaxRanks, "comm", "plans run on up to ", kPlanMaxRanks, " ranks in one node, the "
+  PYCCL_CHECK_ARG(world <= kPlanMaxRanks, "comm", "plans run on up to ", kPlanMaxRanks, " ranks, the "
                   "communicator has ", world);
   PYCCL_CHECK_ARG(maxChunkBytes_ >= 16, "max_chunk_bytes", "must be at least 16");
   PYCCL_CHECK_ARG(threads_ >= 32 && threads_ <= 1024 && threads_ % 32 == 0, "threads",
                   "must be a multiple of 32 in [32, 1024], got ", threads_);
   checkProgram(program_, world);
+  for (int q = 0; q < world; ++q) {
+    if (q != comm.rank() && !comm.canAccessPeer(q)) context_.remoteRanks |= 1u << q;
+  }
+  if (context_.remoteRanks != 0) {
+    checkAcrossNodes(program_, comm.rank(), context_.remoteRanks);
+    // The proxy moves data between registered regions only.
+    program_.stageInput = program_.stageOutput = true;
+  }
   // Each signal, wait and barrier carries what it needs from the channel
   // tables, so the interpreter reads no table in the op.
   for (size_t i = 0; i < program_.ops.size(); ++i) {
@@ -185,10 +220,10 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   }
   context_.rank = comm.rank();
   context_.worldSize = world;
+  if (context_.remoteRanks != 0) connectRemoteRanks(total, offsets[4], counterCount);
   for (int q = 0; q < world; ++q) {
-    PYCCL_CHECK_ARG(region_.peers[q].has_value(), "comm", "plans need P2P between all ranks; rank ", q,
-                    " is unreachable");
-    char* base = static_cast<char*>(region_.peers[q]->data());
+    // A rank on another node: offsets into its region (the same layout as here).
+    char* base = isRemote(q) ? nullptr : static_cast<char*>(region_.peers[q]->data());
     const uint64_t firstPhase[3] = {offsets[0], program_.inPlace ? offsets[0] : offsets[1], offsets[2]};
     const uint64_t phaseBytes[3] = {phase[0], program_.inPlace ? phase[0] : phase[1], phase[2]};
     for (int parity = 0; parity < 2; ++parity) {
@@ -213,11 +248,37 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   context_.failed = reinterpret_cast<uint64_t*>(tables + offFailed);
   programmatic_ = programmaticLaunchAllowed();
   context_.abort = comm.abortState();
+  context_.regionBase = static_cast<const char*>(region_.local.data());
   PYCCL_LOG(Info, "plan executor: " << p.ops.size() << " ops on " << numThreadBlocks() << " thread blocks, "
                                     << (total >> 10) << " KiB of buffers for chunks up to " << c << " B; input "
                                     << (p.stageInput ? "staged" : "in place") << ", output "
                                     << (p.stageOutput ? "staged" : "in place") << ", entry barrier "
-                                    << (p.entryBarrier ? "on" : "off"));
+                                    << (p.entryBarrier ? "on" : "off") << (context_.remoteRanks != 0 ? strCat(
+                                        "; ", proxyChannels_.size(), " ranks on other nodes, over the socket transport")
+                                                                        : std::string()));
+}
+
+void PlanExecutor::connectRemoteRanks(uint64_t regionBytes, uint64_t countersOffset, uint64_t counterCount) {
+  auto proxy = comm_.proxyService();
+  char* region = static_cast<char*>(region_.local.data());
+  // Ascending peer order on every rank: each waits only on a peer that is
+  // connecting to it or to a lower rank, so the pairs cannot deadlock.
+  for (int q = 0; q < comm_.worldSize(); ++q) {
+    if (!isRemote(q)) continue;
+    uint64_t peerBytes = 0;
+    UniqueFd connection = comm_.connectSocket(q, regionBytes, &peerBytes);
+    PYCCL_CHECK_ARG(peerBytes == regionBytes, "plan", "rank ", q, " laid out ", peerBytes,
+                    " bytes of plan buffers where this rank has ", regionBytes,
+                    " (every rank must create the executor with the same plan, chunk size and threads)");
+    SocketChannelConfig cfg{comm_.device(), region, regionBytes, peerBytes, nullptr, comm_.abortState(), q};
+    cfg.counters = reinterpret_cast<uint64_t*>(region + countersOffset);
+    cfg.numCounters = counterCount;
+    const uint32_t id = proxy->addChannel(makeSocketChannel(std::move(connection), cfg));
+    proxyChannels_.push_back(id);
+    context_.proxyChannel[q] = static_cast<int32_t>(id);
+  }
+  proxy_ = proxy;
+  context_.fifo = proxy->fifoHandle();
 }
 
 PlanExecutor::~PlanExecutor() { close(); }
@@ -225,6 +286,15 @@ PlanExecutor::~PlanExecutor() { close(); }
 void PlanExecutor::close() {
   if (closed_) return;
   closed_ = true;
+  // Sockets and their receiver threads go before the memory they write.
+  for (uint32_t id : proxyChannels_) {
+    try {
+      proxy_->removeChannel(id);
+    } catch (const std::exception& e) {
+      PYCCL_LOG(Warn, "plan executor: closing proxy channel " << id << ": " << e.what());
+    }
+  }
+  proxyChannels_.clear();
   region_.release();
 }
 

@@ -1,5 +1,7 @@
 // The plan executor: owns one plan's buffers on this rank (input, output and
-// scratch staging, LL packet region, semaphore counters), maps every peer's,
+// scratch staging, LL packet region, semaphore counters), maps every peer's
+// of this node and connects to those of other nodes through the proxy
+// (socket transport),
 // and runs the plan on a stream (or, in host mode, on CPU threads). Create it
 // collectively (every rank, the same plan); call run() from one stream at a
 // time with the same calls in the same order on every rank.
@@ -58,6 +60,11 @@ class PlanExecutor {
   void close();
 
  private:
+  bool isRemote(int rank) const { return ((context_.remoteRanks >> rank) & 1u) != 0; }
+  /// A socket connection per rank on another node, served by the proxy,
+  /// whose signals land in this rank's counters.
+  void connectRemoteRanks(uint64_t regionBytes, uint64_t countersOffset, uint64_t counterCount);
+
   Communicator& comm_;
   PlanProgram program_;
   uint64_t maxChunkBytes_;
@@ -70,6 +77,8 @@ class PlanExecutor {
   bool programmatic_ = true;
   bool roomyKernel_ = false;  ///< choosePlanKernel's choice
   int maxOpsPerBlock_ = 0;
+  std::shared_ptr<ProxyService> proxy_;  ///< set where ranks on other nodes are reached through it
+  std::vector<uint32_t> proxyChannels_;
 };
 
 #ifdef PYCCL_WITH_CUDA

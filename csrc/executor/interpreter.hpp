@@ -12,7 +12,13 @@
 //  - barrier: the same with a per-rank counter that every thread block of the
 //    group adds to;
 //  - LL packets carry a flag derived from the call count, in one of two
-//    phases of the packet region by the call's parity.
+//    phases of the packet region by the call's parity;
+//  - to a rank on another node (PlanContext::remoteRanks), a put and a signal
+//    are triggers in the proxy's FIFO, pushed by one thread after a block
+//    sync (release: the block's writes happen before the proxy reads them);
+//    the proxy executes triggers in order, and one connection per peer
+//    carries them, so a signal lands after the data of earlier puts. Each
+//    thread block flushes the FIFO before its call ends (sources reusable).
 // Counters only grow, so CUDA-graph replays and back-to-back calls need no
 // host reset; the per-thread-block call counter lives in device memory.
 #pragma once
@@ -307,6 +313,70 @@ PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanChunk& out,
   return ok;
 }
 
+/// Rank `rank` is on another node: reached only through the proxy.
+PYCCL_HOST_DEVICE bool isRemote(const PlanContext& c, int rank) { return ((c.remoteRanks >> rank) & 1u) != 0; }
+
+/// Pushes `trigger`; false (the call fails) if the FIFO stayed full past the timeout.
+PYCCL_HOST_DEVICE bool pushTrigger(const PlanContext& c, ProxyTrigger trigger, uint64_t* pos = nullptr) {
+  FifoDeviceHandle fifo = c.fifo;
+  const uint64_t at = fifo.push(trigger);
+  if (pos != nullptr) *pos = at;
+  return waitSucceeded(c, at == ~0ull ? WaitStatus::kTimeout : WaitStatus::kOk);
+}
+
+/// Queues a put of `bytes` of this rank's region at `src` to offset
+/// `dstOffset` of `peer`'s region (one thread).
+PYCCL_HOST_DEVICE bool proxyPut(const PlanContext& c, int peer, uint64_t dstOffset, const char* src, uint64_t bytes) {
+  constexpr uint64_t kMostPerTrigger = 1ull << 31;
+  const auto srcOffset = static_cast<uint64_t>(src - c.regionBase);
+  bool ok = true;
+  for (uint64_t done = 0; ok && done < bytes;) {
+    const uint64_t n = bytes - done < kMostPerTrigger ? bytes - done : kMostPerTrigger;
+    ok = pushTrigger(c, ProxyTrigger::make(kTriggerPut, static_cast<uint32_t>(c.proxyChannel[peer]), dstOffset + done,
+                                           srcOffset + done, n));
+    done += n;
+  }
+  return ok;
+}
+
+/// Adds 1 to counter `counter` of remote `peer` (one thread), after the puts queued before.
+PYCCL_HOST_DEVICE bool proxySignal(const PlanContext& c, int peer, int64_t counter) {
+  return pushTrigger(c, ProxyTrigger::make(kTriggerSignal, static_cast<uint32_t>(c.proxyChannel[peer]),
+                                           static_cast<uint64_t>(counter) + 1, 0, 0));
+}
+
+/// Waits until the proxy has executed every trigger queued so far (one thread).
+PYCCL_HOST_DEVICE bool proxyFlush(const PlanContext& c) {
+  int peer = 0;
+  while (!isRemote(c, peer)) ++peer;
+  uint64_t pos = 0;
+  if (!pushTrigger(c, ProxyTrigger::make(kTriggerFlush, static_cast<uint32_t>(c.proxyChannel[peer]), 0, 0, 0), &pos)) {
+    return false;
+  }
+  FifoDeviceHandle fifo = c.fifo;
+  return waitSucceeded(c, fifo.sync(pos));
+}
+
+/// A put with a destination on another node: thread 0 queues every
+/// destination's transfer (remote ones through the proxy, local ones it
+/// copies itself after the block synced). Rare and bounded by the network,
+/// so no care for the local copies' speed.
+PYCCL_HOST_DEVICE bool putAcrossNodes(const PlanContext& c, const PlanOp& op, uint64_t call, uint64_t bytes,
+                                      uint32_t tid, uint32_t numThreads) {
+  syncBlock();  // the block's writes of the sources happen before the release push
+  bool ok = true;
+  for (int d = 0; d < op.numDsts; ++d) {
+    const char* src = chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call);
+    char* dst = chunkPtr(c, op.dsts[d], call);
+    if (isRemote(c, op.dsts[d].rank)) {
+      if (tid == 0) ok = proxyPut(c, op.dsts[d].rank, reinterpret_cast<uint64_t>(dst), src, bytes) && ok;
+    } else {
+      copyBytes(dst, src, bytes, tid, numThreads);
+    }
+  }
+  return ok;
+}
+
 /// One op of thread block `tb`; false once a wait gave up (timeout or abort).
 template <typename T, int LoadBatch>
 PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp, uint64_t call, uint32_t tid,
@@ -316,6 +386,11 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
   switch (static_cast<PlanOpKind>(op.kind)) {
     case PlanOpKind::kCopy:
     case PlanOpKind::kPut: {
+      if (c.remoteRanks != 0) {
+        bool remote = false;
+        for (int d = 0; d < op.numDsts; ++d) remote = remote || isRemote(c, op.dsts[d].rank);
+        if (remote) return putAcrossNodes(c, op, call, bytes, tid, numThreads);
+      }
       if (op.numSrcs > 1) {  // pairs (the DSL's multi_get and multi_put of several chunks)
         copyPairs<LoadBatch>(c, op, call, bytes, tid, numThreads);
         return true;
@@ -399,7 +474,11 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
     case PlanOpKind::kSignal:
       syncBlock();  // the block's writes happen before the releasing adds (cumulativity)
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {
-        atomicAddRelease(&c.counters[op.peers[k]][op.channels[k]], 1);
+        if (isRemote(c, op.peers[k])) {
+          proxySignal(c, op.peers[k], op.channels[k]);
+        } else {
+          atomicAddRelease(&c.counters[op.peers[k]][op.channels[k]], 1);
+        }
       }
       return true;
     case PlanOpKind::kWait: {
@@ -428,7 +507,14 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
     case PlanOpKind::kSync:
       syncBlock();
       return true;
-    case PlanOpKind::kFlush:  // puts complete within their op here
+    case PlanOpKind::kFlush: {  // puts by loads and stores complete within their op
+      if (c.remoteRanks == 0) return true;
+      syncBlock();
+      bool ok = true;
+      if (tid == 0) ok = proxyFlush(c);
+      syncBlock();
+      return ok;
+    }
     default:
       return true;
   }
@@ -467,7 +553,12 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
     syncBlock();
     if (tid == 0) {
       for (int q = 0; q < world; ++q) {
-        if (q != c.rank) atomicAddRelease(&c.counters[q][c.entryBase + c.rank], 1);
+        if (q == c.rank) continue;
+        if (isRemote(c, q)) {
+          proxySignal(c, q, c.entryBase + c.rank);
+        } else {
+          atomicAddRelease(&c.counters[q][c.entryBase + c.rank], 1);
+        }
       }
     }
     for (int q = static_cast<int>(tid); q < world; q += static_cast<int>(numThreads)) {
@@ -519,6 +610,12 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int3
     plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
     plan_detail::blockShare(c, tb, c.outputBytes, &b, &e);
     if (e > b) copyBytes(c.userOutput + b, c.buffers[call & 1][c.rank][1] + b, e - b, tid, numThreads);
+  }
+  // The proxy has read every source of this block's puts before the call
+  // ends (a later call may overwrite them).
+  if (c.remoteRanks != 0) {
+    syncBlock();
+    if (tid == 0) plan_detail::proxyFlush(c);
   }
   // Every thread read the call count before any of them passes this sync.
   syncBlock();

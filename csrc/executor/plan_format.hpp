@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "channels/device_common.hpp"
+#include "channels/fifo_device.hpp"
 
 namespace pyccl {
 
@@ -110,6 +111,13 @@ struct PlanContext {
   uint64_t* rankBarriers;    ///< [thread block] rank barriers passed (this rank's memory)
   uint64_t* failed;          ///< non-zero once a wait of this executor gave up (this rank's memory)
   AbortState abort;
+  /// Across nodes. Bit q: rank q is not reachable by loads and stores (another
+  /// node); its buffers[][q][] and packets[q] then hold offsets into its
+  /// region, not pointers, and puts and signals to it go through the proxy.
+  uint32_t remoteRanks;
+  const char* regionBase;                 ///< this rank's region (proxy puts name offsets into it)
+  FifoDeviceHandle fifo;                  ///< this communicator's proxy
+  int32_t proxyChannel[kPlanMaxRanks];    ///< the proxy's channel to each remote rank
 };
 
 }  // namespace pyccl

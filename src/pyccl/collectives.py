@@ -27,7 +27,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _C, registry, tuning
+from . import _C, across_nodes, registry, tuning
 from ._logging import logger
 from .communicator import Communicator
 from .errors import ClosedError, InvalidArgumentError, UnsupportedError
@@ -190,6 +190,10 @@ def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[
         return _tables[key]
 
 
+# The collectives that run on communicators spanning nodes (pyccl.across_nodes).
+_ACROSS_NODES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
 class _Call:
     """What every collective resolves first: the communicator, the algorithm, NCCL or not."""
 
@@ -208,7 +212,9 @@ class _Call:
         self.nbytes = nbytes = nbytes_of(self.comm.world_size)
         nccl_here = self.from_group and tensor.is_cuda and _has_nccl(group)
         self.tuned_plan: Optional[dict] = None  # a table entry naming a library plan
-        if self.algorithm is None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
+        # The shipped tables are for ranks of one node.
+        self.spans_nodes = collective in _ACROSS_NODES and across_nodes.node_layout(self.comm) is not None
+        if self.algorithm is None and not self.spans_nodes and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
             # The measured table for this GPU and world size, where there is one.
             entry = tuning.select_entry(table_for(tensor.device, self.comm.world_size, tensor.dtype), collective,
                                         nbytes)
@@ -317,6 +323,13 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
             out.copy_(tensor)
         dist.all_reduce(out, op=_DIST_OPS[op_name], group=group)
         return out
+    if call.spans_nodes and not call.forced:
+        def nccl() -> None:
+            out.copy_(tensor)
+            dist.all_reduce(out, op=_DIST_OPS[op_name], group=group)
+
+        across_nodes.run(call.comm, "all_reduce", tensor, out, op_name, nccl if call.nccl_here else None)
+        return out
     _engine(call.comm).all_reduce(call.comm._comm, tensor, out, op_name, call.kernel_algorithm)
     return out
 
@@ -343,6 +356,10 @@ def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
         return out
     if call.use_nccl:
         dist.all_gather_into_tensor(out, tensor, group=group)
+        return out
+    if call.spans_nodes and not call.forced:
+        across_nodes.run(call.comm, "all_gather", tensor, out, fallback=(
+            lambda: dist.all_gather_into_tensor(out, tensor, group=group)) if call.nccl_here else None)
         return out
     _engine(call.comm).all_gather(call.comm._comm, tensor, out, call.kernel_algorithm)
     return out
@@ -377,6 +394,11 @@ def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessG
         return out
     if call.use_nccl:
         dist.reduce_scatter_tensor(out, tensor, op=_DIST_OPS[op_name], group=group)
+        return out
+    if call.spans_nodes and not call.forced:
+        across_nodes.run(call.comm, "reduce_scatter", tensor, out, op_name, fallback=(
+            lambda: dist.reduce_scatter_tensor(out, tensor, op=_DIST_OPS[op_name], group=group))
+            if call.nccl_here else None)
         return out
     _engine(call.comm).reduce_scatter(call.comm._comm, tensor, out, op_name, call.kernel_algorithm)
     return out

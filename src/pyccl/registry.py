@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -139,19 +139,23 @@ def _runner(comm, key, tensor: torch.Tensor, make_plan, max_bytes: int, threads:
 _library_plans: Dict[tuple, Plan] = {}
 
 
-def library_plan(name: str, world: int, instances: int) -> Plan:
-    """Library plan `name` of pyccl.algorithms for `world` ranks at `instances`,
-    lowered once per process."""
-    key = (name, world, instances)
+def cached_plan(key: tuple, make: Callable[[], Plan]) -> Plan:
+    """The plan lowered by `make`, once per process per `key`."""
     with _lock:
         plan = _library_plans.get(key)
     if plan is None:
-        from .algorithms import LIBRARY
-
-        plan = LIBRARY[name](world, instances=instances).lower()
+        plan = make()
         with _lock:
             _library_plans[key] = plan
     return plan
+
+
+def library_plan(name: str, world: int, instances: int) -> Plan:
+    """Library plan `name` of pyccl.algorithms for `world` ranks at `instances`,
+    lowered once per process."""
+    from .algorithms import LIBRARY
+
+    return cached_plan((name, world, instances), lambda: LIBRARY[name](world, instances=instances).lower())
 
 
 def library_runner(comm, entry: dict, collective: str, nbytes: int, tensor: torch.Tensor):

@@ -16,11 +16,11 @@ Each GPU sends ``(num_nodes - 1) / (num_nodes * gpus_per_node)`` of the
 message across nodes per direction in the HB variant: every NIC of the node
 carries an equal share, the point of the hierarchy (docs/scaling.md).
 
-Not yet: the paper's pipelining of the local all-gather with the cross-node
-one (HB pipelines only the reduce-scatter side; LL neither), and the
-automatic choice of these plans for a group that spans nodes. The plans run wherever PortChannels
-connect the ranks; across machines that needs the socket or RDMA transport
-under the plan interpreter, which is not wired yet.
+:mod:`pyccl.across_nodes` chooses these plans for a communicator that spans
+nodes; the plan interpreter reaches the other nodes' ranks through the proxy
+and the socket transport (docs/multinode.md). Not yet: the paper's pipelining
+of the local all-gather with the cross-node one (HB pipelines only the
+reduce-scatter side; LL neither).
 """
 
 from __future__ import annotations

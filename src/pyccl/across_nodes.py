@@ -1,0 +1,165 @@
+"""Collectives of a communicator whose ranks span nodes.
+
+Inside one node pyccl's kernels reach every peer's memory. Across nodes they
+cannot, so :mod:`pyccl.collectives` hands such a communicator's calls here,
+where DSL plans run on the plan interpreter with the ranks of other nodes
+reached through the proxy (socket transport, ``csrc/executor``):
+
+- all-reduce: the two-phase hierarchical algorithm (2PH,
+  :mod:`pyccl.algorithms.hierarchical`), LL up to :data:`LL_MAX_BYTES`, HB
+  above;
+- all-gather: all-pairs (every rank puts its input to every peer);
+- reduce-scatter: the ring.
+
+Ranks must be numbered node by node with the same count on every node, as
+torchrun numbers them (``rank = node_rank * nproc_per_node + local_rank``).
+Inputs whose size the plan cannot split into whole chunks are padded (the
+padding's results are dropped).
+
+On GPUs this path needs ``CUDA_MODULE_LOADING=EAGER`` (set before CUDA starts).
+The proxy and the socket receivers copy between GPU and host memory with CUDA
+calls while the plan's kernel waits for them; under lazy loading, the first
+launch of a kernel queued behind the plan's (say a division after an average)
+loads its module and holds CUDA's context lock until the device is idle,
+which it never is: a deadlock. Without it, a group that has NCCL hands the
+call to NCCL, and one without raises UnsupportedError (docs/multinode.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from . import registry
+from .errors import InvalidArgumentError, UnsupportedError
+
+__all__ = ["LL_MAX_BYTES", "node_layout", "run"]
+
+#: All-reduces up to this size take 2PH LL, larger ones 2PH HB (docs/scaling.md).
+LL_MAX_BYTES = 256 << 10
+
+
+def node_layout(comm) -> Optional[Tuple[int, int]]:
+    """``(num_nodes, gpus_per_node)`` when the communicator's ranks span
+    nodes, None when they share one. Raises UnsupportedError for a layout the
+    hierarchical plans do not take (nodes of different sizes, or ranks of a
+    node not numbered consecutively). Cached on the communicator."""
+    cached = comm.__dict__.get("_node_layout", False)
+    if cached is not False:
+        if isinstance(cached, UnsupportedError):
+            raise cached
+        return cached
+    nodes = [r["node"] for r in comm.topology()["ranks"]]
+    order = list(dict.fromkeys(nodes))  # node keys, first appearance first
+    layout: object = None
+    if len(order) > 1:
+        per = len(nodes) // len(order)
+        node_major = all(nodes[i] == order[i // per] for i in range(len(nodes)))
+        if len(nodes) % len(order) != 0 or not node_major:
+            counts = {k: nodes.count(k) for k in order}
+            layout = UnsupportedError(
+                f"communicator '{comm.name}' spans {len(order)} nodes with ranks {nodes} (per node {counts}); "
+                "pyccl's collectives across nodes need the same number of ranks on every node, numbered node "
+                "by node (as torchrun numbers them)")
+        else:
+            layout = (len(order), per)
+    comm.__dict__["_node_layout"] = layout
+    if isinstance(layout, UnsupportedError):
+        raise layout
+    return layout  # type: ignore[return-value]
+
+
+def _plan_for(collective: str, layout: Tuple[int, int], nbytes: int):
+    """(name, plan) of the plan for this collective and size."""
+    from .algorithms import HIERARCHICAL
+
+    nodes, per_node = layout
+    world = nodes * per_node
+    if collective == "all_reduce":
+        name = "allreduce_2ph_ll" if nbytes <= LL_MAX_BYTES else "allreduce_2ph_hb"
+        key = (name, nodes, per_node)
+        plan = registry.cached_plan(key, lambda: HIERARCHICAL[name](nodes, per_node).lower())
+        return name, plan
+    name = {"all_gather": "allgather_allpairs", "reduce_scatter": "reduce_scatter_ring"}[collective]
+    return name, registry.library_plan(name, world, 1)
+
+
+def _check(collective: str, tensor: torch.Tensor, out: torch.Tensor, comm, out_elements: int) -> None:
+    from .collectives import REDUCIBLE_DTYPES
+
+    if collective != "all_gather" and tensor.dtype not in REDUCIBLE_DTYPES:
+        raise InvalidArgumentError(f"invalid argument 'tensor': {collective} reduces "
+                                   f"{', '.join(str(d) for d in REDUCIBLE_DTYPES)}, not {tensor.dtype}")
+    if not tensor.is_contiguous():
+        raise InvalidArgumentError("invalid argument 'tensor': must be contiguous")
+    if tensor.device != comm.device:
+        raise InvalidArgumentError(f"invalid argument 'tensor': is on {tensor.device}, the communicator on "
+                                   f"{comm.device}")
+    if not isinstance(out, torch.Tensor) or out.dtype != tensor.dtype or out.device != tensor.device:
+        raise InvalidArgumentError("invalid argument 'out': must be a tensor of the input's dtype and device")
+    if not out.is_contiguous() or out.numel() != out_elements:
+        raise InvalidArgumentError(f"invalid argument 'out': must be contiguous with {out_elements} elements, "
+                                   f"has {out.numel()}")
+
+
+def run(comm, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum",
+        fallback: Optional[Callable[[], None]] = None) -> bool:
+    """Runs the collective across nodes if the communicator spans them (False
+    otherwise). `fallback` (NCCL, where the group has it) runs the call when
+    the plan cannot be set up now: a first call of this size while a CUDA
+    graph is being captured."""
+    layout = node_layout(comm)
+    if layout is None:
+        return False
+    if tensor.is_cuda and os.environ.get("CUDA_MODULE_LOADING", "").upper() != "EAGER":
+        if fallback is not None:
+            fallback()
+            return True
+        raise UnsupportedError(f"{collective} across nodes on GPUs needs CUDA_MODULE_LOADING=EAGER in the "
+                               "environment before CUDA starts (under lazy loading, a kernel queued behind the "
+                               "plan's can deadlock the proxy's copies; see docs/multinode.md), or a torch group "
+                               "with NCCL to hand the call to")
+    world = comm.world_size
+    n = tensor.numel()
+    out_elements = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world}[collective]
+    _check(collective, tensor, out, comm, out_elements)
+    if n == 0:
+        return True
+    if op == "avg":  # plans reduce with sum, min, max and prod
+        run(comm, collective, tensor, out, "sum", fallback)
+        out.div_(world)
+        return True
+    elem = tensor.element_size()
+    nbytes = n * elem * (world if collective == "all_gather" else 1)
+    name, plan = _plan_for(collective, layout, nbytes)
+    unit = plan.buffers["input"]
+    # Elements per chunk-unit of the input: all-reduce and all-gather pad the
+    # whole input, reduce-scatter each rank's part.
+    parts = world if collective == "reduce_scatter" else 1
+    per_part = n // parts
+    part_unit = unit // parts
+    padded_part = -(-per_part // part_unit) * part_unit
+    limit = 1 << max(16, (padded_part * parts * elem - 1).bit_length())
+    runner = registry._runner(comm, ("across_nodes", name, limit), tensor, lambda: plan, max_bytes=limit)
+    if runner is None:
+        if fallback is None:
+            raise UnsupportedError(f"{collective} across nodes: the first call of {nbytes} bytes is being captured "
+                                   "in a CUDA graph, and the plan's buffers cannot be set up during a capture; run "
+                                   "one call of this size eagerly first")
+        fallback()
+        return True
+    if padded_part == per_part:
+        runner(tensor, out=out, op=op)
+        return True
+    padded = tensor.new_zeros(parts, padded_part)
+    padded[:, :per_part] = tensor.view(parts, per_part)
+    result = runner(padded.view(-1), op=op)
+    if collective == "all_gather":
+        out.view(world, n).copy_(result.view(world, padded_part)[:, :n])
+    elif collective == "reduce_scatter":
+        out.copy_(result[:per_part])
+    else:
+        out.copy_(result[:n])
+    return True

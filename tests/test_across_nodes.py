@@ -1,0 +1,26 @@
+"""Collectives on communicators that span "nodes" (PYCCL_NODE_ID), in host
+mode: 2PH all-reduce, all-gather and reduce-scatter chosen automatically, the
+ranks of other nodes reached through the socket transport."""
+
+import random
+
+import pytest
+
+import ranks_across_nodes as ra
+from pyccl._spawn import run_ranks
+
+
+@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 2)])
+def test_collectives_across_nodes(world, gpus_per_node):
+    seed = random.randrange(1 << 20)
+    args = (False, seed, 12, 100_000, gpus_per_node)
+    for bad, layout, refusals in run_ranks(ra.collectives, world, args=args, timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert layout == (world // gpus_per_node, gpus_per_node)
+        assert "'tensor'" in refusals["dtype"] and "int32" in refusals["dtype"]
+        assert "'out'" in refusals["out"]
+
+
+def test_interleaved_node_layout_is_refused():
+    for message in run_ranks(ra.interleaved_nodes, 4, timeout=120):
+        assert message is not None and "numbered node by node" in message, message

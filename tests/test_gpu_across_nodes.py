@@ -1,0 +1,48 @@
+"""Collectives across "nodes" on GPUs: the visible GPUs split into two nodes
+(PYCCL_NODE_ID), NVLink (CUDA IPC) inside a node and the socket transport
+between them, as on two machines without RDMA."""
+
+import random
+
+import pytest
+
+import ranks_across_nodes as ra
+import ranks_plans as rp
+from conftest import gpu_count, gpu_worlds, requires_gpus
+from pyccl._spawn import run_ranks
+
+
+# pyccl.across_nodes needs eager module loading on GPUs (its docstring says why).
+EAGER = {"CUDA_MODULE_LOADING": "EAGER"}
+
+
+def _per_node(world: int) -> int:
+    return max(1, world // 2)
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+def test_collectives_across_two_nodes_on_gpus(world):
+    seed = random.randrange(1 << 20)
+    per_node = _per_node(world)
+    for bad, layout, _ in run_ranks(ra.collectives, world, args=(True, seed, 16, 2_000_000, per_node),
+                                    timeout=400, env=EAGER):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert layout == (world // per_node, per_node)
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+def test_hierarchical_plans_across_two_nodes_on_gpus(world):
+    seed = random.randrange(1 << 20)
+    args = (True, seed, 4, 200_000, _per_node(world), True)
+    for bad, record in run_ranks(rp.hierarchical_plans, world, args=args, timeout=400, env=EAGER):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_all_reduce_across_nodes_in_cuda_graphs():
+    world = 4 if gpu_count() >= 4 else 2
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(ra.graph_replays, world, args=(seed, _per_node(world), 5), timeout=300, env=EAGER):
+        assert bad == [], f"seed {seed}: {bad}"
