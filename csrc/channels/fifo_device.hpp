@@ -78,6 +78,25 @@ struct FifoDeviceHandle {
     return pos;
   }
 
+  /// Pushes a transfer of `bytes` on `channel`, split into triggers of at
+  /// most 2 GiB; the signal/flush bits of `type` go on the last one. Returns
+  /// the last position (~0 if that push failed, as push).
+  PYCCL_HOST_DEVICE uint64_t pushTransfer(uint32_t type, uint32_t channel, uint64_t dstOffset, uint64_t srcOffset,
+                                          uint64_t bytes) {
+    constexpr uint64_t kChunk = 1ull << 31;
+    uint64_t pos = ~0ull;
+    do {
+      const uint64_t n = bytes > kChunk ? kChunk : bytes;
+      const bool last = n == bytes;
+      const uint32_t t = last ? type : (type & kTriggerPut);
+      pos = push(ProxyTrigger::make(t, channel, dstOffset, srcOffset, n));
+      dstOffset += n;
+      srcOffset += n;
+      bytes -= n;
+    } while (bytes > 0);
+    return pos;
+  }
+
   /// Waits until the proxy has executed the trigger at `pos` (and all before it).
   PYCCL_HOST_DEVICE WaitStatus sync(uint64_t pos) {
     if (pos == ~0ull) return WaitStatus::kTimeout;

@@ -22,7 +22,7 @@ struct PortChannelDeviceHandle {
   /// Queues a copy of `bytes` from this rank's src+srcOffset to the peer's
   /// dst+dstOffset. Returns at once; the source stays in use until flush().
   PYCCL_HOST_DEVICE void put(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
-    pushChunks(kTriggerPut, dstOffset, srcOffset, bytes);
+    fifo.pushTransfer(kTriggerPut, channelId, dstOffset, srcOffset, bytes);
   }
   /// Queues a signal to the peer, ordered after this channel's earlier puts.
   PYCCL_HOST_DEVICE void signal() {
@@ -30,13 +30,13 @@ struct PortChannelDeviceHandle {
   }
   /// put() then signal() in one trigger.
   PYCCL_HOST_DEVICE void putWithSignal(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
-    pushChunks(kTriggerPut | kTriggerSignal, dstOffset, srcOffset, bytes);
+    fifo.pushTransfer(kTriggerPut | kTriggerSignal, channelId, dstOffset, srcOffset, bytes);
   }
   /// putWithSignal() then flush().
   PYCCL_HOST_DEVICE WaitStatus putWithSignalAndFlush(uint64_t dstOffset, uint64_t srcOffset,
                                                      uint64_t bytes) {
-    return fifo.sync(pushChunks(kTriggerPut | kTriggerSignal | kTriggerFlush, dstOffset, srcOffset,
-                                bytes));
+    return fifo.sync(fifo.pushTransfer(kTriggerPut | kTriggerSignal | kTriggerFlush, channelId, dstOffset,
+                                       srcOffset, bytes));
   }
   /// Returns once every earlier put of this channel has completed (the local
   /// source may be reused). Bounded by the timeout/abort.
@@ -48,24 +48,6 @@ struct PortChannelDeviceHandle {
   /// Consumes the peer's next signal if it has arrived; never blocks.
   PYCCL_HOST_DEVICE bool poll() { return semaphore.poll(); }
 
- private:
-  /// Pushes a transfer split into triggers of at most kTriggerMaxBytes; the
-  /// signal/flush bits go on the last one. Returns the last position.
-  PYCCL_HOST_DEVICE uint64_t pushChunks(uint32_t type, uint64_t dstOffset, uint64_t srcOffset,
-                                        uint64_t bytes) {
-    constexpr uint64_t kChunk = 1ull << 31;
-    uint64_t pos = ~0ull;
-    do {
-      const uint64_t n = bytes > kChunk ? kChunk : bytes;
-      const bool last = n == bytes;
-      const uint32_t t = last ? type : (type & kTriggerPut);
-      pos = fifo.push(ProxyTrigger::make(t, channelId, dstOffset, srcOffset, n));
-      dstOffset += n;
-      srcOffset += n;
-      bytes -= n;
-    } while (bytes > 0);
-    return pos;
-  }
 };
 
 }  // namespace pyccl

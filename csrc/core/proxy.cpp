@@ -113,10 +113,9 @@ void ProxyChannel::signalCounter(uint64_t) {
 
 uint32_t ProxyService::addChannel(std::unique_ptr<ProxyChannel> channel) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto id = static_cast<uint32_t>(owned_.size());
-  for (uint32_t i = 0; i < owned_.size(); ++i) {
-    if (!owned_[i]) id = std::min(id, i);  // an id freed by removeChannel
-  }
+  // The first id removeChannel freed, else a new one.
+  uint32_t id = 0;
+  while (id < owned_.size() && owned_[id]) ++id;
   PYCCL_CHECK_ARG(id < kTriggerMaxChannels, "channel", "a proxy serves at most ", kTriggerMaxChannels,
                   " port channels");
   channels_[id].store(channel.get(), std::memory_order_release);

@@ -223,7 +223,7 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   if (context_.remoteRanks != 0) connectRemoteRanks(total, offsets[4], counterCount);
   for (int q = 0; q < world; ++q) {
     // A rank on another node: offsets into its region (the same layout as here).
-    char* base = isRemote(q) ? nullptr : static_cast<char*>(region_.peers[q]->data());
+    char* base = plan_detail::isRemote(context_, q) ? nullptr : static_cast<char*>(region_.peers[q]->data());
     const uint64_t firstPhase[3] = {offsets[0], program_.inPlace ? offsets[0] : offsets[1], offsets[2]};
     const uint64_t phaseBytes[3] = {phase[0], program_.inPlace ? phase[0] : phase[1], phase[2]};
     for (int parity = 0; parity < 2; ++parity) {
@@ -264,7 +264,7 @@ void PlanExecutor::connectRemoteRanks(uint64_t regionBytes, uint64_t countersOff
   // Ascending peer order on every rank: each waits only on a peer that is
   // connecting to it or to a lower rank, so the pairs cannot deadlock.
   for (int q = 0; q < comm_.worldSize(); ++q) {
-    if (!isRemote(q)) continue;
+    if (!plan_detail::isRemote(context_, q)) continue;
     uint64_t peerBytes = 0;
     UniqueFd connection = comm_.connectSocket(q, regionBytes, &peerBytes);
     PYCCL_CHECK_ARG(peerBytes == regionBytes, "plan", "rank ", q, " laid out ", peerBytes,

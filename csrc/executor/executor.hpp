@@ -60,7 +60,6 @@ class PlanExecutor {
   void close();
 
  private:
-  bool isRemote(int rank) const { return ((context_.remoteRanks >> rank) & 1u) != 0; }
   /// A socket connection per rank on another node, served by the proxy,
   /// whose signals land in this rank's counters.
   void connectRemoteRanks(uint64_t regionBytes, uint64_t countersOffset, uint64_t counterCount);

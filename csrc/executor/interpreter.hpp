@@ -327,16 +327,10 @@ PYCCL_HOST_DEVICE bool pushTrigger(const PlanContext& c, ProxyTrigger trigger, u
 /// Queues a put of `bytes` of this rank's region at `src` to offset
 /// `dstOffset` of `peer`'s region (one thread).
 PYCCL_HOST_DEVICE bool proxyPut(const PlanContext& c, int peer, uint64_t dstOffset, const char* src, uint64_t bytes) {
-  constexpr uint64_t kMostPerTrigger = 1ull << 31;
-  const auto srcOffset = static_cast<uint64_t>(src - c.regionBase);
-  bool ok = true;
-  for (uint64_t done = 0; ok && done < bytes;) {
-    const uint64_t n = bytes - done < kMostPerTrigger ? bytes - done : kMostPerTrigger;
-    ok = pushTrigger(c, ProxyTrigger::make(kTriggerPut, static_cast<uint32_t>(c.proxyChannel[peer]), dstOffset + done,
-                                           srcOffset + done, n));
-    done += n;
-  }
-  return ok;
+  FifoDeviceHandle fifo = c.fifo;
+  const uint64_t pos = fifo.pushTransfer(kTriggerPut, static_cast<uint32_t>(c.proxyChannel[peer]), dstOffset,
+                                         static_cast<uint64_t>(src - c.regionBase), bytes);
+  return waitSucceeded(c, pos == ~0ull ? WaitStatus::kTimeout : WaitStatus::kOk);
 }
 
 /// Adds 1 to counter `counter` of remote `peer` (one thread), after the puts queued before.
