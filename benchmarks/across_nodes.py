@@ -35,7 +35,6 @@ def _rank(rank, world, store, sizes):
     per_node = world // 2
     os.environ["PYCCL_NODE_ID"] = f"node{rank // per_node}"
     os.environ.update(NCCL_NETWORK_ONLY)
-    os.environ["CUDA_MODULE_LOADING"] = "EAGER"  # pyccl.across_nodes needs it (see there); before CUDA starts
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="across")

@@ -21,6 +21,15 @@ def test_collectives_across_nodes(world, gpus_per_node):
         assert "'out'" in refusals["out"]
 
 
+def test_large_puts_cross_in_pieces():
+    """The first call (6.4 MB of float32, 2PH HB) puts several MiB to the
+    other node: the sender's kernel mirrors and queues it piece by piece and
+    the receiver's applies the pieces from its inbox as they land."""
+    seed = random.randrange(1 << 20)
+    for bad, _, _ in run_ranks(ra.collectives, 2, args=(False, seed, 2, 1_600_000, 1), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
 def test_interleaved_node_layout_is_refused():
     for message in run_ranks(ra.interleaved_nodes, 4, timeout=120):
         assert message is not None and "numbered node by node" in message, message

@@ -12,10 +12,6 @@ from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
-# pyccl.across_nodes needs eager module loading on GPUs (its docstring says why).
-EAGER = {"CUDA_MODULE_LOADING": "EAGER"}
-
-
 def _per_node(world: int) -> int:
     return max(1, world // 2)
 
@@ -26,7 +22,7 @@ def test_collectives_across_two_nodes_on_gpus(world):
     seed = random.randrange(1 << 20)
     per_node = _per_node(world)
     for bad, layout, _ in run_ranks(ra.collectives, world, args=(True, seed, 16, 2_000_000, per_node),
-                                    timeout=400, env=EAGER):
+                                    timeout=400):
         assert bad == [], f"seed {seed}: {bad}"
         assert layout == (world // per_node, per_node)
 
@@ -36,7 +32,7 @@ def test_collectives_across_two_nodes_on_gpus(world):
 def test_hierarchical_plans_across_two_nodes_on_gpus(world):
     seed = random.randrange(1 << 20)
     args = (True, seed, 4, 200_000, _per_node(world), True)
-    for bad, record in run_ranks(rp.hierarchical_plans, world, args=args, timeout=400, env=EAGER):
+    for bad, record in run_ranks(rp.hierarchical_plans, world, args=args, timeout=400):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
@@ -44,5 +40,5 @@ def test_hierarchical_plans_across_two_nodes_on_gpus(world):
 def test_all_reduce_across_nodes_in_cuda_graphs():
     world = 4 if gpu_count() >= 4 else 2
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(ra.graph_replays, world, args=(seed, _per_node(world), 5), timeout=300, env=EAGER):
+    for bad in run_ranks(ra.graph_replays, world, args=(seed, _per_node(world), 5), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"

@@ -342,6 +342,12 @@ std::shared_ptr<void> Communicator::allocateLocal(size_t size) const {
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
+std::shared_ptr<void> Communicator::allocateHostMapped(size_t size) const {
+  if (hostMode()) return allocateLocal(size);
+  gpu::DeviceGuard guard(device_);
+  return std::shared_ptr<void>(gpu::allocPinnedMapped(size), [](void* q) { gpu::freePinned(q); });
+}
+
 void Communicator::probePeers() {
   const int n = worldSize_;
   std::vector<bool> reached(n, false);  // reached[p]: this rank wrote into p's probe slot

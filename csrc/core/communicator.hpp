@@ -71,6 +71,10 @@ class Communicator {
   /// Zero-filled memory for this rank's own kernels: heap memory in host
   /// mode, device memory on GPUs. The pointer owns it.
   std::shared_ptr<void> allocateLocal(size_t size) const;
+  /// Zero-filled host memory that this rank's kernels reach too: page-locked
+  /// and mapped on GPUs (use gpu::devicePointerOf in kernels), heap memory in
+  /// host mode. The pointer owns it.
+  std::shared_ptr<void> allocateHostMapped(size_t size) const;
   /// Maps memory a peer registered (from RegisteredMemory::serialize).
   RegisteredMemory importMemory(const Bytes& descriptor);
   /// Collective: returns every rank's registration of `local`, mapped here,

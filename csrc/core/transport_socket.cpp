@@ -89,7 +89,7 @@ class SocketChannel : public ProxyChannel {
  public:
   SocketChannel(UniqueFd fd, SocketChannelConfig cfg) : fd_(std::move(fd)), cfg_(cfg) {
     tuneSocket(fd_.get());
-    if (cfg_.device >= 0) {
+    if (cfg_.device >= 0 && !hostStaged()) {
       // Page-locked: a copy between device memory and pageable host memory
       // is staged by the driver and waits for work queued on the legacy
       // default stream, where a kernel may be waiting for this very transfer
@@ -120,8 +120,9 @@ class SocketChannel : public ProxyChannel {
     checkPutRange(dstOffset, srcOffset, bytes, cfg_.localSize, cfg_.remoteSize, cfg_.peer);
     MsgHeader h{kMsgMagic, kMsgPut, dstOffset, bytes};
     if (!sendAll(fd_.get(), &h, sizeof(h))) fail("send");
-    if (cfg_.device < 0) {
-      if (!sendAll(fd_.get(), cfg_.local + srcOffset, bytes)) fail("send");
+    if (cfg_.device < 0 || hostStaged()) {
+      const char* from = hostStaged() ? cfg_.sendFrom : cfg_.local;
+      if (!sendAll(fd_.get(), from + srcOffset, bytes)) fail("send");
       return;
     }
     for (uint64_t done = 0; done < bytes;) {
@@ -154,10 +155,12 @@ class SocketChannel : public ProxyChannel {
                              std::strerror(errno), " (did the peer exit?)"));
   }
 
+  bool hostStaged() const { return cfg_.receiveInto != nullptr; }
+
   void receive() {
     MsgHeader h{};
     try {
-      if (cfg_.device >= 0) gpu::relaxCaptureModeOfThisThread();
+      if (cfg_.device >= 0 && !hostStaged()) gpu::relaxCaptureModeOfThisThread();
       while (recvAll(fd_.get(), &h, sizeof(h))) {
         if (h.magic == kMsgMagic && h.type == kMsgBye) return;  // the peer closed in order
         const bool badSignal = h.type == kMsgSignal && (h.offset == 0 ? cfg_.localInbound == nullptr
@@ -177,8 +180,8 @@ class SocketChannel : public ProxyChannel {
           uint64_t* word = h.offset == 0 ? cfg_.localInbound : cfg_.counters + (h.offset - 1);
           uint64_t& count = h.offset == 0 ? received_ : counterCounts_[h.offset - 1];
           ++count;
-          if (cfg_.device < 0) {
-            atomicStoreRelease(word, count);
+          if (cfg_.device < 0 || hostStaged()) {
+            atomicStoreRelease(word, count);  // after the records of earlier puts
           } else {
             // From page-locked memory, as the payloads (the word after the stage).
             auto* pinned = reinterpret_cast<uint64_t*>(recvStage_.get() + kStageBytes);
@@ -198,6 +201,11 @@ class SocketChannel : public ProxyChannel {
   }
 
   void receivePayload(uint64_t offset, uint64_t bytes) {
+    if (hostStaged()) {
+      if (!recvAll(fd_.get(), cfg_.receiveInto + offset, bytes)) throw RemoteError("socket transport: truncated put");
+      record(offset, bytes);
+      return;
+    }
     if (cfg_.device < 0) {
       if (!recvAll(fd_.get(), cfg_.local + offset, bytes)) throw RemoteError("socket transport: truncated put");
       return;
@@ -210,8 +218,27 @@ class SocketChannel : public ProxyChannel {
     }
   }
 
+  /// Publishes a landed put to the kernel, once the ring has room (the
+  /// kernel frees it as it applies records; bounded by the timeout).
+  void record(uint64_t offset, uint64_t bytes) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto limit = std::chrono::nanoseconds(cfg_.abort.timeoutNs);
+    while (recorded_ - atomicLoadAcquire(cfg_.consumed) >= kInboxRecords) {
+      if (stopping_ || cfg_.abort.aborted()) throw RemoteError("socket transport: stopped while the inbox was full");
+      if (cfg_.abort.timeoutNs != 0 && std::chrono::steady_clock::now() - start > limit) {
+        throw TimeoutError(strCat("socket transport from rank ", cfg_.peer, ": the inbox of ", kInboxRecords,
+                                  " puts stayed full (the plan puts that often between two signals, or the "
+                                  "kernel stopped applying them)"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    cfg_.records[recorded_ % kInboxRecords] = ReceivedPut{offset, bytes};
+    atomicStoreRelease(cfg_.published, ++recorded_);  // the payload and the record before the count
+  }
+
   UniqueFd fd_;
   SocketChannelConfig cfg_;
+  uint64_t recorded_ = 0;  ///< puts recorded in the inbox
   struct FreePinned {
     void operator()(char* p) const { gpu::freePinned(p); }
   };

@@ -7,7 +7,8 @@
 //     registered memory and then bumps this rank's semaphore for SIGNALs (or,
 //     for a signal naming a counter, that counter of this rank's table: the
 //     plan interpreter's signals across nodes share one connection per peer).
-// GPU memory is staged through host memory on both sides.
+// GPU memory is staged through host memory on both sides: by the proxy and
+// the receiver with CUDA copies, or (host staging) by the kernels themselves.
 #pragma once
 
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "channels/device_common.hpp"
+#include "channels/inbox_device.hpp"
 #include "core/fd_passing.hpp"
 #include "core/proxy.hpp"
 
@@ -51,6 +53,15 @@ struct SocketChannelConfig {
   int peer;
   uint64_t* counters = nullptr;  ///< this rank's counter table for signalCounter (host or device memory)
   uint64_t numCounters = 0;
+  /// Host staging (the plan interpreter across nodes; channels/inbox_device.hpp):
+  /// puts send from `sendFrom` and land in `receiveInto` (host memory in the
+  /// layout of `local`), each landed put is recorded in the peer's inbox
+  /// ring, and `counters` is host memory. Neither side makes a CUDA call.
+  const char* sendFrom = nullptr;
+  char* receiveInto = nullptr;
+  ReceivedPut* records = nullptr;       ///< this peer's ring of kInboxRecords
+  uint64_t* published = nullptr;        ///< records written (release, after the record)
+  const uint64_t* consumed = nullptr;   ///< records the kernel applied (room in the ring)
 };
 
 /// The channel: the proxy calls put/signal/flush; the receiver thread runs

@@ -220,7 +220,7 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   }
   context_.rank = comm.rank();
   context_.worldSize = world;
-  if (context_.remoteRanks != 0) connectRemoteRanks(total, offsets[4], counterCount);
+  if (context_.remoteRanks != 0) connectRemoteRanks(total, counterCount);
   for (int q = 0; q < world; ++q) {
     // A rank on another node: offsets into its region (the same layout as here).
     char* base = plan_detail::isRemote(context_, q) ? nullptr : static_cast<char*>(region_.peers[q]->data());
@@ -258,12 +258,34 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
                                                                         : std::string()));
 }
 
-void PlanExecutor::connectRemoteRanks(uint64_t regionBytes, uint64_t countersOffset, uint64_t counterCount) {
+void PlanExecutor::connectRemoteRanks(uint64_t regionBytes, uint64_t counterCount) {
   auto proxy = comm_.proxyService();
+  const int world = comm_.worldSize();
   char* region = static_cast<char*>(region_.local.data());
+  // Host staging (channels/inbox_device.hpp): the mirrors in the region's
+  // layout; then far counters, inbox counts and rings in one block.
+  sendMirror_ = comm_.allocateHostMapped(regionBytes);
+  receiveMirror_ = comm_.allocateHostMapped(regionBytes);
+  const uint64_t farBytes = roundUp(counterCount * 8, 64);
+  const uint64_t countBytes = roundUp(static_cast<uint64_t>(world) * 8, 64);
+  inboxHost_ = comm_.allocateHostMapped(farBytes + 2 * countBytes + world * kInboxRecords * sizeof(ReceivedPut));
+  inboxProgress_ = comm_.allocateLocal(static_cast<uint64_t>(world) * 2 * 8);
+  char* host = static_cast<char*>(inboxHost_.get());
+  auto* farCounters = reinterpret_cast<uint64_t*>(host);
+  auto* published = reinterpret_cast<uint64_t*>(host + farBytes);
+  auto* consumed = reinterpret_cast<uint64_t*>(host + farBytes + countBytes);
+  auto* records = reinterpret_cast<ReceivedPut*>(host + farBytes + 2 * countBytes);
+  auto forKernels = [&](void* p) { return comm_.hostMode() ? p : gpu::devicePointerOf(p); };
+  context_.sendMirror = static_cast<char*>(forKernels(sendMirror_.get()));
+  context_.farCounters = static_cast<uint64_t*>(forKernels(farCounters));
+  context_.inbox = InboxDeviceHandle{static_cast<const ReceivedPut*>(forKernels(records)),
+                                     static_cast<const uint64_t*>(forKernels(published)),
+                                     static_cast<uint64_t*>(forKernels(consumed)),
+                                     static_cast<uint64_t*>(inboxProgress_.get()),
+                                     static_cast<const char*>(forKernels(receiveMirror_.get())), region};
   // Ascending peer order on every rank: each waits only on a peer that is
   // connecting to it or to a lower rank, so the pairs cannot deadlock.
-  for (int q = 0; q < comm_.worldSize(); ++q) {
+  for (int q = 0; q < world; ++q) {
     if (!plan_detail::isRemote(context_, q)) continue;
     uint64_t peerBytes = 0;
     UniqueFd connection = comm_.connectSocket(q, regionBytes, &peerBytes);
@@ -271,8 +293,13 @@ void PlanExecutor::connectRemoteRanks(uint64_t regionBytes, uint64_t countersOff
                     " bytes of plan buffers where this rank has ", regionBytes,
                     " (every rank must create the executor with the same plan, chunk size and threads)");
     SocketChannelConfig cfg{comm_.device(), region, regionBytes, peerBytes, nullptr, comm_.abortState(), q};
-    cfg.counters = reinterpret_cast<uint64_t*>(region + countersOffset);
+    cfg.counters = farCounters;
     cfg.numCounters = counterCount;
+    cfg.sendFrom = static_cast<const char*>(sendMirror_.get());
+    cfg.receiveInto = static_cast<char*>(receiveMirror_.get());
+    cfg.records = records + static_cast<uint64_t>(q) * kInboxRecords;
+    cfg.published = published + q;
+    cfg.consumed = consumed + q;
     const uint32_t id = proxy->addChannel(makeSocketChannel(std::move(connection), cfg));
     proxyChannels_.push_back(id);
     context_.proxyChannel[q] = static_cast<int32_t>(id);
@@ -295,6 +322,10 @@ void PlanExecutor::close() {
     }
   }
   proxyChannels_.clear();
+  sendMirror_.reset();
+  receiveMirror_.reset();
+  inboxHost_.reset();
+  inboxProgress_.reset();
   region_.release();
 }
 

@@ -60,9 +60,9 @@ class PlanExecutor {
   void close();
 
  private:
-  /// A socket connection per rank on another node, served by the proxy,
-  /// whose signals land in this rank's counters.
-  void connectRemoteRanks(uint64_t regionBytes, uint64_t countersOffset, uint64_t counterCount);
+  /// A socket connection per rank on another node, served by the proxy, and
+  /// the host staging its puts and signals pass through.
+  void connectRemoteRanks(uint64_t regionBytes, uint64_t counterCount);
 
   Communicator& comm_;
   PlanProgram program_;
@@ -71,6 +71,9 @@ class PlanExecutor {
   PlanContext context_{};
   std::shared_ptr<void> regionOwner_;
   std::shared_ptr<void> tablesOwner_;
+  /// Across nodes (channels/inbox_device.hpp): the send and receive mirrors,
+  /// far counters with the inbox rings (host memory), the inbox locks (device).
+  std::shared_ptr<void> sendMirror_, receiveMirror_, inboxHost_, inboxProgress_;
   ExchangedMemory region_;
   bool closed_ = false;
   bool programmatic_ = true;

@@ -351,24 +351,106 @@ PYCCL_HOST_DEVICE bool proxyFlush(const PlanContext& c) {
   return waitSucceeded(c, fifo.sync(pos));
 }
 
-/// A put with a destination on another node: thread 0 queues every
-/// destination's transfer (remote ones through the proxy, local ones it
-/// copies itself after the block synced). Rare and bounded by the network,
-/// so no care for the local copies' speed.
+/// Puts to other nodes go out in pieces of this size, so the proxy sends one
+/// piece while the block copies the next into the send mirror (and the
+/// receiving kernel applies one while the next arrives).
+constexpr uint64_t kAcrossNodesPiece = 1ull << 20;
+
+/// A put with a destination on another node. Piece by piece, the block
+/// copies each source that leaves the node into the send mirror (host
+/// memory, where the proxy reads it without a CUDA call), fences, and thread
+/// 0 queues the transfers. Destinations on this node it copies itself.
 PYCCL_HOST_DEVICE bool putAcrossNodes(const PlanContext& c, const PlanOp& op, uint64_t call, uint64_t bytes,
                                       uint32_t tid, uint32_t numThreads) {
-  syncBlock();  // the block's writes of the sources happen before the release push
-  bool ok = true;
+  syncBlock();  // the block's writes of the sources happen before the copies
   for (int d = 0; d < op.numDsts; ++d) {
-    const char* src = chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call);
-    char* dst = chunkPtr(c, op.dsts[d], call);
-    if (isRemote(c, op.dsts[d].rank)) {
-      if (tid == 0) ok = proxyPut(c, op.dsts[d].rank, reinterpret_cast<uint64_t>(dst), src, bytes) && ok;
-    } else {
-      copyBytes(dst, src, bytes, tid, numThreads);
+    if (isRemote(c, op.dsts[d].rank)) continue;
+    copyBytes(chunkPtr(c, op.dsts[d], call), chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call), bytes, tid,
+              numThreads);
+  }
+  bool ok = true;
+  for (uint64_t at = 0; at < bytes; at += kAcrossNodesPiece) {
+    const uint64_t n = bytes - at < kAcrossNodesPiece ? bytes - at : kAcrossNodesPiece;
+    bool mirrored = false;  // one source for every destination: mirrored once
+    for (int d = 0; d < op.numDsts; ++d) {
+      if (!isRemote(c, op.dsts[d].rank) || mirrored) continue;
+      const char* src = chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call) + at;
+      copyBytes(c.sendMirror + (src - c.regionBase), src, n, tid, numThreads);
+      mirrored = op.numSrcs == 1;
+    }
+    fenceSystem();  // every thread's mirror writes reach host memory before thread 0's trigger
+    syncBlock();
+    if (tid != 0) continue;
+    for (int d = 0; d < op.numDsts; ++d) {
+      if (!isRemote(c, op.dsts[d].rank)) continue;
+      const char* src = chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call) + at;
+      const uint64_t dst = reinterpret_cast<uint64_t>(chunkPtr(c, op.dsts[d], call)) + at;  // an offset
+      ok = proxyPut(c, op.dsts[d].rank, dst, src, n) && ok;
     }
   }
   return ok;
+}
+
+/// The counter of this rank that `peer` adds to: ranks on other nodes add to
+/// the far table (host memory, written by their receiver threads).
+PYCCL_HOST_DEVICE const uint64_t* counterFrom(const PlanContext& c, int peer, int index) {
+  return isRemote(c, peer) ? &c.farCounters[index] : &c.counters[c.rank][index];
+}
+
+/// After a wait: the puts that the op's peers on other nodes sent before
+/// their signals are copied into the region (by the whole block).
+PYCCL_HOST_DEVICE bool applyInboxes(const PlanContext& c, const PlanOp& op, uint32_t tid, uint32_t numThreads) {
+  bool ok = true;
+  uint32_t done = 0;  // peers applied already (an op may wait on one peer's channels twice)
+  for (int k = 0; k < op.numChannels; ++k) {
+    const int peer = op.peers[k];
+    if (!isRemote(c, peer) || ((done >> peer) & 1u) != 0) continue;
+    done |= 1u << peer;
+    ok = c.inbox.apply(peer, c.abort, tid, numThreads) && ok;
+  }
+  return ok;
+}
+
+/// A wait on channels of which some are signalled from other nodes. Thread
+/// 0 polls the counters and the inboxes of those peers (bounded); whenever
+/// puts have landed, the block applies them while it still waits, so the
+/// copy out of host memory overlaps the pieces still arriving. Returns once
+/// every counter arrived and what came before is applied.
+PYCCL_HOST_DEVICE bool waitAcrossNodes(const PlanContext& c, const PlanOp& op, uint64_t call, uint32_t tid,
+                                       uint32_t numThreads) {
+#if PYCCL_ON_DEVICE
+  __shared__ uint32_t state;  // 0: apply and poll again, 1: all arrived, 2: gave up
+#else
+  uint32_t state = 0;  // host mode: a block is one thread
+#endif
+  auto target = [&](int k) { return call * static_cast<uint64_t>(op.perCall[k]) + op.ordinals[k]; };
+  while (true) {
+    if (tid == 0) {
+      int missing = 0;
+      uint64_t seen = 0;
+      bool all = false;
+      auto ready = [&] {
+        all = true;
+        for (int k = 0; k < op.numChannels && all; ++k) {
+          seen = atomicLoadAcquire(counterFrom(c, op.peers[k], op.channels[k]));
+          all = seen >= target(k);
+          missing = k;
+        }
+        if (all) return true;
+        for (int k = 0; k < op.numChannels; ++k) {
+          if (isRemote(c, op.peers[k]) && c.inbox.pending(op.peers[k])) return true;
+        }
+        return false;
+      };
+      const WaitStatus status = boundedPoll(ready, [&] { return seen; }, c.abort, [&] { return op.peers[missing]; },
+                                            target(missing), [&] { return failedAlready(c); });
+      state = !waitSucceeded(c, status) ? 2u : all ? 1u : 0u;
+    }
+    syncBlock();
+    const uint32_t now = state;
+    const bool applied = applyInboxes(c, op, tid, numThreads);  // syncs the block before state is written again
+    if (now != 0) return now == 1 && applied;
+  }
 }
 
 /// One op of thread block `tb`; false once a wait gave up (timeout or abort).
@@ -476,6 +558,11 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       }
       return true;
     case PlanOpKind::kWait: {
+      if (c.remoteRanks != 0) {
+        bool far = false;
+        for (int k = 0; k < op.numChannels; ++k) far = far || isRemote(c, op.peers[k]);
+        if (far) return waitAcrossNodes(c, op, call, tid, numThreads);
+      }
       bool ok = true;
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {
         const uint64_t target = call * static_cast<uint64_t>(op.perCall[k]) + op.ordinals[k];
@@ -556,7 +643,7 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
       }
     }
     for (int q = static_cast<int>(tid); q < world; q += static_cast<int>(numThreads)) {
-      if (q != c.rank) planSpin(c, &counters[c.entryBase + q], call + 1, q);
+      if (q != c.rank) planSpin(c, counterFrom(c, q, c.entryBase + q), call + 1, q);
     }
     syncBlock();
     if (tid == 0) atomicAddRelease(&counters[c.entryBase + world], 1);

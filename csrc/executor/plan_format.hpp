@@ -7,6 +7,7 @@
 
 #include "channels/device_common.hpp"
 #include "channels/fifo_device.hpp"
+#include "channels/inbox_device.hpp"
 
 namespace pyccl {
 
@@ -118,6 +119,13 @@ struct PlanContext {
   const char* regionBase;                 ///< this rank's region (proxy puts name offsets into it)
   FifoDeviceHandle fifo;                  ///< this communicator's proxy
   int32_t proxyChannel[kPlanMaxRanks];    ///< the proxy's channel to each remote rank
+  /// The send mirror (host memory, the region's layout): a put to another
+  /// node copies its source here, and the proxy sends from here.
+  char* sendMirror;
+  /// Counters that ranks on other nodes add to (host memory, the indexes of
+  /// counters[rank]): their receiver threads write them.
+  uint64_t* farCounters;
+  InboxDeviceHandle inbox;  ///< their puts, applied by the waits (channels/inbox_device.hpp)
 };
 
 }  // namespace pyccl

@@ -16,18 +16,15 @@ torchrun numbers them (``rank = node_rank * nproc_per_node + local_rank``).
 Inputs whose size the plan cannot split into whole chunks are padded (the
 padding's results are dropped).
 
-On GPUs this path needs ``CUDA_MODULE_LOADING=EAGER`` (set before CUDA starts).
-The proxy and the socket receivers copy between GPU and host memory with CUDA
-calls while the plan's kernel waits for them; under lazy loading, the first
-launch of a kernel queued behind the plan's (say a division after an average)
-loads its module and holds CUDA's context lock until the device is idle,
-which it never is: a deadlock. Without it, a group that has NCCL hands the
-call to NCCL, and one without raises UnsupportedError (docs/multinode.md).
+On GPUs nothing between the nodes is a CUDA call: the plan's kernel copies
+what leaves the node into page-locked host memory and what arrived from it
+out of there (csrc/channels/inbox_device.hpp), so work the application
+queues behind the call (a ``.cpu()`` of the result, a kernel that loads
+lazily) cannot stall the transfers the kernel waits for.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -113,14 +110,6 @@ def run(comm, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str 
     layout = node_layout(comm)
     if layout is None:
         return False
-    if tensor.is_cuda and os.environ.get("CUDA_MODULE_LOADING", "").upper() != "EAGER":
-        if fallback is not None:
-            fallback()
-            return True
-        raise UnsupportedError(f"{collective} across nodes on GPUs needs CUDA_MODULE_LOADING=EAGER in the "
-                               "environment before CUDA starts (under lazy loading, a kernel queued behind the "
-                               "plan's can deadlock the proxy's copies; see docs/multinode.md), or a torch group "
-                               "with NCCL to hand the call to")
     world = comm.world_size
     n = tensor.numel()
     out_elements = {"all_reduce": n, "all_gather": n * world, "reduce_scatter": n // world}[collective]
