@@ -109,3 +109,116 @@ def graph_replays(rank, world, store, seed, gpus_per_node, replays):
                 bad.append((i, sizes[k]))
     comm.close()
     return bad
+
+
+def torch_group(rank, world, store, on_gpu, seed, gpus_per_node):
+    """The torch.distributed backend "pyccl" on a group that spans nodes, as
+    torchrun makes it: all_reduce (every dtype and op pyccl reduces),
+    all_gather_into_tensor and reduce_scatter_tensor on pyccl.across_nodes
+    against float64; barrier; the other ops on the NCCL delegate on GPUs,
+    refused with a message naming the op on CPU. Returns (failures, refusals)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from ranks_backend import OPS
+
+    os.environ["PYCCL_NODE_ID"] = f"node{rank // gpus_per_node}"
+    kwargs = {}
+    if on_gpu:
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group("pyccl" if on_gpu else "cpu:pyccl", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60), **kwargs)
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    rng = random.Random(seed)
+    bad = []
+    for i in range(12):
+        dtype = rng.choice(_FLOATS)
+        op = rng.choice(tuple(OPS))
+        n = rng.choice((rng.randrange(1, 300), rng.randrange(300, 200_000))) // world * world + world
+        inputs = [rank_input(seed, i, r, n, dtype, op) for r in range(world)]
+        x = inputs[rank].to(device, copy=True)
+        kind = i % 3
+        if kind == 0:
+            dist.all_reduce(x, op=OPS[op])
+            ok = _close(x, reference(inputs, op), dtype, inputs)
+        elif kind == 1:
+            out = torch.empty(n * world, dtype=dtype, device=device)
+            dist.all_gather_into_tensor(out, x)
+            ok = torch.equal(out.cpu(), torch.cat(inputs))
+        else:
+            part = n // world
+            out = torch.empty(part, dtype=dtype, device=device)
+            dist.reduce_scatter_tensor(out, x, op=OPS[op])
+            want = reference(inputs, op)[rank * part:(rank + 1) * part]
+            ok = _close(out, want, dtype, [t[rank * part:(rank + 1) * part] for t in inputs])
+        if not ok:
+            bad.append((i, kind, str(dtype), op, n))
+    dist.barrier()
+    refusals = {}
+    ints = torch.arange(5, dtype=torch.int32, device=device) + rank
+    b = torch.full((7,), float(rank), device=device)
+    for key, call in (("int_all_reduce", lambda: dist.all_reduce(ints)),
+                      ("broadcast", lambda: dist.broadcast(b, src=world - 1))):
+        try:
+            call()
+            refusals[key] = None
+        except (RuntimeError, NotImplementedError) as e:
+            refusals[key] = str(e)
+    if on_gpu:  # the NCCL delegate's results
+        if not torch.equal(ints.cpu(), torch.arange(5, dtype=torch.int32) * world + sum(range(world))):
+            bad.append("int_all_reduce")
+        if not torch.equal(b.cpu(), torch.full((7,), float(world - 1))):
+            bad.append("broadcast")
+    dist.destroy_process_group()
+    return bad, refusals
+
+
+def launch_torchrun(nodes: int, per_node: int, node_env, timeout: float = 240.0, master: str = "127.0.0.1",
+                    wrap=None) -> list:
+    """Runs examples/torchrun/across_nodes.py under one torchrun agent per
+    "node" (static rendezvous at `master`), with `node_env(node)` added to its
+    environment and its command passed through `wrap(node, command)` if given
+    (to run it in a network namespace). Returns each agent's (exit code, output)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pyccl._spawn import free_port
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "torchrun" / "across_nodes.py"
+    port = free_port()
+    agents = []
+    for node in range(nodes):
+        env = dict(os.environ, OMP_NUM_THREADS="1", **node_env(node))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node",
+               str(per_node), "--node-rank", str(node), "--master-addr", master, "--master-port", str(port),
+               "--max-restarts", "0", str(script)]
+        if wrap is not None:
+            cmd = wrap(node, cmd)
+        agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    results = []
+    for agent in agents:
+        try:
+            out, _ = agent.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            out, _ = agent.communicate()
+            out += f"\n(killed after {timeout:.0f} s)"
+        results.append((agent.returncode, out))
+    return results
+
+
+def check_torchrun(results, world: int) -> list:
+    """Every agent exited 0 and every rank of `world` reported ok (the lines
+    of ranks sharing an agent's output may run together). Returns the
+    (rank, node) of each report."""
+    import re
+
+    for code, out in results:
+        assert code == 0, out[-3000:]
+    reports = re.findall(r"rank (\d+)/(\d+) node (\S+): (ok|WRONG)", "\n".join(out for _, out in results))
+    assert sorted(int(r) for r, *_ in reports) == list(range(world)), reports
+    assert all(w == str(world) and verdict == "ok" for _, w, _, verdict in reports), reports
+    return sorted((int(r), node) for r, _, node, _ in reports)

@@ -33,3 +33,23 @@ def test_large_puts_cross_in_pieces():
 def test_interleaved_node_layout_is_refused():
     for message in run_ranks(ra.interleaved_nodes, 4, timeout=120):
         assert message is not None and "numbered node by node" in message, message
+
+
+@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2)])
+def test_torch_backend_on_a_group_that_spans_nodes(world, gpus_per_node):
+    """init_process_group("cpu:pyccl") on ranks of several "nodes": the three
+    collectives run across nodes; what pyccl does not run there is refused
+    with a message that names the op (on GPUs it goes to NCCL instead)."""
+    seed = random.randrange(1 << 20)
+    for bad, refusals in run_ranks(ra.torch_group, world, args=(False, seed, gpus_per_node), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert "spans nodes" in refusals["int_all_reduce"] and "Int" in refusals["int_all_reduce"], refusals
+        assert "spans nodes" in refusals["broadcast"] and "broadcast" in refusals["broadcast"], refusals
+
+
+def test_torchrun_launches_a_group_across_nodes():
+    """The recipe of docs/multinode.md, on one host: two torchrun agents of
+    two processes each, one "node" each, run examples/torchrun/across_nodes.py
+    with the backend "pyccl" (host mode) and every rank reports correct results."""
+    results = ra.launch_torchrun(2, 2, lambda node: {"CUDA_VISIBLE_DEVICES": "", "PYCCL_NODE_ID": f"node{node}"})
+    ra.check_torchrun(results, 4)

@@ -42,3 +42,29 @@ def test_all_reduce_across_nodes_in_cuda_graphs():
     seed = random.randrange(1 << 20)
     for bad in run_ranks(ra.graph_replays, world, args=(seed, _per_node(world), 5), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+def test_torch_backend_across_two_nodes_on_gpus(world):
+    """The "pyccl" backend on GPUs split into two nodes: the three collectives
+    across nodes; an int32 all_reduce and a broadcast on the NCCL delegate."""
+    seed = random.randrange(1 << 20)
+    for bad, refusals in run_ranks(ra.torch_group, world, args=(True, seed, _per_node(world)), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert refusals == {"int_all_reduce": None, "broadcast": None}, refusals
+
+
+@requires_gpus(2)
+def test_torchrun_on_gpus_split_into_two_nodes():
+    """docs/multinode.md's recipe: one torchrun agent per "node", each seeing
+    its half of the GPUs, backend "pyccl"."""
+    world = 4 if gpu_count() >= 4 else 2
+    per = world // 2
+
+    def env(node):
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(node * per + i) for i in range(per)),
+                "PYCCL_NODE_ID": f"node{node}"}
+
+    reports = ra.check_torchrun(ra.launch_torchrun(2, per, env), world)
+    assert [node for _, node in reports] == ["node0"] * per + ["node1"] * per, reports

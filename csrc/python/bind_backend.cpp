@@ -13,7 +13,8 @@ void bindBackend(py::module_& m) {
       "_make_backend",
       [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, int64_t timeoutMs, const std::string& name,
          int cudaDevice, const std::vector<uint64_t>& delegateMinBytes,
-         std::optional<py::function> delegateFactory) -> c10::intrusive_ptr<c10d::Backend> {
+         std::optional<py::function> delegateFactory,
+         std::optional<py::function> acrossNodes) -> c10::intrusive_ptr<c10d::Backend> {
         BackendOptions o;
         o.name = name;
         o.timeout = std::chrono::milliseconds(timeoutMs);
@@ -38,11 +39,33 @@ void bindBackend(py::module_& m) {
             return made.cast<c10::intrusive_ptr<c10d::Backend>>();
           };
         }
+        if (acrossNodes) {
+          std::shared_ptr<py::function> fn(new py::function(std::move(*acrossNodes)), [](py::function* f) {
+            py::gil_scoped_acquire gil;
+            delete f;
+          });
+          o.acrossNodes = [fn](const std::string& collective, const std::shared_ptr<Communicator>& comm,
+                               const at::Tensor& input, const at::Tensor& output, const std::string& op) {
+            py::gil_scoped_acquire gil;
+            try {
+              (*fn)(collective, comm, input, output, op);
+            } catch (py::error_already_set& e) {
+              // pyccl's Python errors back into its C++ ones, which the backend maps to torch's.
+              const std::string what = e.what();
+              if (e.matches(PyExc_ValueError)) throw InvalidArgument(what);
+              if (e.matches(PyExc_NotImplementedError)) throw UnsupportedError(what);
+              if (e.matches(PyExc_TypeError)) throw TypeError(what);
+              if (e.matches(PyExc_TimeoutError)) throw TimeoutError(what);
+              throw InternalError(what);
+            }
+          };
+        }
         py::gil_scoped_release release;
         return c10::make_intrusive<PycclBackend>(std::move(store), rank, size, std::move(o), std::move(factory));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
-      py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate_factory") = std::nullopt);
+      py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate_factory") = std::nullopt,
+      py::arg("across_nodes") = std::nullopt);
 }
 
 }  // namespace pyccl

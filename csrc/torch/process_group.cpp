@@ -189,6 +189,18 @@ void checkOne(const std::vector<at::Tensor>& tensors, const char* arg) {
                   tensors.size());
 }
 
+/// `lane`, unless its ranks span nodes: then only the collectives run across
+/// nodes and what the delegate takes are there, and `op` is neither.
+template <typename Lane>
+Lane& refuseAcrossNodes(Lane& lane, const std::string& group, const char* op) {
+  if (lane.acrossNodes) {
+    throw UnsupportedError(strCat("process group '", group, "' spans nodes, where pyccl runs all_reduce, ",
+                                  "all_gather_into_tensor and reduce_scatter_tensor; ", op, " needs the NCCL ",
+                                  "delegate (CUDA tensors, PYCCL_NCCL_DELEGATE=1)"));
+  }
+  return lane;
+}
+
 }  // namespace
 
 PycclBackend::PycclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, BackendOptions options,
@@ -234,6 +246,16 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
   Lane lane;
   lane.comm = std::make_shared<Communicator>(std::make_shared<C10dStore>(prefixed), getRank(), getSize(), device,
                                              opts);
+  bool spans = false;
+  for (int q = 0; q < getSize(); ++q) spans = spans || (q != getRank() && !lane.comm->canAccessPeer(q));
+  if (spans && options_.acrossNodes) {
+    // The engine's kernels need every peer in reach; pyccl.across_nodes runs
+    // the collectives on plans instead (every rank sees the same topology).
+    lane.acrossNodes = true;
+    PYCCL_LOG(Info, "pyccl backend '" << options_.name << "': the group spans nodes; all_reduce, all_gather and "
+                                      << "reduce_scatter run across nodes, the other ops on the delegate");
+    return lane;
+  }
   lane.engine = std::make_unique<CollectiveEngine>(*lane.comm, CollectiveOptions{});
   return lane;
 }
@@ -249,18 +271,50 @@ PycclBackend::Lane& PycclBackend::laneFor(const at::Tensor& t, const char* op) {
     PYCCL_CHECK_ARG(t.device().index() == options_.cudaDevice, "tensor", "is on ", t.device().str(),
                     ", but this rank's pyccl process group runs on cuda:", options_.cudaDevice,
                     " (the device of its first CUDA op, or the current one when the group was made)");
-    return *gpu_;
+    return refuseAcrossNodes(*gpu_, options_.name, op);
   }
   PYCCL_CHECK_ARG(t.device().is_cpu(), "tensor", "must be a CUDA or CPU tensor, got ", t.device().str());
   std::lock_guard<std::mutex> lock(laneMutex_);
   if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));  // every rank makes the same first CPU call
-  return *host_;
+  return refuseAcrossNodes(*host_, options_.name, op);
+}
+
+PycclBackend::Lane* PycclBackend::acrossNodesLane(const at::Tensor& t, const char* op) {
+  checkUsable(op);
+  if (t.is_cuda()) {
+    ensureGpuLane(t.device().index());
+    return gpu_->acrossNodes && t.device().index() == options_.cudaDevice ? gpu_.get() : nullptr;
+  }
+  if (!t.device().is_cpu()) return nullptr;  // laneFor names the device
+  std::lock_guard<std::mutex> lock(laneMutex_);
+  if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));
+  return host_->acrossNodes ? host_.get() : nullptr;
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::runAcrossNodes(
+    Lane& lane, const char* op, const char* collective, const at::Tensor& input, const at::Tensor& output,
+    const c10d::ReduceOp* reduceOp, c10d::OpType type,
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& delegateCall) {
+  const auto st = input.scalar_type();
+  const bool dtypeOk = reduceOp == nullptr || st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
+  if (dtypeOk && (reduceOp == nullptr || pycclReduces(*reduceOp))) {
+    const char* name = "sum";
+    if (reduceOp != nullptr) name = reduceOpName(reduceOpOfC10d(*reduceOp));
+    options_.acrossNodes(collective, lane.comm, input, output, name);
+    return done(type, {output});
+  }
+  if (delegate_ && input.is_cuda()) return delegateCall();
+  throw UnsupportedError(strCat("process group '", options_.name, "' spans nodes, where pyccl runs ", op,
+                                " on float32, float16 and bfloat16 with SUM, AVG, PRODUCT, MIN and MAX only, and ",
+                                "it has no NCCL delegate for ", input.scalar_type(), " (PYCCL_NCCL_DELEGATE=1 ",
+                                "on GPUs)"));
 }
 
 bool PycclBackend::delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) {
   if (!t.is_cuda()) return false;
   ensureGpuLane(t.device().index());
   if (!delegate_) return false;
+  if (gpu_->acrossNodes) return true;  // what reaches here is not among the collectives run across nodes
   if (wholeBytes >= options_.delegateMinBytes[static_cast<int>(c)]) return true;
   // Reductions pyccl does not do (integers, float64) go to NCCL too.
   const bool reduction = c == BackendCollective::kAllReduce || c == BackendCollective::kReduceScatter;
@@ -285,6 +339,10 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce(std::vector<at::Tensor>& 
   return translated("allreduce", [&] {
     checkOne(tensors, "tensors");
     at::Tensor& t = tensors[0];
+    if (Lane* far = acrossNodesLane(t, "allreduce")) {
+      return runAcrossNodes(*far, "allreduce", "all_reduce", t, t, &opts.reduceOp, c10d::OpType::ALLREDUCE,
+                            [&] { return delegate_->allreduce(tensors, opts); });
+    }
     if (delegated(BackendCollective::kAllReduce, t, t.nbytes()) || !reducesHere(t, opts.reduceOp)) {
       return delegate_->allreduce(tensors, opts);
     }
@@ -346,6 +404,11 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce(std::vector<at::Tensor>& ten
 c10::intrusive_ptr<c10d::Work> PycclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
   return translated("all_gather_into_tensor", [&] {
+    if (Lane* far = acrossNodesLane(input, "all_gather_into_tensor")) {
+      return runAcrossNodes(*far, "all_gather_into_tensor", "all_gather", input, output, nullptr,
+                            c10d::OpType::_ALLGATHER_BASE,
+                            [&] { return delegate_->_allgather_base(output, input, opts); });
+    }
     if (delegated(BackendCollective::kAllGather, input, output.nbytes())) {
       return delegate_->_allgather_base(output, input, opts);
     }
@@ -402,6 +465,11 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather_into_tensor_coalesced(std
 c10::intrusive_ptr<c10d::Work> PycclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
   return translated("reduce_scatter_tensor", [&] {
+    if (Lane* far = acrossNodesLane(input, "reduce_scatter_tensor")) {
+      return runAcrossNodes(*far, "reduce_scatter_tensor", "reduce_scatter", input, output, &opts.reduceOp,
+                            c10d::OpType::_REDUCE_SCATTER_BASE,
+                            [&] { return delegate_->_reduce_scatter_base(output, input, opts); });
+    }
     if (delegated(BackendCollective::kReduceScatter, input, input.nbytes()) || !reducesHere(input, opts.reduceOp)) {
       return delegate_->_reduce_scatter_base(output, input, opts);
     }
@@ -567,6 +635,12 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tenso
 c10::intrusive_ptr<c10d::Work> PycclBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
   return translated("barrier", [&] {
     checkUsable("barrier");
+    if (gpu_ != nullptr && gpu_->acrossNodes) {
+      // The stream's work done here, then every rank meets through the store.
+      gpu::synchronizeStream(options_.cudaDevice, currentStream(*gpu_->comm));
+      gpu_->comm->barrier();
+      return done(c10d::OpType::BARRIER, {});
+    }
     if (gpu_ != nullptr) {
       // As ProcessGroupNCCL: a one-element all-reduce orders every rank's stream
       // work, and the host waits for it.
@@ -575,7 +649,9 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::barrier(const c10d::BarrierOptions&
       gpu::synchronizeStream(options_.cudaDevice, currentStream(*gpu_->comm));
       return done(c10d::OpType::BARRIER, {});
     }
-    Lane& lane = laneFor(at::empty({0}), "barrier");
+    const at::Tensor none = at::empty({0});
+    Lane* far = acrossNodesLane(none, "barrier");  // a barrier needs only the communicator
+    Lane& lane = far != nullptr ? *far : laneFor(none, "barrier");
     lane.comm->barrier();
     return done(c10d::OpType::BARRIER, {});
   });
@@ -593,7 +669,7 @@ void PycclBackend::shutdown() {
   shutDown_ = true;
   for (auto* lane : {&gpu_, &host_}) {
     if (*lane == nullptr) continue;
-    (*lane)->engine->close();
+    if ((*lane)->engine != nullptr) (*lane)->engine->close();
     (*lane)->comm->close();
   }
   if (delegate_) delegate_->shutdown();

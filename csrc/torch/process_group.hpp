@@ -34,12 +34,22 @@ enum class BackendCollective : int { kAllReduce = 0, kAllGather, kReduceScatter,
 /// Makes the delegate backend for a GPU (null: none).
 using DelegateFactory = std::function<c10::intrusive_ptr<c10d::Backend>(int device)>;
 
+/// Runs a collective on a communicator whose ranks span nodes (pyccl.across_nodes,
+/// in Python): collective ("all_reduce", "all_gather", "reduce_scatter"), the
+/// lane's communicator, input, output, op ("sum", "avg", "min", "max", "prod").
+using AcrossNodesRunner = std::function<void(const std::string& collective, const std::shared_ptr<Communicator>& comm,
+                                             const at::Tensor& input, const at::Tensor& output, const std::string& op)>;
+
 struct BackendOptions {
   std::string name;  ///< unique per group, the same on every rank
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   int cudaDevice = -1;  ///< the GPU of this rank, set up now; -1: on the first CUDA op
   /// From this many bytes (the whole buffer) a CUDA op goes to the delegate, if any.
   std::array<uint64_t, static_cast<int>(BackendCollective::kCount)> delegateMinBytes{};
+  /// Where the group spans nodes: runs all_reduce, all_gather_into_tensor and
+  /// reduce_scatter_tensor (the other ops go to the delegate). Null: such a
+  /// group is refused, as the collective engine needs every peer in reach.
+  AcrossNodesRunner acrossNodes;
 };
 
 class PycclBackend : public c10d::Backend {
@@ -90,11 +100,24 @@ class PycclBackend : public c10d::Backend {
  private:
   struct Lane {
     std::shared_ptr<Communicator> comm;
-    std::unique_ptr<CollectiveEngine> engine;
+    std::unique_ptr<CollectiveEngine> engine;  ///< null where the ranks span nodes
+    bool acrossNodes = false;
   };
 
   Lane makeLane(int device);
+  /// The lane of `t`'s device, whose engine runs `op`; refuses a lane that
+  /// spans nodes (no engine) with a message naming `op`.
   Lane& laneFor(const at::Tensor& t, const char* op);
+  /// The lane of `t` where its ranks span nodes (pyccl.across_nodes runs its
+  /// collectives), else null.
+  Lane* acrossNodesLane(const at::Tensor& t, const char* op);
+  /// On a lane that spans nodes: runs `collective` through options_.acrossNodes
+  /// where its dtype and op allow, else hands it to the delegate (`delegateCall`),
+  /// else refuses naming `op`.
+  c10::intrusive_ptr<c10d::Work> runAcrossNodes(Lane& lane, const char* op, const char* collective,
+                                                const at::Tensor& input, const at::Tensor& output,
+                                                const c10d::ReduceOp* reduceOp, c10d::OpType type,
+                                                const std::function<c10::intrusive_ptr<c10d::Work>()>& delegateCall);
   /// Sets up the GPU lane (and the delegate) on `device` if not yet done.
   void ensureGpuLane(int device);
   /// Whether a CUDA op goes to the delegate: by size, or a reduction dtype pyccl

@@ -8,8 +8,9 @@ reached through the proxy (socket transport, ``csrc/executor``):
 - all-reduce: the two-phase hierarchical algorithm (2PH,
   :mod:`pyccl.algorithms.hierarchical`), LL up to :data:`LL_MAX_BYTES`, HB
   above;
-- all-gather: all-pairs (every rank puts its input to every peer);
-- reduce-scatter: the ring.
+- all-gather and reduce-scatter: the hierarchical ones of the same module
+  (one network hop per chunk between ranks of one local index, NVLink for
+  the rest).
 
 Ranks must be numbered node by node with the same count on every node, as
 torchrun numbers them (``rank = node_rank * nproc_per_node + local_rank``).
@@ -73,14 +74,12 @@ def _plan_for(collective: str, layout: Tuple[int, int], nbytes: int):
     from .algorithms import HIERARCHICAL
 
     nodes, per_node = layout
-    world = nodes * per_node
     if collective == "all_reduce":
         name = "allreduce_2ph_ll" if nbytes <= LL_MAX_BYTES else "allreduce_2ph_hb"
-        key = (name, nodes, per_node)
-        plan = registry.cached_plan(key, lambda: HIERARCHICAL[name](nodes, per_node).lower())
-        return name, plan
-    name = {"all_gather": "allgather_allpairs", "reduce_scatter": "reduce_scatter_ring"}[collective]
-    return name, registry.library_plan(name, world, 1)
+    else:
+        name = {"all_gather": "allgather_hierarchical", "reduce_scatter": "reduce_scatter_hierarchical"}[collective]
+    plan = registry.cached_plan((name, nodes, per_node), lambda: HIERARCHICAL[name](nodes, per_node).lower())
+    return name, plan
 
 
 def _check(collective: str, tensor: torch.Tensor, out: torch.Tensor, comm, out_elements: int) -> None:

@@ -20,6 +20,11 @@ for all) and what pyccl does not do itself (uneven all-to-all splits,
 send/recv) go to a ProcessGroupNCCL the group keeps for that
 (``PYCCL_NCCL_DELEGATE=0`` turns it off). CPU tensors run in host mode, where
 send/recv go through the store.
+
+A group whose ranks span nodes (``torchrun --nnodes``) runs allreduce,
+all_gather_into_tensor and reduce_scatter_tensor on :mod:`pyccl.across_nodes`
+(2PH and friends, NVLink inside a node, sockets between), and hands every
+other op to its ProcessGroupNCCL; CPU groups take those three only.
 """
 
 from __future__ import annotations
@@ -80,6 +85,23 @@ def _group_timeout(timeout) -> datetime.timedelta:
     return timeout
 
 
+def _across_nodes_runner():
+    """The backend's runner of collectives on a group that spans nodes
+    (pyccl.across_nodes), over the Python communicator adopting each lane's."""
+    adopted: dict = {}
+
+    def run(collective: str, native, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
+        from . import across_nodes
+        from .communicator import Communicator
+
+        comm = adopted.get(id(native))
+        if comm is None:
+            comm = adopted[id(native)] = Communicator._adopt(native)  # holds `native`: its id stays its own
+        across_nodes.run(comm, collective, tensor, out, op)
+
+    return run
+
+
 def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     """The creator torch calls for each group (extended API)."""
     from .collectives import _nccl_min_bytes
@@ -103,7 +125,7 @@ def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
         return _delegate(store, rank, size, timeout, dev)
 
     return _C._make_backend(store, rank, size, int(timeout.total_seconds() * 1000), name, device, thresholds,
-                            delegate)
+                            delegate, _across_nodes_runner())
 
 
 def register() -> None:

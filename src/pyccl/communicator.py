@@ -106,6 +106,18 @@ class Communicator:
             except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
                 self._collectives_error = str(e)
 
+    @classmethod
+    def _adopt(cls, native: "_C.Communicator") -> "Communicator":
+        """A Python communicator over one made in C++ (a lane of the "pyccl"
+        backend), with no collective engine of its own."""
+        self = cls.__new__(cls)
+        self._device = native.device
+        self.name = native.name
+        self._comm = native
+        self._engine = None
+        self._collectives_error = "made by the torch backend without a collective engine"
+        return self
+
     # -- identity -----------------------------------------------------------
     @property
     def rank(self) -> int:

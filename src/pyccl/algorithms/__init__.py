@@ -5,7 +5,7 @@ its plan.
 
 from .allgather import allgather_allpairs, allgather_ring
 from .allreduce import allreduce_allpairs_hb, allreduce_allpairs_ll, allreduce_allpairs_ll2, allreduce_ring
-from .hierarchical import allreduce_2ph_hb, allreduce_2ph_ll
+from .hierarchical import allgather_hierarchical, allreduce_2ph_hb, allreduce_2ph_ll, reduce_scatter_hierarchical
 from .reduce_scatter import reduce_scatter_ring
 
 LIBRARY = {
@@ -22,6 +22,8 @@ LIBRARY = {
 HIERARCHICAL = {
     "allreduce_2ph_ll": allreduce_2ph_ll,
     "allreduce_2ph_hb": allreduce_2ph_hb,
+    "allgather_hierarchical": allgather_hierarchical,
+    "reduce_scatter_hierarchical": reduce_scatter_hierarchical,
 }
 
 __all__ = ["HIERARCHICAL", "LIBRARY", *LIBRARY, *HIERARCHICAL]

@@ -1,5 +1,6 @@
-"""All-reduce across nodes in the DSL: the two-phase hierarchical algorithm
-(2PH) of the MSCCL++ paper, in its LL and HB variants.
+"""Collectives across nodes in the DSL: the two-phase hierarchical all-reduce
+(2PH) of the MSCCL++ paper, in its LL and HB variants, and the hierarchical
+all-gather and reduce-scatter (one network hop per chunk, NVLink for the rest).
 
 Ranks are numbered node-major: rank ``node * gpus_per_node + local``. The
 input is split into ``gpus_per_node`` parts of ``num_nodes`` chunks each;
@@ -25,9 +26,9 @@ reduce-scatter side; LL neither).
 
 from __future__ import annotations
 
-from ..dsl import AllReduce, DSLError, MemoryChannel, PortChannel, Program, signal_and_wait
+from ..dsl import AllGather, AllReduce, DSLError, MemoryChannel, PortChannel, Program, ReduceScatter, signal_and_wait
 
-__all__ = ["allreduce_2ph_hb", "allreduce_2ph_ll"]
+__all__ = ["allgather_hierarchical", "allreduce_2ph_hb", "allreduce_2ph_ll", "reduce_scatter_hierarchical"]
 
 
 def _layout(num_nodes: int, gpus_per_node: int):
@@ -164,3 +165,62 @@ def allreduce_2ph_ll(num_nodes: int, gpus_per_node: int, instances: int = 1) -> 
                 cross[(q, r)].flush(tb=0)
     return p
 
+
+
+def allgather_hierarchical(num_nodes: int, gpus_per_node: int, instances: int = 1) -> Program:
+    """All-gather in two hops: local rank j of each node first puts its input
+    to local rank j of every other node (PortChannel), then hands the N chunks
+    of its local index to every GPU of its node (NVLink). Each NIC carries
+    (N - 1) chunks each way, where all-pairs across nodes would carry
+    (N - 1) g."""
+    g, n_nodes, n, rank, _ = _layout(num_nodes, gpus_per_node)
+    with Program(f"allgather_hierarchical_{n_nodes}x{g}", AllGather(n), protocol="hb", instances=instances) as p:
+        local, cross = _channels(n_nodes, g, rank)
+        for m, j, r, peers, remotes in _each_rank(n_nodes, g, rank):
+            out = p.output(r)
+            for q in remotes:
+                cross[(q, r)].put(p.output(q)[r], p.input(r)[0], tb=0)
+                cross[(q, r)].signal(tb=0)
+            out[r].copy(p.input(r)[0], tb=0)
+            for q in remotes:
+                cross[(r, q)].wait(tb=0)
+            # Every chunk of my local index (mine and the other nodes') to my local peers.
+            for q in peers:
+                for k in range(n_nodes):
+                    local[(q, r)].put(p.output(q)[rank(k, j)], out[rank(k, j)], tb=0)
+            signal_and_wait(local, r, peers, tb=0)
+            for q in remotes:
+                cross[(q, r)].flush(tb=0)
+    return p
+
+
+def reduce_scatter_hierarchical(num_nodes: int, gpus_per_node: int, instances: int = 1) -> Program:
+    """Reduce-scatter in two hops: inside each node, local rank j reduces the
+    chunks bound for local rank j of every node over the node's GPUs (NVLink
+    reads of their staged inputs), sending each other node's partial on as
+    soon as it is reduced (PortChannel); then it reduces the other nodes'
+    partials of its own chunk. Each NIC carries (N - 1) chunks each way."""
+    g, n_nodes, n, rank, _ = _layout(num_nodes, gpus_per_node)
+    with Program(f"reduce_scatter_hierarchical_{n_nodes}x{g}", ReduceScatter(n), protocol="hb",
+                 instances=instances) as p:
+        local, cross = _channels(n_nodes, g, rank)
+        stages = lambda q: p.scratch(q, n + n_nodes)  # noqa: E731  staged input, then a slot per node
+        for m, j, r, peers, remotes in _each_rank(n_nodes, g, rank):
+            stage = stages(r)
+            stage[0:n].copy(p.input(r)[0:n], tb=0)
+            signal_and_wait(local, r, peers, tb=0)
+            for c in remotes + [r]:  # the other nodes' chunks first: they leave while mine is reduced
+                for peer in peers:
+                    local[(peer, r)].reduce(stage[c], stages(peer)[c], tb=0)
+                if c != r:
+                    cross[(c, r)].put(stages(c)[n + m], stage[c], tb=0)
+                    cross[(c, r)].signal(tb=0)
+            for q in remotes:
+                cross[(r, q)].wait(tb=0)
+                stage[r].reduce(stage[n + q // g], tb=0)
+            p.output(r)[0].copy(stage[r], tb=0)
+            for q in remotes:
+                cross[(q, r)].flush(tb=0)
+            # No local peer may leave (and reuse its stage) while another still reads it.
+            signal_and_wait(local, r, peers, tb=0)
+    return p
