@@ -9,6 +9,7 @@ saying so. The namespaces are made by the test and deleted after it."""
 
 import os
 import random
+import shlex
 import shutil
 import subprocess
 
@@ -57,7 +58,7 @@ def test_collectives_across_network_namespaces(two_namespaces):
 
     def wrap(node, cmd):
         host = f"pyccl-node{node}"
-        inner = " ".join(["hostname", host, "&&", "exec", *(f"'{c}'" for c in cmd)])
+        inner = " ".join(["hostname", host, "&&", "exec", *map(shlex.quote, cmd)])
         return ["ip", "netns", "exec", names[node], "unshare", "--uts", "sh", "-c", inner]
 
     # Nodes told apart by hostname; the log says how the group was run.
