@@ -255,3 +255,39 @@ def _check_one(kind, n, dtype, rank, world, group, device, rng, wrong, g):
             [value - rank + q for q in range(world)], dtype=torch.float64)).all())
     if not ok:
         wrong.append((g, kind, n, str(dtype)))
+
+
+def across_nodes_cycles(rank, world, store, on_gpu, cycles):
+    """As communicator_cycles, on a communicator whose ranks are each their
+    own "node" (PYCCL_NODE_ID): every cycle opens sockets, receiver threads,
+    proxy channels and host mirrors for the plans across nodes (an LL and an
+    HB all-reduce, an all-gather, a reduce-scatter) and closes them."""
+    os.environ["PYCCL_NODE_ID"] = f"node{rank}"
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    wrong = []
+    total = world * (world + 1) / 2
+
+    def one(i):
+        comm = pyccl.Communicator(store, rank, world, device=device, name=f"far{i}",
+                                  timeout=datetime.timedelta(seconds=60))
+        for n in (1000, 200_000):
+            x = torch.full((n,), float(rank + 1), device=device)
+            if not bool((pyccl.all_reduce(x, comm=comm) == total).all()):
+                wrong.append((i, "all_reduce", n))
+            gathered = pyccl.all_gather(x, comm=comm)
+            if not bool((gathered.view(world, n)[:, 0].cpu() == torch.arange(1, world + 1)).all()):
+                wrong.append((i, "all_gather", n))
+            scattered = pyccl.reduce_scatter(torch.full((n * world,), float(rank + 1), device=device), comm=comm)
+            if not bool((scattered == total).all()):
+                wrong.append((i, "reduce_scatter", n))
+        comm.close()
+
+    for i in range(3):
+        one(-1 - i)
+    before = _snapshot(on_gpu)
+    start = time.monotonic()
+    for i in range(cycles):
+        one(i)
+    return before, _snapshot(on_gpu), wrong, time.monotonic() - start
