@@ -222,3 +222,20 @@ def check_torchrun(results, world: int) -> list:
     assert sorted(int(r) for r, *_ in reports) == list(range(world)), reports
     assert all(w == str(world) and verdict == "ok" for _, w, _, verdict in reports), reports
     return sorted((int(r), node) for r, _, node, _ in reports)
+
+
+def plan_transport(rank, world, store, transports, n):
+    """Each rank its own node, rank r choosing transports[r] for plans
+    (PYCCL_PLAN_TRANSPORT) over the RDMA stand-in: an all-reduce of n float32.
+    Returns (error message or None, whether the result was right)."""
+    os.environ["PYCCL_NODE_ID"] = f"node{rank}"
+    os.environ["PYCCL_PLAN_TRANSPORT"] = transports[rank]
+    comm, _ = _setup(store, rank, world, False, timeout_s=20)
+    x = torch.full((n,), float(rank + 1))
+    try:
+        y = pyccl.all_reduce(x, comm=comm)
+        result = (None, bool((y == world * (world + 1) / 2).all()))
+    except pyccl.PycclError as e:
+        result = (str(e), False)
+    comm.close()
+    return result

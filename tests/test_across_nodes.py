@@ -53,3 +53,33 @@ def test_torchrun_launches_a_group_across_nodes():
     with the backend "pyccl" (host mode) and every rank reports correct results."""
     results = ra.launch_torchrun(2, 2, lambda node: {"CUDA_VISIBLE_DEVICES": "", "PYCCL_NODE_ID": f"node{node}"})
     ra.check_torchrun(results, 4)
+
+
+RDMA_LOOPBACK = {"PYCCL_RDMA_LOOPBACK": "1"}  # the RDMA transport with memcpy in place of the NIC
+
+
+@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2)])
+def test_collectives_across_nodes_over_rdma(world, gpus_per_node):
+    """The plans across nodes over the RDMA transport (its stand-in): data,
+    records and counts by RDMA WRITE, no receiver thread."""
+    seed = random.randrange(1 << 20)
+    args = (False, seed, 10, 1_600_000 if world == 2 else 100_000, gpus_per_node)
+    for bad, _, _ in run_ranks(ra.collectives, world, args=args, timeout=300, env=RDMA_LOOPBACK):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+def test_ranks_that_disagree_on_the_plan_transport_are_told():
+    for message, _ in run_ranks(ra.plan_transport, 2, args=(("rdma", "socket"), 1000), timeout=120,
+                                env=RDMA_LOOPBACK):
+        assert message is not None and "PYCCL_PLAN_TRANSPORT alike" in message, message
+
+
+def test_a_failed_rdma_write_fails_the_call_naming_it():
+    """A work request that fails in the "NIC" stops the proxy with the
+    transport's error; the call raises instead of waiting for data that
+    never comes."""
+    env = dict(RDMA_LOOPBACK, PYCCL_RDMA_LOOPBACK_FAIL_AT="3")
+    outcomes = run_ranks(ra.plan_transport, 2, args=(("rdma", "rdma"), 300_000), timeout=120, env=env)
+    messages = [message for message, _ in outcomes]
+    assert all(m is not None for m in messages), messages
+    assert any("RDMA transport to rank" in m for m in messages), messages

@@ -229,4 +229,80 @@ std::shared_ptr<PortChannel> Communicator::createRdmaPortChannel(int peer, const
   return std::make_shared<PortChannel>(proxy, id, semaphore, local, remote, "rdma");
 }
 
+namespace {
+
+/// A queue pair that keeps what it writes into mapped (the loopback stand-in's peer memory).
+class KeepingQueuePair : public RdmaQueuePair {
+ public:
+  KeepingQueuePair(std::unique_ptr<RdmaQueuePair> inner, RegisteredMemory kept)
+      : inner_(std::move(inner)), kept_(std::move(kept)) {}
+  void postWrite(uint64_t wrId, uint64_t srcOffset, uint64_t dstOffset, uint64_t bytes) override {
+    inner_->postWrite(wrId, srcOffset, dstOffset, bytes);
+  }
+  void postSignal(uint64_t wrId, uint64_t value) override { inner_->postSignal(wrId, value); }
+  int poll(RdmaCompletion* out, int max) override { return inner_->poll(out, max); }
+  uint32_t depth() const override { return inner_->depth(); }
+  uint64_t maxMessageBytes() const override { return inner_->maxMessageBytes(); }
+
+ private:
+  std::unique_ptr<RdmaQueuePair> inner_;
+  RegisteredMemory kept_;
+};
+
+}  // namespace
+
+bool Communicator::plansUseRdma() const {
+  const char* v = std::getenv("PYCCL_PLAN_TRANSPORT");
+  const std::string choice = v == nullptr ? "auto" : v;
+  PYCCL_CHECK_ARG(choice == "auto" || choice == "rdma" || choice == "socket" || choice.empty(),
+                  "PYCCL_PLAN_TRANSPORT", "'", choice, "' is not auto, rdma or socket");
+  if (choice == "rdma") return true;
+  // "auto": sockets, but for the stand-in. The plans' verbs path has not run
+  // on a NIC yet, so a machine with one still asks for it by name.
+  return choice != "socket" && rdmaLoopback();
+}
+
+std::unique_ptr<ProxyChannel> Communicator::connectRdmaInbox(int peer, char* staging, uint64_t bytes,
+                                                             const RegisteredMemory& shared,
+                                                             const RdmaInboxLayout& layout) {
+  RdmaChannelConfig cfg{bytes, 0, abortState(), options_.timeout, peer};
+  char* base = staging;
+  std::unique_ptr<RdmaQueuePair> qp;
+  if (rdmaLoopback()) {
+    PYCCL_CHECK_ARG(hostMode(), "transport", "PYCCL_RDMA_LOOPBACK=1 (the RDMA transport with memcpy in place of "
+                    "the NIC, for tests) needs a host-mode communicator");
+    // The stand-in writes into the peer's staging, mapped here: this machine's
+    // memory, though the peer counts as another node.
+    PYCCL_CHECK_ARG(shared.valid() && shared.data() == staging, "shared", "must register the staging");
+    send(peer, kChannelTag, shared.serialize());
+    RegisteredMemory theirs = importMemoryFrom(recv(peer, kChannelTag), /*sameNodeOnly=*/false);
+    PYCCL_CHECK_ARG(theirs.size() == bytes, "plan", "rank ", peer, " staged ", theirs.size(),
+                    " bytes where this rank stages ", bytes);
+    cfg.remoteSize = theirs.size();
+    auto* remote = static_cast<char*>(theirs.data());
+    qp = std::make_unique<KeepingQueuePair>(
+        makeLoopbackQueuePair(base, remote, reinterpret_cast<uint64_t*>(remote + layout.farCounters), 16, 4096,
+                              rdmaLoopbackFailAt()),
+        std::move(theirs));
+  } else {
+    if (listRdmaDevices().empty()) throw UnsupportedError(kNoRdmaDeviceMessage);
+#ifdef PYCCL_WITH_IBVERBS
+    // Host memory (the staging is page-locked on GPUs), so the endpoint registers it as such.
+    auto endpoint = openVerbsEndpoint(-1, base, bytes, reinterpret_cast<uint64_t*>(base + layout.farCounters));
+    send(peer, kChannelTag, verbsEndpointInfo(*endpoint).serialize());
+    const RdmaEndpointInfo theirs = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
+    PYCCL_CHECK_ARG(theirs.dataSize == bytes, "plan", "rank ", peer, " staged ", theirs.dataSize,
+                    " bytes where this rank stages ", bytes);
+    cfg.remoteSize = theirs.dataSize;
+    qp = connectVerbsEndpoint(endpoint, theirs, peer);
+    send(peer, kChannelTag, Bytes{1});  // neither side writes before the other's queue pair is ready
+    recv(peer, kChannelTag);
+#else
+    throw UnsupportedError("plans over RDMA: this build of pyccl has no RDMA data path (rdma-core's headers, "
+                           "Debian libibverbs-dev, were missing when it was built); set PYCCL_PLAN_TRANSPORT=socket");
+#endif
+  }
+  return makeRdmaInboxChannel(std::move(qp), base, layout, cfg);
+}
+
 }  // namespace pyccl

@@ -258,10 +258,10 @@ RegisteredMemory Communicator::registerMemory(void* ptr, size_t size, std::share
 #endif
 }
 
-RegisteredMemory Communicator::importMemory(const Bytes& descriptor) {
+RegisteredMemory Communicator::importMemoryFrom(const Bytes& descriptor, bool sameNodeOnly) {
   checkOpen("import_memory");
   MemoryDescriptor d = MemoryDescriptor::deserialize(descriptor);
-  PYCCL_CHECK_ARG(d.nodeKey == nodeKey_, "descriptor",
+  PYCCL_CHECK_ARG(!sameNodeOnly || d.nodeKey == nodeKey_, "descriptor",
                   "describes memory of rank ", d.ownerRank, " on node '", d.nodeKey,
                   "', which cannot be mapped on this node ('", nodeKey_, "')");
   auto impl = std::make_shared<RegisteredMemory::Impl>();

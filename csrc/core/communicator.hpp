@@ -23,6 +23,11 @@
 #include "core/topology.hpp"
 
 namespace pyccl {
+class ProxyChannel;
+struct RdmaInboxLayout;
+}  // namespace pyccl
+
+namespace pyccl {
 
 class FdServer;
 class ProxyService;
@@ -76,7 +81,7 @@ class Communicator {
   /// host mode. The pointer owns it.
   std::shared_ptr<void> allocateHostMapped(size_t size) const;
   /// Maps memory a peer registered (from RegisteredMemory::serialize).
-  RegisteredMemory importMemory(const Bytes& descriptor);
+  RegisteredMemory importMemory(const Bytes& descriptor) { return importMemoryFrom(descriptor, true); }
   /// Collective: returns every rank's registration of `local`, mapped here,
   /// indexed by rank (this rank's own entry is `local`). Peers this rank cannot
   /// reach by P2P get std::nullopt. Returns once every rank has mapped.
@@ -100,6 +105,17 @@ class Communicator {
   /// rank connects); tells the peer `localSize` and returns the peer's size
   /// in `peerSize`. Bounded by the communicator's timeout.
   UniqueFd connectSocket(int peer, uint64_t localSize, uint64_t* peerSize);
+  /// Pairwise: the plan interpreter's RDMA connection to `peer` (another
+  /// node) over `staging` (`bytes` of host memory, laid out as `layout` on
+  /// every rank): a channel for this rank's proxy. Under PYCCL_RDMA_LOOPBACK=1
+  /// (host mode, tests) `shared` is the staging registered here, the peer's
+  /// is mapped and memcpy stands in for the NIC. Bounded by the timeout.
+  std::unique_ptr<ProxyChannel> connectRdmaInbox(int peer, char* staging, uint64_t bytes,
+                                                 const RegisteredMemory& shared, const RdmaInboxLayout& layout);
+  /// Whether plans across nodes go over RDMA: PYCCL_PLAN_TRANSPORT=rdma, or
+  /// (unset or "auto") under PYCCL_RDMA_LOOPBACK=1; otherwise sockets. Every
+  /// rank must choose alike (the executors check).
+  bool plansUseRdma() const;
   /// A semaphore slot signalled by something other than the peer's stores
   /// (e.g. a socket receiver); it maps nothing of the peer. Local, not pairwise.
   std::shared_ptr<Semaphore> createLocalSemaphore(int peer);
@@ -149,6 +165,8 @@ class Communicator {
 
  private:
   void checkOpen(const char* op) const;
+  /// importMemory; `sameNodeOnly` false only for the RDMA loopback stand-in.
+  RegisteredMemory importMemoryFrom(const Bytes& descriptor, bool sameNodeOnly);
   std::shared_ptr<PortChannel> createSocketPortChannel(int peer, const RegisteredMemory& local);
   std::shared_ptr<PortChannel> createRdmaPortChannel(int peer, const RegisteredMemory& local);
   void probePeers();

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "channels/device_common.hpp"
+#include "channels/inbox_device.hpp"
 #include "core/proxy.hpp"
 #include "core/serialize.hpp"
 
@@ -79,6 +80,30 @@ struct RdmaChannelConfig {
 
 /// The PortChannel transport over `qp` (put/signal/flush on the proxy thread).
 std::unique_ptr<ProxyChannel> makeRdmaChannel(std::unique_ptr<RdmaQueuePair> qp, RdmaChannelConfig config);
+
+/// Offsets in a plan executor's host staging block, laid out alike on every
+/// rank and registered as the queue pair's memory (channels/inbox_device.hpp).
+struct RdmaInboxLayout {
+  uint64_t mirrorBytes;    ///< bytes of each mirror (the region's size)
+  uint64_t sendMirror;     ///< what this rank's puts send
+  uint64_t receiveMirror;  ///< where peers' puts land
+  uint64_t farCounters;    ///< counters peers on other nodes signal (8 bytes each)
+  uint64_t numCounters;
+  uint64_t published;      ///< [rank] records each peer wrote into this rank's ring
+  uint64_t records;        ///< [rank][kInboxRecords] each peer's ring
+  uint64_t outboxRecords;  ///< [peer][kInboxRecords] the records this rank wrote to each peer
+  uint64_t outboxValues;   ///< [peer][kRdmaInboxValueSlots] the counts and counters this rank wrote
+  int self;                ///< this rank
+};
+
+/// Outbox slots per peer for written values; must exceed a send queue's depth.
+constexpr uint64_t kRdmaInboxValueSlots = 1024;
+
+/// The plan interpreter's transport to a rank on another node over `qp`
+/// (put/signalCounter/flush on the proxy thread): no thread on the receiving
+/// side; the data, its record and the counts land by RDMA WRITE in order.
+std::unique_ptr<ProxyChannel> makeRdmaInboxChannel(std::unique_ptr<RdmaQueuePair> qp, char* staging,
+                                                   RdmaInboxLayout layout, RdmaChannelConfig config);
 
 /// A queue pair that "writes" with memcpy into `remoteData` / `remoteInbound`
 /// and completes every request at once, or fails the request numbered

@@ -9,6 +9,7 @@
 #include "core/kernel_loading.hpp"
 #include "core/logging.hpp"
 #include "core/proxy.hpp"
+#include "core/transport_rdma.hpp"
 #include "core/transport_socket.hpp"
 #include "executor/interpreter.hpp"
 
@@ -16,6 +17,9 @@ namespace pyccl {
 namespace {
 
 uint64_t roundUp(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
+
+/// The point-to-point tag of the executors' transport agreement across nodes.
+constexpr int kPlanTransportTag = 0x5e1a;
 
 /// Whether every source and destination chunk of `op` (at least one) has the same chunk count.
 bool oneChunkSize(const PlanOp& op) {
@@ -254,56 +258,95 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
                                     << (p.stageInput ? "staged" : "in place") << ", output "
                                     << (p.stageOutput ? "staged" : "in place") << ", entry barrier "
                                     << (p.entryBarrier ? "on" : "off") << (context_.remoteRanks != 0 ? strCat(
-                                        "; ", proxyChannels_.size(), " ranks on other nodes, over the socket transport")
+                                        "; ", proxyChannels_.size(), " ranks on other nodes, over ", transport_)
                                                                         : std::string()));
 }
 
 void PlanExecutor::connectRemoteRanks(uint64_t regionBytes, uint64_t counterCount) {
   auto proxy = comm_.proxyService();
   const int world = comm_.worldSize();
+  const bool rdma = comm_.plansUseRdma();
   char* region = static_cast<char*>(region_.local.data());
-  // Host staging (channels/inbox_device.hpp): the mirrors in the region's
-  // layout; then far counters, inbox counts and rings in one block.
-  sendMirror_ = comm_.allocateHostMapped(regionBytes);
-  receiveMirror_ = comm_.allocateHostMapped(regionBytes);
-  const uint64_t farBytes = roundUp(counterCount * 8, 64);
-  const uint64_t countBytes = roundUp(static_cast<uint64_t>(world) * 8, 64);
-  inboxHost_ = comm_.allocateHostMapped(farBytes + 2 * countBytes + world * kInboxRecords * sizeof(ReceivedPut));
+  // Host staging (channels/inbox_device.hpp), one block laid out alike on
+  // every rank (RDMA writes name offsets into the peer's): the mirrors, far
+  // counters, inbox counts and rings, and for RDMA the outbox.
+  RdmaInboxLayout l{};
+  uint64_t at = 0;
+  auto take = [&](uint64_t bytes) {
+    const uint64_t start = at;
+    at += roundUp(bytes, 64);
+    return start;
+  };
+  l.mirrorBytes = regionBytes;
+  l.sendMirror = take(regionBytes);
+  l.receiveMirror = take(regionBytes);
+  l.farCounters = take(counterCount * 8);
+  l.numCounters = counterCount;
+  l.published = take(world * 8ull);
+  const uint64_t consumedAt = take(world * 8ull);
+  l.records = take(world * kInboxRecords * sizeof(ReceivedPut));
+  l.outboxRecords = rdma ? take(world * kInboxRecords * sizeof(ReceivedPut)) : at;
+  l.outboxValues = rdma ? take(world * kRdmaInboxValueSlots * 8) : at;
+  l.self = comm_.rank();
+  stagingBytes_ = at;
+  if (comm_.hostMode()) {  // shareable, for the RDMA stand-in to map (registered while the peers may import it)
+    staging_ = comm_.allocateShareable(stagingBytes_);
+    if (rdma) sharedStaging_ = comm_.registerMemory(staging_.get(), stagingBytes_, staging_);
+  } else {
+    staging_ = comm_.allocateHostMapped(stagingBytes_);
+  }
   inboxProgress_ = comm_.allocateLocal(static_cast<uint64_t>(world) * 2 * 8);
-  char* host = static_cast<char*>(inboxHost_.get());
-  auto* farCounters = reinterpret_cast<uint64_t*>(host);
-  auto* published = reinterpret_cast<uint64_t*>(host + farBytes);
-  auto* consumed = reinterpret_cast<uint64_t*>(host + farBytes + countBytes);
-  auto* records = reinterpret_cast<ReceivedPut*>(host + farBytes + 2 * countBytes);
-  auto forKernels = [&](void* p) { return comm_.hostMode() ? p : gpu::devicePointerOf(p); };
-  context_.sendMirror = static_cast<char*>(forKernels(sendMirror_.get()));
-  context_.farCounters = static_cast<uint64_t*>(forKernels(farCounters));
-  context_.inbox = InboxDeviceHandle{static_cast<const ReceivedPut*>(forKernels(records)),
-                                     static_cast<const uint64_t*>(forKernels(published)),
-                                     static_cast<uint64_t*>(forKernels(consumed)),
-                                     static_cast<uint64_t*>(inboxProgress_.get()),
-                                     static_cast<const char*>(forKernels(receiveMirror_.get())), region};
+  char* host = static_cast<char*>(staging_.get());
+  auto forKernels = [&](char* p) { return comm_.hostMode() ? p : static_cast<char*>(gpu::devicePointerOf(p)); };
+  char* dev = forKernels(host);  // the block as kernels address it
+  context_.sendMirror = dev + l.sendMirror;
+  context_.farCounters = reinterpret_cast<uint64_t*>(dev + l.farCounters);
+  context_.inbox = InboxDeviceHandle{reinterpret_cast<const ReceivedPut*>(dev + l.records),
+                                     reinterpret_cast<const uint64_t*>(dev + l.published),
+                                     reinterpret_cast<uint64_t*>(dev + consumedAt),
+                                     static_cast<uint64_t*>(inboxProgress_.get()), dev + l.receiveMirror, region};
+  if (rdma) {
+    // The sender writes records without seeing the ring's room: a call may
+    // leave at most half of it in flight (the peer may be a call behind).
+    const uint64_t piecesPerCall = regionBytes / plan_detail::kAcrossNodesPiece + program_.ops.size();
+    PYCCL_CHECK_ARG(2 * piecesPerCall <= kInboxRecords, "plan", "its buffers (", regionBytes, " bytes) may put up ",
+                    "to ", piecesPerCall, " pieces to a peer per call, more than half the RDMA inbox ring (",
+                    kInboxRecords, "); use smaller messages or PYCCL_PLAN_TRANSPORT=socket");
+  }
   // Ascending peer order on every rank: each waits only on a peer that is
   // connecting to it or to a lower rank, so the pairs cannot deadlock.
   for (int q = 0; q < world; ++q) {
     if (!plan_detail::isRemote(context_, q)) continue;
-    uint64_t peerBytes = 0;
-    UniqueFd connection = comm_.connectSocket(q, regionBytes, &peerBytes);
-    PYCCL_CHECK_ARG(peerBytes == regionBytes, "plan", "rank ", q, " laid out ", peerBytes,
-                    " bytes of plan buffers where this rank has ", regionBytes,
-                    " (every rank must create the executor with the same plan, chunk size and threads)");
-    SocketChannelConfig cfg{comm_.device(), region, regionBytes, peerBytes, nullptr, comm_.abortState(), q};
-    cfg.counters = farCounters;
-    cfg.numCounters = counterCount;
-    cfg.sendFrom = static_cast<const char*>(sendMirror_.get());
-    cfg.receiveInto = static_cast<char*>(receiveMirror_.get());
-    cfg.records = records + static_cast<uint64_t>(q) * kInboxRecords;
-    cfg.published = published + q;
-    cfg.consumed = consumed + q;
-    const uint32_t id = proxy->addChannel(makeSocketChannel(std::move(connection), cfg));
+    // Both sides must take the same transport (PYCCL_PLAN_TRANSPORT, RDMA devices).
+    comm_.send(q, kPlanTransportTag, Bytes{static_cast<uint8_t>(rdma ? 1 : 0)});
+    const Bytes theirs = comm_.recv(q, kPlanTransportTag);
+    PYCCL_CHECK_ARG(theirs.size() == 1 && (theirs[0] != 0) == rdma, "plan", "this rank reaches rank ", q, " over ",
+                    rdma ? "RDMA" : "sockets", " and rank ", q, " over ", rdma ? "sockets" : "RDMA",
+                    " (set PYCCL_PLAN_TRANSPORT alike on every rank)");
+    std::unique_ptr<ProxyChannel> channel;
+    if (rdma) {
+      channel = comm_.connectRdmaInbox(q, host, stagingBytes_, sharedStaging_, l);
+    } else {
+      uint64_t peerBytes = 0;
+      UniqueFd connection = comm_.connectSocket(q, regionBytes, &peerBytes);
+      PYCCL_CHECK_ARG(peerBytes == regionBytes, "plan", "rank ", q, " laid out ", peerBytes,
+                      " bytes of plan buffers where this rank has ", regionBytes,
+                      " (every rank must create the executor with the same plan, chunk size and threads)");
+      SocketChannelConfig cfg{comm_.device(), region, regionBytes, peerBytes, nullptr, comm_.abortState(), q};
+      cfg.counters = reinterpret_cast<uint64_t*>(host + l.farCounters);
+      cfg.numCounters = counterCount;
+      cfg.sendFrom = host + l.sendMirror;
+      cfg.receiveInto = host + l.receiveMirror;
+      cfg.records = reinterpret_cast<ReceivedPut*>(host + l.records) + static_cast<uint64_t>(q) * kInboxRecords;
+      cfg.published = reinterpret_cast<uint64_t*>(host + l.published) + q;
+      cfg.consumed = reinterpret_cast<uint64_t*>(host + consumedAt) + q;
+      channel = makeSocketChannel(std::move(connection), cfg);
+    }
+    const uint32_t id = proxy->addChannel(std::move(channel));
     proxyChannels_.push_back(id);
     context_.proxyChannel[q] = static_cast<int32_t>(id);
   }
+  transport_ = rdma ? "RDMA" : "the socket transport";
   proxy_ = proxy;
   context_.fifo = proxy->fifoHandle();
 }
@@ -322,9 +365,8 @@ void PlanExecutor::close() {
     }
   }
   proxyChannels_.clear();
-  sendMirror_.reset();
-  receiveMirror_.reset();
-  inboxHost_.reset();
+  sharedStaging_ = RegisteredMemory();
+  staging_.reset();
   inboxProgress_.reset();
   region_.release();
 }

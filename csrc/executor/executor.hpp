@@ -71,9 +71,12 @@ class PlanExecutor {
   PlanContext context_{};
   std::shared_ptr<void> regionOwner_;
   std::shared_ptr<void> tablesOwner_;
-  /// Across nodes (channels/inbox_device.hpp): the send and receive mirrors,
-  /// far counters with the inbox rings (host memory), the inbox locks (device).
-  std::shared_ptr<void> sendMirror_, receiveMirror_, inboxHost_, inboxProgress_;
+  /// Across nodes (channels/inbox_device.hpp): the host staging block (the
+  /// mirrors, far counters, inbox rings, the RDMA outbox), the inbox locks (device).
+  std::shared_ptr<void> staging_, inboxProgress_;
+  uint64_t stagingBytes_ = 0;
+  RegisteredMemory sharedStaging_;  ///< host mode over the RDMA stand-in: the staging, registered
+  const char* transport_ = "";  ///< how other nodes' ranks are reached, for the log
   ExchangedMemory region_;
   bool closed_ = false;
   bool programmatic_ = true;
