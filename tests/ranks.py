@@ -13,6 +13,15 @@ import torch
 import pyccl
 
 
+def refusal(call, errors=pyccl.PycclError):
+    """The message of the `errors` that `call()` raises; None if it returns."""
+    try:
+        call()
+    except errors as e:
+        return str(e)
+    return None
+
+
 def _comm(store, rank, world, device="cpu", timeout_s=30.0, name=None):
     return pyccl.Communicator(store, rank, world, device=device, name=name,
                               timeout=datetime.timedelta(seconds=timeout_s))

@@ -9,6 +9,7 @@ import random
 import torch
 
 import pyccl
+from ranks import refusal
 from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input, reference
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -55,15 +56,9 @@ def collectives(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_nod
         if not ok:
             bad.append(case)
     layout = pyccl.across_nodes.node_layout(comm)
-    refusals = {}
     x = torch.ones(8, dtype=torch.int32, device=device)
-    for key, call in (("dtype", lambda: pyccl.all_reduce(x, comm=comm)),
-                      ("out", lambda: pyccl.all_gather(x.float(), comm=comm, out=torch.empty(3, device=device)))):
-        try:
-            call()
-            refusals[key] = None
-        except pyccl.PycclError as e:
-            refusals[key] = str(e)
+    refusals = {"dtype": refusal(lambda: pyccl.all_reduce(x, comm=comm)),
+                "out": refusal(lambda: pyccl.all_gather(x.float(), comm=comm, out=torch.empty(3, device=device)))}
     comm.close()
     return bad, layout, refusals
 
@@ -73,11 +68,7 @@ def interleaved_nodes(rank, world, store):
     communicator with a message that says what they need."""
     os.environ["PYCCL_NODE_ID"] = f"node{rank % 2}"
     comm, _ = _setup(store, rank, world, False)
-    try:
-        pyccl.all_reduce(torch.ones(16), comm=comm)
-        message = None
-    except pyccl.PycclError as e:
-        message = str(e)
+    message = refusal(lambda: pyccl.all_reduce(torch.ones(16), comm=comm))
     comm.close()
     return message
 
@@ -156,16 +147,11 @@ def torch_group(rank, world, store, on_gpu, seed, gpus_per_node):
         if not ok:
             bad.append((i, kind, str(dtype), op, n))
     dist.barrier()
-    refusals = {}
     ints = torch.arange(5, dtype=torch.int32, device=device) + rank
     b = torch.full((7,), float(rank), device=device)
-    for key, call in (("int_all_reduce", lambda: dist.all_reduce(ints)),
-                      ("broadcast", lambda: dist.broadcast(b, src=world - 1))):
-        try:
-            call()
-            refusals[key] = None
-        except (RuntimeError, NotImplementedError) as e:
-            refusals[key] = str(e)
+    torch_errors = (RuntimeError, NotImplementedError)
+    refusals = {"int_all_reduce": refusal(lambda: dist.all_reduce(ints), torch_errors),
+                "broadcast": refusal(lambda: dist.broadcast(b, src=world - 1), torch_errors)}
     if on_gpu:  # the NCCL delegate's results
         if not torch.equal(ints.cpu(), torch.arange(5, dtype=torch.int32) * world + sum(range(world))):
             bad.append("int_all_reduce")

@@ -9,6 +9,7 @@ import time
 import torch
 
 import pyccl
+from ranks import refusal
 
 
 def _gpu_comm(store, rank, world, timeout_s=60.0):
@@ -108,11 +109,7 @@ def gpu_bad_input(rank, world, store):
         other = (rank + 1) % torch.cuda.device_count()
         cases["other device"] = lambda: comm.register(torch.empty(16, device=f"cuda:{other}"))
     for label, call in cases.items():
-        try:
-            call()
-            messages[label] = None
-        except pyccl.InvalidArgumentError as e:
-            messages[label] = str(e)
+        messages[label] = refusal(call, pyccl.InvalidArgumentError)
     comm.barrier()
     comm.close()
     return messages

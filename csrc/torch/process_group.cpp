@@ -171,6 +171,9 @@ auto translated(const char* op, Body&& body) -> decltype(body()) {
   }
 }
 
+/// Whether pyccl reduces tensors of `st` (its kernels and plans: float32, float16, bfloat16).
+bool pycclReducesDtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
+
 bool pycclReduces(const c10d::ReduceOp& op) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
@@ -295,9 +298,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::runAcrossNodes(
     Lane& lane, const char* op, const char* collective, const at::Tensor& input, const at::Tensor& output,
     const c10d::ReduceOp* reduceOp, c10d::OpType type,
     const std::function<c10::intrusive_ptr<c10d::Work>()>& delegateCall) {
-  const auto st = input.scalar_type();
-  const bool dtypeOk = reduceOp == nullptr || st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
-  if (dtypeOk && (reduceOp == nullptr || pycclReduces(*reduceOp))) {
+  if (reduceOp == nullptr || (pycclReducesDtype(input.scalar_type()) && pycclReduces(*reduceOp))) {
     const char* name = "sum";
     if (reduceOp != nullptr) name = reduceOpName(reduceOpOfC10d(*reduceOp));
     options_.acrossNodes(collective, lane.comm, input, output, name);
@@ -318,8 +319,7 @@ bool PycclBackend::delegated(BackendCollective c, const at::Tensor& t, uint64_t 
   if (wholeBytes >= options_.delegateMinBytes[static_cast<int>(c)]) return true;
   // Reductions pyccl does not do (integers, float64) go to NCCL too.
   const bool reduction = c == BackendCollective::kAllReduce || c == BackendCollective::kReduceScatter;
-  const auto st = t.scalar_type();
-  return reduction && st != at::kFloat && st != at::kHalf && st != at::kBFloat16;
+  return reduction && !pycclReducesDtype(t.scalar_type());
 }
 
 bool PycclBackend::reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const {
