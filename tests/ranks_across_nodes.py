@@ -225,3 +225,19 @@ def plan_transport(rank, world, store, transports, n):
         result = (str(e), False)
     comm.close()
     return result
+
+
+def too_many_on_one_node(rank, world, store):
+    """A plan on more ranks of one node than its tables hold: refused when the
+    runner is made, on every rank, saying the limit."""
+    from pyccl.algorithms import LIBRARY
+    from pyccl.plans import PlanRunner
+
+    comm, _ = _setup(store, rank, world, False)
+    try:
+        PlanRunner(LIBRARY["allgather_allpairs"](world).lower(), comm, max_bytes=4096).close()
+        message = None
+    except pyccl.PycclError as e:
+        message = str(e)
+    comm.close()
+    return message

@@ -10,10 +10,11 @@ import ranks_across_nodes as ra
 from pyccl._spawn import run_ranks
 
 
-@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 2)])
+@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 2), (9, 3), (10, 5)])
 def test_collectives_across_nodes(world, gpus_per_node):
+    """More than 8 ranks in all runs too (the plans' tables hold 8 per node)."""
     seed = random.randrange(1 << 20)
-    args = (False, seed, 12, 100_000, gpus_per_node)
+    args = (False, seed, 12 if world <= 8 else 6, 100_000 if world <= 8 else 20_000, gpus_per_node)
     for bad, layout, refusals in run_ranks(ra.collectives, world, args=args, timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
         assert layout == (world // gpus_per_node, gpus_per_node)
@@ -28,6 +29,11 @@ def test_large_puts_cross_in_pieces():
     seed = random.randrange(1 << 20)
     for bad, _, _ in run_ranks(ra.collectives, 2, args=(False, seed, 2, 1_600_000, 1), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
+
+
+def test_more_than_eight_ranks_on_one_node_are_refused():
+    for message in run_ranks(ra.too_many_on_one_node, 9, timeout=300):
+        assert message is not None and "up to 8 ranks on one node" in message, message
 
 
 def test_interleaved_node_layout_is_refused():

@@ -108,7 +108,7 @@ void checkProgram(const PlanProgram& p, int world) {
 /// Across nodes the interpreter only puts and signals to another node's ranks
 /// (through the proxy, from this rank's own buffers); anything else that
 /// names such a rank's memory is refused here.
-void checkAcrossNodes(const PlanProgram& p, int rank, uint32_t remote) {
+void checkAcrossNodes(const PlanProgram& p, int rank, uint64_t remote) {
   auto far = [&](const PlanChunk& c) { return ((remote >> c.rank) & 1u) != 0; };
   for (size_t i = 0; i < p.ops.size(); ++i) {
     const PlanOp& op = p.ops[i];
@@ -141,8 +141,16 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   PYCCL_CHECK_ARG(threads_ >= 32 && threads_ <= 1024 && threads_ % 32 == 0, "threads",
                   "must be a multiple of 32 in [32, 1024], got ", threads_);
   checkProgram(program_, world);
+  int local = 0;
   for (int q = 0; q < world; ++q) {
-    if (q != comm.rank() && !comm.canAccessPeer(q)) context_.remoteRanks |= 1u << q;
+    if (q != comm.rank() && !comm.canAccessPeer(q)) {
+      context_.remoteRanks |= 1ull << q;
+      context_.slot[q] = kPlanFarSlot;
+    } else {
+      PYCCL_CHECK_ARG(local < kPlanMaxLocalRanks, "comm", "plans reach up to ", kPlanMaxLocalRanks,
+                      " ranks on one node; rank ", comm.rank(), " reaches more by P2P");
+      context_.slot[q] = static_cast<int8_t>(local++);
+    }
   }
   if (context_.remoteRanks != 0) {
     checkAcrossNodes(program_, comm.rank(), context_.remoteRanks);
@@ -225,16 +233,18 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   context_.rank = comm.rank();
   context_.worldSize = world;
   if (context_.remoteRanks != 0) connectRemoteRanks(total, counterCount);
-  for (int q = 0; q < world; ++q) {
-    // A rank on another node: offsets into its region (the same layout as here).
-    char* base = plan_detail::isRemote(context_, q) ? nullptr : static_cast<char*>(region_.peers[q]->data());
+  for (int q = 0; q <= world; ++q) {  // every slot once; q == world: the slot of the other nodes' ranks
+    if (q < world && plan_detail::isRemote(context_, q)) continue;
+    // Other nodes' ranks: offsets into their regions (laid out as here).
+    char* base = q == world ? nullptr : static_cast<char*>(region_.peers[q]->data());
+    const int slot = q == world ? kPlanFarSlot : context_.slot[q];
     const uint64_t firstPhase[3] = {offsets[0], program_.inPlace ? offsets[0] : offsets[1], offsets[2]};
     const uint64_t phaseBytes[3] = {phase[0], program_.inPlace ? phase[0] : phase[1], phase[2]};
     for (int parity = 0; parity < 2; ++parity) {
-      for (int k = 0; k < 3; ++k) context_.buffers[parity][q][k] = base + firstPhase[k] + parity * phaseBytes[k];
+      for (int k = 0; k < 3; ++k) context_.buffers[parity][slot][k] = base + firstPhase[k] + parity * phaseBytes[k];
     }
-    context_.packets[q] = base + offsets[3];
-    context_.counters[q] = reinterpret_cast<uint64_t*>(base + offsets[4]);
+    context_.packets[slot] = base + offsets[3];
+    context_.counters[slot] = reinterpret_cast<uint64_t*>(base + offsets[4]);
   }
   context_.packetPhaseBytes = phase[3];
   context_.ops = reinterpret_cast<const PlanOp*>(tables);
@@ -344,7 +354,7 @@ void PlanExecutor::connectRemoteRanks(uint64_t regionBytes, uint64_t counterCoun
     }
     const uint32_t id = proxy->addChannel(std::move(channel));
     proxyChannels_.push_back(id);
-    context_.proxyChannel[q] = static_cast<int32_t>(id);
+    context_.proxyChannel[q] = static_cast<int16_t>(id);  // ids stay below kTriggerMaxChannels
   }
   transport_ = rdma ? "RDMA" : "the socket transport";
   proxy_ = proxy;
@@ -413,20 +423,21 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   ctx.outputBytes = outputBytes;
   // This rank's unstaged buffers are the call's tensors, in both phases; an
   // in-place plan works on the output, which first receives the input.
+  const int self = ctx.slot[comm_.rank()];
   for (auto& phase : ctx.buffers) {
-    char*& input = phase[comm_.rank()][0];
+    char*& input = phase[self][0];
     if (!ctx.inputStaged) input = program_.inPlace ? out : const_cast<char*>(in);
     if (program_.inPlace) {
-      phase[comm_.rank()][1] = input;
+      phase[self][1] = input;
     } else if (!ctx.outputStaged) {
-      phase[comm_.rank()][1] = out;
+      phase[self][1] = out;
     }
   }
-  ctx.copiesInput = ctx.buffers[0][comm_.rank()][0] != ctx.userInput;
+  ctx.copiesInput = ctx.buffers[0][self][0] != ctx.userInput;
   ctx.phasedBuffers = 0;
-  for (int q = 0; q < comm_.worldSize(); ++q) {
+  for (int slot = 0; slot <= kPlanFarSlot; ++slot) {
     for (int k = 0; k < 3; ++k) {
-      if (ctx.buffers[0][q][k] != ctx.buffers[1][q][k]) ctx.phasedBuffers |= 1u << (q * 3 + k);
+      if (ctx.buffers[0][slot][k] != ctx.buffers[1][slot][k]) ctx.phasedBuffers |= 1u << (slot * 3 + k);
     }
   }
   const int tbs = numThreadBlocks();

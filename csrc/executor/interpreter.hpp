@@ -36,10 +36,11 @@ namespace plan_detail {
 
 /// Chunk `ch` in call `call`'s phase of the buffers.
 PYCCL_HOST_DEVICE char* chunkPtr(const PlanContext& c, const PlanChunk& ch, uint64_t call) {
-  char* base = c.buffers[0][ch.rank][ch.buffer];
+  const int slot = c.slot[ch.rank];
+  char* base = c.buffers[0][slot][ch.buffer];
   // A branch, not a select: a select would wait for the call count even where
   // the phase does not matter.
-  if ((c.phasedBuffers >> (ch.rank * 3 + ch.buffer)) & 1u) base = c.buffers[call & 1][ch.rank][ch.buffer];
+  if ((c.phasedBuffers >> (slot * 3 + ch.buffer)) & 1u) base = c.buffers[call & 1][slot][ch.buffer];
   return base + static_cast<uint64_t>(ch.index) * c.chunkBytes;
 }
 
@@ -62,7 +63,7 @@ PYCCL_HOST_DEVICE void packetOf(uint64_t p, uint64_t perChunk, int32_t count, ui
 /// has its own 16-byte aligned slot of 2 x (chunk bytes rounded up to 8).
 PYCCL_HOST_DEVICE LL16Packet* packetPtr(const PlanContext& c, int rank, int64_t index, uint64_t call) {
   const uint64_t slot = 2 * ((c.chunkBytes + 7) / 8 * 8);
-  return reinterpret_cast<LL16Packet*>(c.packets[rank] + (call & 1) * c.packetPhaseBytes +
+  return reinterpret_cast<LL16Packet*>(c.packets[c.slot[rank]] + (call & 1) * c.packetPhaseBytes +
                                        static_cast<uint64_t>(index) * slot);
 }
 
@@ -316,6 +317,9 @@ PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanChunk& out,
 /// Rank `rank` is on another node: reached only through the proxy.
 PYCCL_HOST_DEVICE bool isRemote(const PlanContext& c, int rank) { return ((c.remoteRanks >> rank) & 1u) != 0; }
 
+/// This rank's counters (its slot's).
+PYCCL_HOST_DEVICE uint64_t* ownCounters(const PlanContext& c) { return c.counters[c.slot[c.rank]]; }
+
 /// Pushes `trigger`; false (the call fails) if the FIFO stayed full past the timeout.
 PYCCL_HOST_DEVICE bool pushTrigger(const PlanContext& c, ProxyTrigger trigger, uint64_t* pos = nullptr) {
   FifoDeviceHandle fifo = c.fifo;
@@ -394,18 +398,18 @@ PYCCL_HOST_DEVICE bool putAcrossNodes(const PlanContext& c, const PlanOp& op, ui
 /// The counter of this rank that `peer` adds to: ranks on other nodes add to
 /// the far table (host memory, written by their receiver threads).
 PYCCL_HOST_DEVICE const uint64_t* counterFrom(const PlanContext& c, int peer, int index) {
-  return isRemote(c, peer) ? &c.farCounters[index] : &c.counters[c.rank][index];
+  return isRemote(c, peer) ? &c.farCounters[index] : &ownCounters(c)[index];
 }
 
 /// After a wait: the puts that the op's peers on other nodes sent before
 /// their signals are copied into the region (by the whole block).
 PYCCL_HOST_DEVICE bool applyInboxes(const PlanContext& c, const PlanOp& op, uint32_t tid, uint32_t numThreads) {
   bool ok = true;
-  uint32_t done = 0;  // peers applied already (an op may wait on one peer's channels twice)
+  uint64_t done = 0;  // peers applied already (an op may wait on one peer's channels twice)
   for (int k = 0; k < op.numChannels; ++k) {
     const int peer = op.peers[k];
     if (!isRemote(c, peer) || ((done >> peer) & 1u) != 0) continue;
-    done |= 1u << peer;
+    done |= 1ull << peer;
     ok = c.inbox.apply(peer, c.abort, tid, numThreads) && ok;
   }
   return ok;
@@ -553,7 +557,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         if (isRemote(c, op.peers[k])) {
           proxySignal(c, op.peers[k], op.channels[k]);
         } else {
-          atomicAddRelease(&c.counters[op.peers[k]][op.channels[k]], 1);
+          atomicAddRelease(&c.counters[c.slot[op.peers[k]]][op.channels[k]], 1);
         }
       }
       return true;
@@ -566,7 +570,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       bool ok = true;
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {
         const uint64_t target = call * static_cast<uint64_t>(op.perCall[k]) + op.ordinals[k];
-        ok = ok && planSpin(c, &c.counters[c.rank][op.channels[k]], target, op.peers[k]);
+        ok = ok && planSpin(c, &ownCounters(c)[op.channels[k]], target, op.peers[k]);
       }
       syncBlock();
       return ok;
@@ -576,7 +580,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       bool ok = true;
       if (tid == 0) {
         const int group = op.ordinals[0];
-        uint64_t* counter = &c.counters[c.rank][c.numChannels + group];
+        uint64_t* counter = &ownCounters(c)[c.numChannels + group];
         const uint64_t target = call * static_cast<uint64_t>(op.perCall[0]) +
                                 static_cast<uint64_t>(op.ordinals[1]) * op.ordinals[2];
         atomicAddRelease(counter, 1);
@@ -628,7 +632,7 @@ PYCCL_HOST_DEVICE void blockShare(const PlanContext& c, uint32_t tb, uint64_t by
 /// every peer has entered it; the other thread blocks wait for thread block 0.
 PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_t tb, uint32_t tid,
                                     uint32_t numThreads) {
-  uint64_t* counters = c.counters[c.rank];
+  uint64_t* counters = ownCounters(c);
   const int world = c.worldSize;
   if (tb == 0) {
     syncBlock();
@@ -638,7 +642,7 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
         if (isRemote(c, q)) {
           proxySignal(c, q, c.entryBase + c.rank);
         } else {
-          atomicAddRelease(&c.counters[q][c.entryBase + c.rank], 1);
+          atomicAddRelease(&c.counters[c.slot[q]][c.entryBase + c.rank], 1);
         }
       }
     }
@@ -674,10 +678,10 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int3
   const bool stagedIn = c.copiesInput;  // from the host: no branch here waits for the call count
   // Only calls that stage pass rank barriers: the others never read the count.
   uint64_t barriers = stagedIn || c.outputStaged ? c.rankBarriers[tb] : 0;
-  uint64_t* rankCounter = &c.counters[c.rank][c.entryBase + c.worldSize + 1];
+  uint64_t* rankCounter = &plan_detail::ownCounters(c)[c.entryBase + c.worldSize + 1];
   uint64_t b = 0, e = 0;
   if (stagedIn) {
-    char* input = c.buffers[call & 1][c.rank][0];
+    char* input = c.buffers[call & 1][c.slot[c.rank]][0];
     plan_detail::blockShare(c, tb, c.inputBytes, &b, &e);
     if (e > b) copyBytes(input + b, c.userInput + b, e - b, tid, numThreads);
     plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
@@ -690,7 +694,7 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int3
   if (c.outputStaged) {
     plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
     plan_detail::blockShare(c, tb, c.outputBytes, &b, &e);
-    if (e > b) copyBytes(c.userOutput + b, c.buffers[call & 1][c.rank][1] + b, e - b, tid, numThreads);
+    if (e > b) copyBytes(c.userOutput + b, c.buffers[call & 1][c.slot[c.rank]][1] + b, e - b, tid, numThreads);
   }
   // The proxy has read every source of this block's puts before the call
   // ends (a later call may overwrite them).

@@ -12,7 +12,11 @@
 namespace pyccl {
 
 constexpr int kPlanMaxOperands = 8;   ///< sources, destinations or channels of one op
-constexpr int kPlanMaxRanks = 8;      ///< ranks of a plan run in one node
+constexpr int kPlanMaxRanks = 64;       ///< ranks of a plan, across nodes
+constexpr int kPlanMaxLocalRanks = 8;   ///< ranks of a plan on one node (their memory is mapped here)
+/// The table slot of every rank on another node: they share it, as their
+/// buffers are offsets into a region laid out like this rank's.
+constexpr int kPlanFarSlot = kPlanMaxLocalRanks;
 
 /// Op kinds, in pyccl/plans.py's order.
 enum class PlanOpKind : int32_t {
@@ -72,17 +76,20 @@ struct PlanContext {
   int rank;
   int worldSize;
   uint64_t chunkBytes;  ///< bytes per chunk in this call
-  /// Every rank's buffers, mapped here, by call parity: [call & 1][rank][PlanBuffer].
+  /// The table slot of each rank: ranks of this node in rank order, then
+  /// kPlanFarSlot for every rank of another node.
+  int8_t slot[kPlanMaxRanks];
+  /// Every slot's buffers, mapped here, by call parity: [call & 1][slot][PlanBuffer].
   /// Staging regions (input, output, scratch) are double-buffered, as a peer
   /// may still be finishing the previous call in the other phase; this rank's
   /// unstaged buffers are the call's tensors in both phases (the host sets
   /// them per call, so a kernel does no set-up after its PDL wait).
-  char* buffers[2][kPlanMaxRanks][3];
-  /// Every rank's LL packet region (2 phases x scratch chunks x 2 x chunk bytes).
-  char* packets[kPlanMaxRanks];
+  char* buffers[2][kPlanMaxLocalRanks + 1][3];
+  /// Every slot's LL packet region (2 phases x scratch chunks x 2 x chunk bytes).
+  char* packets[kPlanMaxLocalRanks + 1];
   uint64_t packetPhaseBytes;
-  /// Every rank's semaphore counters: [channel] then [barrier group].
-  uint64_t* counters[kPlanMaxRanks];
+  /// Every slot's semaphore counters: [channel] then [barrier group].
+  uint64_t* counters[kPlanMaxLocalRanks + 1];
   const PlanOp* ops;
   const int32_t* tbOffsets;     ///< ops of thread block t: [tbOffsets[t], tbOffsets[t + 1])
   const int32_t* channelDst;    ///< the rank whose counter a channel's signal adds to
@@ -100,7 +107,7 @@ struct PlanContext {
   /// The call first copies its input into the buffer the plan reads it from
   /// (its staging, or the output of an in-place plan).
   bool copiesInput;
-  /// Bit rank * 3 + PlanBuffer: that buffer differs between the two phases.
+  /// Bit slot * 3 + PlanBuffer: that buffer differs between the two phases.
   /// The others (the call's own tensors) are addressed without the call
   /// count, so loads from them need not wait for it to load.
   uint32_t phasedBuffers;
@@ -113,12 +120,12 @@ struct PlanContext {
   uint64_t* failed;          ///< non-zero once a wait of this executor gave up (this rank's memory)
   AbortState abort;
   /// Across nodes. Bit q: rank q is not reachable by loads and stores (another
-  /// node); its buffers[][q][] and packets[q] then hold offsets into its
+  /// node); its slot is kPlanFarSlot, whose buffers hold offsets into its
   /// region, not pointers, and puts and signals to it go through the proxy.
-  uint32_t remoteRanks;
+  uint64_t remoteRanks;
   const char* regionBase;                 ///< this rank's region (proxy puts name offsets into it)
   FifoDeviceHandle fifo;                  ///< this communicator's proxy
-  int32_t proxyChannel[kPlanMaxRanks];    ///< the proxy's channel to each remote rank
+  int16_t proxyChannel[kPlanMaxRanks];    ///< the proxy's channel to each remote rank (< kTriggerMaxChannels)
   /// The send mirror (host memory, the region's layout): a put to another
   /// node copies its source here, and the proxy sends from here.
   char* sendMirror;
