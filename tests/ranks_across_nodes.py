@@ -20,13 +20,14 @@ def _close(y: torch.Tensor, want: torch.Tensor, dtype, inputs) -> bool:
     return torch.allclose(y.cpu().to(torch.float64), want, rtol=rtol, atol=atol * error_scale(inputs))
 
 
-def collectives(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node):
+def collectives(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node, gpus=None):
     """pyccl.all_reduce, all_gather and reduce_scatter on a communicator that
     spans world / gpus_per_node nodes, on random sizes (odd ones included),
-    dtypes and ops, against float64. Returns (failures, node layout seen,
-    refusals of bad calls)."""
+    dtypes and ops, against float64. With `gpus`, rank r runs on GPU r % gpus,
+    so that more ranks than GPUs can run (as long as a node's ranks are on
+    different GPUs). Returns (failures, node layout seen, refusals of bad calls)."""
     os.environ["PYCCL_NODE_ID"] = f"node{rank // gpus_per_node}"
-    comm, device = _setup(store, rank, world, on_gpu)
+    comm, device = _setup(store, rank, world, on_gpu, gpu_index=None if gpus is None else rank % gpus)
     rng = random.Random(seed)
     bad = []
     for i in range(calls):

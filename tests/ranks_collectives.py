@@ -14,13 +14,15 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 TOLERANCE = {torch.float32: (1e-5, 1e-6), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
 
-def _setup(store, rank, world, on_gpu, timeout_s=60.0, engine_options=None):
-    """A communicator named "coll"; with `engine_options`, its collective engine
-    is made with them (pyccl._C.CollectiveEngine keyword arguments)."""
+def _setup(store, rank, world, on_gpu, timeout_s=60.0, engine_options=None, gpu_index=None):
+    """A communicator named "coll" (on GPU `gpu_index`, the rank's own by
+    default); with `engine_options`, its collective engine is made with them
+    (pyccl._C.CollectiveEngine keyword arguments)."""
     device = "cpu"
     if on_gpu:
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
+        index = rank if gpu_index is None else gpu_index
+        torch.cuda.set_device(index)
+        device = f"cuda:{index}"
     comm = pyccl.Communicator(store, rank, world, device=device, name="coll",
                               timeout=datetime.timedelta(seconds=timeout_s), collectives=engine_options is None)
     if engine_options is not None:

@@ -27,6 +27,19 @@ def test_collectives_across_two_nodes_on_gpus(world):
         assert layout == (world // per_node, per_node)
 
 
+@requires_gpus(4)
+@pytest.mark.parametrize("world,gpus_per_node", [(9, 3), (10, 1)])
+def test_more_than_eight_ranks_across_nodes_on_gpus(world, gpus_per_node):
+    """Plans over more than 8 ranks (the interpreter's tables hold 8 per node
+    and one shared slot for the other nodes): 3 x 3 and 10 x 1 on four GPUs,
+    rank r on GPU r % 4, so some GPUs run ranks of several nodes."""
+    seed = random.randrange(1 << 20)
+    args = (True, seed, 6, 100_000, gpus_per_node, 4)
+    for bad, layout, _ in run_ranks(ra.collectives, world, args=args, timeout=400):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert layout == (world // gpus_per_node, gpus_per_node)
+
+
 @requires_gpus(2)
 @pytest.mark.parametrize("world", gpu_worlds(2, 4))
 def test_hierarchical_plans_across_two_nodes_on_gpus(world):
