@@ -13,7 +13,7 @@ import ranks_gpu
 from conftest import gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
-WORLDS = gpu_worlds(2, 3, 4)
+WORLDS = gpu_worlds(2, 3, 4, 6, 8)
 EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import ranks_across_nodes as ra
 import ranks_plans as rp
-from conftest import gpu_count, gpu_worlds, requires_gpus
+from conftest import gpu_worlds, largest_gpu_world, requires_gpus
 from pyccl._spawn import run_ranks
 
 
@@ -17,7 +17,7 @@ def _per_node(world: int) -> int:
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 6, 8))
 def test_collectives_across_two_nodes_on_gpus(world):
     seed = random.randrange(1 << 20)
     per_node = _per_node(world)
@@ -41,7 +41,7 @@ def test_more_than_eight_ranks_across_nodes_on_gpus(world, gpus_per_node):
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 6, 8))
 def test_hierarchical_plans_across_two_nodes_on_gpus(world):
     seed = random.randrange(1 << 20)
     args = (True, seed, 4, 200_000, _per_node(world), True)
@@ -51,14 +51,14 @@ def test_hierarchical_plans_across_two_nodes_on_gpus(world):
 
 @requires_gpus(2)
 def test_all_reduce_across_nodes_in_cuda_graphs():
-    world = 4 if gpu_count() >= 4 else 2
+    world = largest_gpu_world(2, 4, 6, 8)
     seed = random.randrange(1 << 20)
     for bad in run_ranks(ra.graph_replays, world, args=(seed, _per_node(world), 5), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 6, 8))
 def test_torch_backend_across_two_nodes_on_gpus(world):
     """The "pyccl" backend on GPUs split into two nodes: the three collectives
     across nodes; an int32 all_reduce and a broadcast on the NCCL delegate."""
@@ -72,7 +72,7 @@ def test_torch_backend_across_two_nodes_on_gpus(world):
 def test_torchrun_on_gpus_split_into_two_nodes():
     """docs/multinode.md's recipe: one torchrun agent per "node", each seeing
     its half of the GPUs, backend "pyccl"."""
-    world = 4 if gpu_count() >= 4 else 2
+    world = largest_gpu_world(2, 4, 6, 8)
     per = world // 2
 
     def env(node):

@@ -10,7 +10,7 @@ from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 6, 8))
 def test_every_op_through_the_backend_on_gpus(world):
     seed = random.randrange(1 << 20)
     for bad in run_ranks(rb.every_op, world, args=("cuda:pyccl,cpu:pyccl", True, seed), timeout=300):

@@ -64,7 +64,7 @@ def test_waits_on_a_silent_peer_give_up_at_the_timeout():
 
 
 @requires_gpus(3)
-@pytest.mark.parametrize("world", gpu_worlds(3, 4, least=3))
+@pytest.mark.parametrize("world", gpu_worlds(3, 4, 6, 8, least=3))
 def test_all_pairs_at_once(world):
     for wrong in run_ranks(rc.all_pairs, world, args=(True, (1 << 20) + 3, random.randrange(1 << 20)),
                            timeout=slowed(150)):

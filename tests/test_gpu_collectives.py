@@ -11,7 +11,7 @@ from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
 def test_all_reduce_random_cases_match_float64_reference(world):
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rcol.all_reduce_cases, world, args=(True, seed, 60, 3_000_000), timeout=300):
@@ -46,7 +46,7 @@ def test_all_reduce_in_pieces(options):
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
 def test_all_reduce_push_random_cases(world):
     seed = random.randrange(1 << 20)
     options = {"hb_push": True, "hb_piece_bytes": 1 << 20}
@@ -65,7 +65,7 @@ def test_all_reduce_on_a_torch_nccl_group():
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
 def test_exchanges_random_cases(world):
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rcol.exchange_cases, world, args=(True, seed, 80, 2_000_000), timeout=300):

@@ -12,7 +12,7 @@ from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
 def test_fused_random_cases_match_float64_reference(world):
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rf.fused_cases, world, args=(True, seed, 45, 16384), timeout=300):

@@ -12,7 +12,7 @@ from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
 def test_group_communicator_on_gpus(world):
     seed = random.randrange(1 << 20)
     for bad in run_ranks(ri.collective_cases, world, args=(True, seed), timeout=300):

@@ -4,7 +4,7 @@ torch.compile(fullgraph=True) with inductor."""
 import pytest
 
 import ranks_ops as ro
-from conftest import gpu_count, requires_gpus
+from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
@@ -15,6 +15,6 @@ def test_opcheck_passes_for_every_op_on_gpus():
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", [2])
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 8))
 def test_compiled_tensor_parallel_mlp_on_gpus(world):
     assert run_ranks(ro.compiled_mlp, world, args=(True,), timeout=400) == [True] * world

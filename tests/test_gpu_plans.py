@@ -10,7 +10,7 @@ from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 6, 8))
 def test_library_plans_run_on_gpus(world):
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rp.library_plans, world, args=(True, seed, 6, 200_000), timeout=300):

@@ -11,7 +11,7 @@ from pyccl._spawn import run_ranks
 
 
 @requires_gpus(2)
-@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4))
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
 def test_zero_copy_all_reduce_matches_float64_reference(world):
     seed = random.randrange(1 << 20)
     # No tuning table: the engine's zero-copy thresholds decide, so the test knows the count.
