@@ -53,6 +53,13 @@ def _rank(rank, world, store, sizes):
         row = {"bytes": size, "wrong": wrong,
                "plan": "allreduce_2ph_ll" if size <= pyccl.across_nodes.LL_MAX_BYTES else "allreduce_2ph_hb"}
         row["pyccl_us"] = _time_graph(lambda: pyccl.all_reduce(x, comm=comm, out=out), iters, 5)
+        if size <= pyccl.across_nodes.LL_MAX_BYTES and per_node > 1:  # 2PH LL in one piece and pipelined
+            for pieces, key in ((1, "one_piece"), (2, "pipelined")):
+                pyccl.across_nodes.LL_PIPELINE = pieces
+                y = pyccl.all_reduce(x, comm=comm)
+                row[f"wrong_{key}"] = int((y.double() - ref).abs().gt(0.05 * ref.abs() + 0.1).sum())
+                row[f"pyccl_{key}_us"] = _time_graph(lambda: pyccl.all_reduce(x, comm=comm, out=out), iters, 5)
+            pyccl.across_nodes.LL_PIPELINE = None
         row["nccl_direct_us"] = _time_graph(lambda: nccl.all_reduce(x, out), iters, 5)
         row["nccl_pg_us"] = _time_graph(lambda: dist.all_reduce(out), iters, 5)
         rows.append(row)
@@ -81,6 +88,12 @@ def main() -> None:
         print(f"{r['bytes']:>8} {r['plan']:>17} {r['pyccl_us']:>9.1f} {r['nccl_direct_us']:>12.1f} "
               f"{r['nccl_pg_us']:>9.1f} {r['nccl_direct_us'] / r['pyccl_us']:>9.2f} "
               f"{r['nccl_pg_us'] / r['pyccl_us']:>6.2f} {r['wrong']:>6}")
+    forced = [r for r in rows if "pyccl_pipelined_us" in r]
+    if forced:
+        print("2PH LL: automatic, one piece, two pieces (pyccl.across_nodes.LL_PIPELINE), us; #wrong of each")
+        for r in forced:
+            print(f"{r['bytes']:>8} {r['pyccl_us']:>9.1f} {r['pyccl_one_piece_us']:>9.1f} "
+                  f"{r['pyccl_pipelined_us']:>9.1f} {r['wrong_one_piece']:>6} {r['wrong_pipelined']:>6}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world": args.world, "nodes": 2, "env": NCCL_NETWORK_ONLY, "rows": rows}, f, indent=1)

@@ -66,9 +66,12 @@ def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_
     rng = random.Random(seed)
     bad = []
     for name, build in sorted(algorithms.HIERARCHICAL.items()):
+        # 2PH LL pipelines by default where a node has several GPUs; its one-piece form too.
+        variants = [{}, {"pipeline": 1}] if name == "allreduce_2ph_ll" and gpus_per_node > 1 else [{}]
         for instances in (1, 2):
-            plan = build(world // gpus_per_node, gpus_per_node, instances=instances).lower()
-            bad += _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems)
+            for options in variants:
+                plan = build(world // gpus_per_node, gpus_per_node, instances=instances, **options).lower()
+                bad += _plan_cases(plan.name, plan, comm, device, rng, seed, calls, max_elems)
     record = comm.device_error()
     comm.close()
     return bad, record

@@ -89,3 +89,18 @@ def test_a_failed_rdma_write_fails_the_call_naming_it():
     messages = [message for message, _ in outcomes]
     assert all(m is not None for m in messages), messages
     assert any("RDMA transport to rank" in m for m in messages), messages
+
+
+def test_2ph_ll_is_pipelined_from_its_size(monkeypatch):
+    from pyccl import across_nodes
+
+    def plan_name(layout, nbytes):
+        return across_nodes._plan_for("all_reduce", layout, nbytes)[1].name
+
+    big = across_nodes.LL_PIPELINE_MIN_BYTES
+    assert plan_name((2, 2), 4096).endswith("_pipeline1")
+    assert plan_name((2, 2), big).endswith("_pipeline2")
+    assert plan_name((2, 1), big).endswith("_pipeline1")  # no local phase to overlap
+    assert plan_name((2, 2), across_nodes.LL_MAX_BYTES + 1).startswith("allreduce_2ph_hb")
+    monkeypatch.setattr(across_nodes, "LL_PIPELINE", 2)
+    assert plan_name((2, 2), 4096).endswith("_pipeline2")

@@ -41,6 +41,24 @@ def test_hierarchical_algorithms_pass_the_simulator(name, layout, instances):
         verify(plan, interleavings=2, reduce_op=op)
 
 
+@pytest.mark.parametrize("layout", [(2, 2), (3, 2), (4, 2), (3, 3)])
+def test_2ph_ll_pipelines_over_any_number_of_pieces(layout):
+    """Every piece count from one (no pipeline) to one per chunk of a part."""
+    nodes, gpus = layout
+    ops = []
+    for pipeline in range(1, nodes + 1):
+        plan = algorithms.HIERARCHICAL["allreduce_2ph_ll"](nodes, gpus, pipeline=pipeline).lower()
+        verify(plan, interleavings=4, seed=random.randrange(1 << 20))
+        ops.append(len(plan.threadblocks(0)[0]["ops"]))
+    assert ops == sorted(ops) and ops[0] < ops[-1], ops  # each piece adds its own ops
+
+
+def test_2ph_ll_pipeline_is_checked():
+    for bad in (0, 3, 1.5):
+        with pytest.raises(DSLError, match="'pipeline'"):
+            algorithms.HIERARCHICAL["allreduce_2ph_ll"](2, 2, pipeline=bad)
+
+
 def test_hierarchical_algorithms_check_their_layout():
     for name, build in algorithms.HIERARCHICAL.items():
         with pytest.raises(DSLError, match="'num_nodes'"):

@@ -33,10 +33,18 @@ import torch
 from . import registry
 from .errors import InvalidArgumentError, UnsupportedError
 
-__all__ = ["LL_MAX_BYTES", "node_layout", "run"]
+__all__ = ["LL_MAX_BYTES", "LL_PIPELINE", "LL_PIPELINE_MIN_BYTES", "node_layout", "run"]
 
 #: All-reduces up to this size take 2PH LL, larger ones 2PH HB (docs/scaling.md).
 LL_MAX_BYTES = 256 << 10
+#: 2PH LL pipelines its phases (in ``allreduce_2ph_ll``'s default pieces)
+#: from this size; smaller all-reduces send each part in one piece. Over
+#: sockets every piece costs the receiver a wait of its own: on 2 x 2 H200
+#: one piece was 1.4x faster at 4-16 KiB, two 1.1x faster at 256 KiB
+#: (benchmarks/RESULTS.md).
+LL_PIPELINE_MIN_BYTES = 256 << 10
+#: Pieces for every 2PH LL all-reduce, overriding the size rule (None: by size).
+LL_PIPELINE: Optional[int] = None
 
 
 def node_layout(comm) -> Optional[Tuple[int, int]]:
@@ -78,7 +86,12 @@ def _plan_for(collective: str, layout: Tuple[int, int], nbytes: int):
         name = "allreduce_2ph_ll" if nbytes <= LL_MAX_BYTES else "allreduce_2ph_hb"
     else:
         name = {"all_gather": "allgather_hierarchical", "reduce_scatter": "reduce_scatter_hierarchical"}[collective]
-    plan = registry.cached_plan((name, nodes, per_node), lambda: HIERARCHICAL[name](nodes, per_node).lower())
+    options = {}
+    if name == "allreduce_2ph_ll":
+        pieces = LL_PIPELINE if LL_PIPELINE is not None else (None if nbytes >= LL_PIPELINE_MIN_BYTES else 1)
+        options = {"pipeline": pieces}
+    plan = registry.cached_plan((name, nodes, per_node, tuple(options.items())),
+                                lambda: HIERARCHICAL[name](nodes, per_node, **options).lower())
     return name, plan
 
 
@@ -130,7 +143,7 @@ def run(comm, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str 
     part_unit = unit // parts
     padded_part = -(-per_part // part_unit) * part_unit
     limit = 1 << max(16, (padded_part * parts * elem - 1).bit_length())
-    runner = registry._runner(comm, ("across_nodes", name, limit), tensor, lambda: plan, max_bytes=limit)
+    runner = registry._runner(comm, ("across_nodes", plan.name, limit), tensor, lambda: plan, max_bytes=limit)
     if runner is None:
         if fallback is None:
             raise UnsupportedError(f"{collective} across nodes: the first call of {nbytes} bytes is being captured "

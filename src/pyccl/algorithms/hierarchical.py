@@ -19,12 +19,14 @@ carries an equal share, the point of the hierarchy (docs/scaling.md).
 
 :mod:`pyccl.across_nodes` chooses these plans for a communicator that spans
 nodes; the plan interpreter reaches the other nodes' ranks through the proxy
-and the socket transport (docs/multinode.md). Not yet: the paper's pipelining
-of the local all-gather with the cross-node one (HB pipelines only the
-reduce-scatter side; LL neither).
+and the socket transport (docs/multinode.md). LL pipelines all three phases
+over pieces of each part; HB pipelines the local reduce-scatter with the cross-node
+one, not yet the all-gather side.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from ..dsl import AllGather, AllReduce, DSLError, MemoryChannel, PortChannel, Program, ReduceScatter, signal_and_wait
 
@@ -119,52 +121,71 @@ def allreduce_2ph_hb(num_nodes: int, gpus_per_node: int, instances: int = 1) -> 
     return p
 
 
-def allreduce_2ph_ll(num_nodes: int, gpus_per_node: int, instances: int = 1) -> Program:
+def allreduce_2ph_ll(num_nodes: int, gpus_per_node: int, instances: int = 1,
+                     pipeline: Optional[int] = None) -> Program:
     """2PH LL, for small messages: inside the node every hop is LL packets with
     no signal (each local rank packs part j of its input into the owner's
     scratch, the owner reduces the packets as they arrive, and packs the
     finished part back to its peers); across nodes, local rank j sends its
-    node's part j to the same local rank of every other node in one
-    put-with-signal each and reduces what arrives (all-pairs: one network
-    hop, (N - 1) / g of the message per NIC)."""
+    node's part j to the same local rank of every other node and reduces what
+    arrives (all-pairs: one network hop, (N - 1) / g of the message per NIC).
+
+    The three phases are pipelined over `pipeline` pieces of part j (of its N
+    chunks; by default 2 with several GPUs per node, 1 with one, where there
+    is no local phase to overlap): a piece leaves for the other nodes as soon
+    as the local packets of it are reduced, and goes to the local peers as
+    soon as the other nodes' partials of it are in, so NVLink and the network
+    work at once. Each piece costs one more signal per peer node."""
     g, n_nodes, n, rank, parts = _layout(num_nodes, gpus_per_node)
-    # Scratch per rank, in parts of N chunks: g packet slots (the local
+    if pipeline is None:
+        pipeline = min(2, n_nodes) if g > 1 else 1
+    if not isinstance(pipeline, int) or not 1 <= pipeline <= n_nodes:
+        raise DSLError(f"invalid argument 'pipeline': expected an integer from 1 to num_nodes ({n_nodes}), "
+                       f"got {pipeline!r}")
+    pieces = [(k * n_nodes // pipeline, (k + 1) * n_nodes // pipeline) for k in range(pipeline)]
+    # Scratch per rank, in slots of N chunks: g packet slots (the local
     # reduce-scatter, by sender), the node partial (the cross-node source), N
     # slots of the other nodes' partials (by node), and g packet slots of
     # finished parts (the local all-gather, by sender).
-    slot = lambda index: slice(index * n_nodes, (index + 1) * n_nodes)  # noqa: E731
-    rs_slot, partial_slot = slot, slot(g)
-    remote_slot = lambda k: slot(g + 1 + k)  # noqa: E731
-    ag_slot = lambda b: slot(g + 1 + n_nodes + b)  # noqa: E731
+    at = lambda index, piece: slice(index * n_nodes + piece[0], index * n_nodes + piece[1])  # noqa: E731
+    rs_slot, partial_slot = (lambda b: b), g
+    remote_slot = lambda k: g + 1 + k  # noqa: E731
+    ag_slot = lambda b: g + 1 + n_nodes + b  # noqa: E731
     slots = lambda r: p.scratch(r, (2 * g + 1 + n_nodes) * n_nodes)  # noqa: E731
-    with Program(f"allreduce_2ph_ll_{n_nodes}x{g}", AllReduce(n, chunks=n, in_place=False), protocol="ll",
-                 instances=instances) as p:
+    name = f"allreduce_2ph_ll_{n_nodes}x{g}_pipeline{pipeline}"
+    with Program(name, AllReduce(n, chunks=n, in_place=False), protocol="ll", instances=instances) as p:
         local, cross = _channels(n_nodes, g, rank)
         for m, j, r, peers, remotes in _each_rank(n_nodes, g, rank):
-            mine, out = slots(r), p.output(r)
-            partial = mine[partial_slot]
-            # 1. local reduce-scatter in packets: part b of my input to local rank b, slot j.
+            mine, out, x = slots(r), p.output(r), p.input(r)
+            # 1. local reduce-scatter in packets: part b of my input to local
+            # rank b's slot j, piece by piece in the order the owner reduces them.
+            for piece in pieces:
+                for q in peers:
+                    local[(q, r)].put_packets(slots(q)[at(rs_slot(j), piece)], x[at(q % g, piece)], tb=0)
+            # 1 + 2: reduce a piece of part j, then send it to every other node at once.
+            for piece in pieces:
+                partial = mine[at(partial_slot, piece)]
+                partial.copy(x[at(j, piece)], tb=0)
+                for q in peers:
+                    partial.reduce_packets(mine[at(rs_slot(q % g), piece)], tb=0)
+                for q in remotes:
+                    cross[(q, r)].put_with_signal(slots(q)[at(remote_slot(m), piece)], partial, tb=0)
+            # 2 + 3: a piece of part j, once every node's partial of it is in,
+            # goes to my local peers in packets.
+            for piece in pieces:
+                done = out[at(j, piece)]
+                done.copy(mine[at(partial_slot, piece)], tb=0)
+                for q in remotes:
+                    cross[(r, q)].wait(tb=0)
+                    done.reduce(mine[at(remote_slot(q // g), piece)], tb=0)
+                for q in peers:
+                    local[(q, r)].put_packets(slots(q)[at(ag_slot(j), piece)], done, tb=0)
             for q in peers:
-                local[(q, r)].put_packets(slots(q)[rs_slot(j)], p.input(r)[parts(q % g)], tb=0)
-            partial.copy(p.input(r)[parts(j)], tb=0)
-            for q in peers:
-                partial.reduce_packets(mine[rs_slot(q % g)], tb=0)
-            # 2. cross-node all-pairs: my node's part j to every node, then reduce theirs into mine.
-            for q in remotes:
-                cross[(q, r)].put_with_signal(slots(q)[remote_slot(m)], partial, tb=0)
-            out[parts(j)].copy(partial, tb=0)
-            for q in remotes:
-                cross[(r, q)].wait(tb=0)
-                out[parts(j)].reduce(mine[remote_slot(q // g)], tb=0)
-            # 3. local all-gather in packets: the finished part j to every local peer.
-            for q in peers:
-                local[(q, r)].put_packets(slots(q)[ag_slot(j)], out[parts(j)], tb=0)
-            for q in peers:
-                out[parts(q % g)].unpack(mine[ag_slot(q % g)], tb=0)
+                for piece in pieces:
+                    out[at(q % g, piece)].unpack(mine[at(ag_slot(q % g), piece)], tb=0)
             for q in remotes:
                 cross[(q, r)].flush(tb=0)
     return p
-
 
 
 def allgather_hierarchical(num_nodes: int, gpus_per_node: int, instances: int = 1) -> Program:
