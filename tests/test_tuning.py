@@ -129,6 +129,12 @@ def test_shipped_table_is_found_for_its_gpu_and_world(monkeypatch):
     assert table is not None and table["world"] == 4
     assert tuning.select(table, "all_reduce", 1024) == "1pa_ll"
     assert tuning.load_table("NVIDIA H200", 3) is None
+    eight = tuning.load_table("NVIDIA H200", 8, "bfloat16")
+    assert eight is not None and eight["world"] == 8
+    # On 8 GPUs the kernel beat NCCL at 16 MiB, not from 32 MiB (benchmarks/RESULTS.md).
+    assert tuning.select(eight, "all_reduce", 16 << 20) == "2pa_hb"
+    assert tuning.nccl_from(eight, "all_reduce") == (16 << 20) + 1
+    assert tuning.nccl_from(eight, "broadcast") is None  # not measured: the defaults apply
 
 
 def test_tuning_file_overrides(monkeypatch, tmp_path):
