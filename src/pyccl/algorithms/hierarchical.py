@@ -19,9 +19,9 @@ carries an equal share, the point of the hierarchy (docs/scaling.md).
 
 :mod:`pyccl.across_nodes` chooses these plans for a communicator that spans
 nodes; the plan interpreter reaches the other nodes' ranks through the proxy
-and the socket transport (docs/multinode.md). LL pipelines all three phases
-over pieces of each part; HB pipelines the local reduce-scatter with the cross-node
-one, not yet the all-gather side.
+and the socket transport (docs/multinode.md). Both variants pipeline the
+local phases with the cross-node ones (LL over pieces of each part, HB
+sub-chunk by sub-chunk).
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def allreduce_2ph_hb(num_nodes: int, gpus_per_node: int, instances: int = 1) -> 
     2PA HB); across nodes, local rank j of node m reduces sub-chunk m of part j
     from every node (a reduce-scatter over PortChannels), then sends it to
     every node (the all-gather), so each NIC carries (N - 1) / (N g) of the
-    message each way. The local reduce-scatter is pipelined with the
-    cross-node one (each sub-chunk leaves for its node as soon as it is
-    reduced); the cross-node all-gather and the local one are not yet."""
+    message each way. Both sides are pipelined: each sub-chunk leaves for
+    its node as soon as it is reduced locally, and each finished sub-chunk
+    goes on to the local peers (NVLink writes) as soon as it arrives."""
     g, n_nodes, n, rank, parts = _layout(num_nodes, gpus_per_node)
     with Program(f"allreduce_2ph_hb_{n_nodes}x{g}", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
@@ -104,20 +104,25 @@ def allreduce_2ph_hb(num_nodes: int, gpus_per_node: int, instances: int = 1) -> 
             for q in remotes:
                 cross[(r, q)].wait(tb=0)
                 out[j * n_nodes + m].reduce(stage[n + q // g], tb=0)
-            # 2b. cross-node all-gather: my finished sub-chunk to every node's output.
+            # 2b + 3, pipelined: my finished sub-chunk to every node's output
+            # and to my local peers' at once; then each other node's sub-chunk
+            # of part j to my local peers as soon as it lands.
+            mine = j * n_nodes + m
             for q in remotes:
-                cross[(q, r)].put(p.output(q)[j * n_nodes + m], out[j * n_nodes + m], tb=0)
+                cross[(q, r)].put(p.output(q)[mine], out[mine], tb=0)
                 cross[(q, r)].signal(tb=0)
+            for peer in peers:
+                local[(peer, r)].put(p.output(peer)[mine], out[mine], tb=0)
             for q in remotes:
                 cross[(r, q)].wait(tb=0)
-            # 3. local all-gather: every local peer pulls part j once it is complete.
+                arrived = j * n_nodes + q // g
+                for peer in peers:
+                    local[(peer, r)].put(p.output(peer)[arrived], out[arrived], tb=0)
+            # My puts are in my peers' outputs, and (the signal follows them)
+            # no peer reads my stage any more once it has signalled.
             signal_and_wait(local, r, peers, tb=0)
-            for q in peers:
-                local[(q, r)].get(out[parts(q % g)], p.output(q)[parts(q % g)], tb=0)
             for q in remotes:
                 cross[(q, r)].flush(tb=0)
-            # No local peer may leave (and reuse its buffers) while another still reads them.
-            signal_and_wait(local, r, peers, tb=0)
     return p
 
 
