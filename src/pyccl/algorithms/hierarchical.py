@@ -42,8 +42,7 @@ def _layout(num_nodes: int, gpus_per_node: int):
                        f"{num_nodes} (one node: the all-pairs algorithms)")
     g = gpus_per_node
     rank = lambda node, local: node * g + local  # noqa: E731
-    parts = lambda j: slice(j * num_nodes, (j + 1) * num_nodes)  # noqa: E731  part j's chunks
-    return g, num_nodes, num_nodes * g, rank, parts
+    return g, num_nodes, num_nodes * g, rank
 
 
 def _each_rank(num_nodes: int, g: int, rank):
@@ -79,7 +78,7 @@ def allreduce_2ph_hb(num_nodes: int, gpus_per_node: int, instances: int = 1) -> 
     message each way. Both sides are pipelined: each sub-chunk leaves for
     its node as soon as it is reduced locally, and each finished sub-chunk
     goes on to the local peers (NVLink writes) as soon as it arrives."""
-    g, n_nodes, n, rank, parts = _layout(num_nodes, gpus_per_node)
+    g, n_nodes, n, rank = _layout(num_nodes, gpus_per_node)
     with Program(f"allreduce_2ph_hb_{n_nodes}x{g}", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
         local, cross = _channels(n_nodes, g, rank)
@@ -141,7 +140,7 @@ def allreduce_2ph_ll(num_nodes: int, gpus_per_node: int, instances: int = 1,
     as the local packets of it are reduced, and goes to the local peers as
     soon as the other nodes' partials of it are in, so NVLink and the network
     work at once. Each piece costs one more signal per peer node."""
-    g, n_nodes, n, rank, parts = _layout(num_nodes, gpus_per_node)
+    g, n_nodes, n, rank = _layout(num_nodes, gpus_per_node)
     if pipeline is None:
         pipeline = min(2, n_nodes) if g > 1 else 1
     if not isinstance(pipeline, int) or not 1 <= pipeline <= n_nodes:
@@ -199,7 +198,7 @@ def allgather_hierarchical(num_nodes: int, gpus_per_node: int, instances: int = 
     of its local index to every GPU of its node (NVLink). Each NIC carries
     (N - 1) chunks each way, where all-pairs across nodes would carry
     (N - 1) g."""
-    g, n_nodes, n, rank, _ = _layout(num_nodes, gpus_per_node)
+    g, n_nodes, n, rank = _layout(num_nodes, gpus_per_node)
     with Program(f"allgather_hierarchical_{n_nodes}x{g}", AllGather(n), protocol="hb", instances=instances) as p:
         local, cross = _channels(n_nodes, g, rank)
         for m, j, r, peers, remotes in _each_rank(n_nodes, g, rank):
@@ -226,7 +225,7 @@ def reduce_scatter_hierarchical(num_nodes: int, gpus_per_node: int, instances: i
     reads of their staged inputs), sending each other node's partial on as
     soon as it is reduced (PortChannel); then it reduces the other nodes'
     partials of its own chunk. Each NIC carries (N - 1) chunks each way."""
-    g, n_nodes, n, rank, _ = _layout(num_nodes, gpus_per_node)
+    g, n_nodes, n, rank = _layout(num_nodes, gpus_per_node)
     with Program(f"reduce_scatter_hierarchical_{n_nodes}x{g}", ReduceScatter(n), protocol="hb",
                  instances=instances) as p:
         local, cross = _channels(n_nodes, g, rank)
