@@ -95,7 +95,7 @@ def test_2ph_ll_is_pipelined_from_its_size(monkeypatch):
     from pyccl import across_nodes
 
     def plan_name(layout, nbytes):
-        return across_nodes._plan_for("all_reduce", layout, nbytes)[1].name
+        return across_nodes._plan_for("all_reduce", layout, nbytes).name
 
     big = across_nodes.LL_PIPELINE_MIN_BYTES
     assert plan_name((2, 2), 4096).endswith("_pipeline1")

@@ -94,11 +94,9 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
     throw UnsupportedError(strCat("collectives in communicator '", comm.name(), "' support up to ",
                                   kMaxCollectiveRanks, " ranks in one node, it has ", world));
   }
-  for (int p = 0; p < world; ++p) {
-    if (p != comm.rank() && !comm.canAccessPeer(p)) {
-      throw UnsupportedError(strCat("collectives in communicator '", comm.name(), "' need P2P between all ranks; rank ",
-                                    comm.rank(), " cannot reach rank ", p, " (another node, or no P2P path)"));
-    }
+  if (const int p = comm.firstUnreachablePeer(); p >= 0) {
+    throw UnsupportedError(strCat("collectives in communicator '", comm.name(), "' need P2P between all ranks; rank ",
+                                  comm.rank(), " cannot reach rank ", p, " (another node, or no P2P path)"));
   }
   if (!host) gpu::loadKernelsOnce(comm.device(), "collective", collectiveKernels());
   // PYCCL_PDL=0 turns programmatic dependent launch off for every engine (e.g. the backend's).

@@ -184,6 +184,24 @@ int64_t rdmaLoopbackFailAt() {
   return v != nullptr && *v != '\0' ? std::atoll(v) : -1;
 }
 
+#ifdef PYCCL_WITH_IBVERBS
+/// A verbs queue pair to `peer` over `bytes` at `data` (GPU `device`'s
+/// memory, or host memory for -1) whose signals land in `inbound`: the
+/// endpoints exchanged and connected, and neither side writing before the
+/// other's queue pair is ready to receive. `peerBytes`: what the peer registered.
+std::unique_ptr<RdmaQueuePair> connectVerbs(Communicator& comm, int peer, int device, char* data, uint64_t bytes,
+                                            uint64_t* inbound, uint64_t* peerBytes) {
+  auto endpoint = openVerbsEndpoint(device, data, bytes, inbound);
+  comm.send(peer, kChannelTag, verbsEndpointInfo(*endpoint).serialize());
+  const RdmaEndpointInfo theirs = RdmaEndpointInfo::parse(comm.recv(peer, kChannelTag), peer);
+  *peerBytes = theirs.dataSize;
+  auto qp = connectVerbsEndpoint(endpoint, theirs, peer);
+  comm.send(peer, kChannelTag, Bytes{1});
+  comm.recv(peer, kChannelTag);
+  return qp;
+}
+#endif
+
 }  // namespace
 
 std::shared_ptr<PortChannel> Communicator::createRdmaPortChannel(int peer, const RegisteredMemory& local) {
@@ -210,15 +228,8 @@ std::shared_ptr<PortChannel> Communicator::createRdmaPortChannel(int peer, const
     if (listRdmaDevices().empty()) throw UnsupportedError(kNoRdmaDeviceMessage);
 #ifdef PYCCL_WITH_IBVERBS
     semaphore = createLocalSemaphore(peer);
-    auto endpoint = openVerbsEndpoint(device_, static_cast<char*>(local.data()), local.size(),
-                                      semaphore->localInboundPtr());
-    send(peer, kChannelTag, verbsEndpointInfo(*endpoint).serialize());
-    const RdmaEndpointInfo theirs = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
-    cfg.remoteSize = theirs.dataSize;
-    qp = connectVerbsEndpoint(endpoint, theirs, peer);
-    // Neither side writes before the other's queue pair is ready to receive.
-    send(peer, kChannelTag, Bytes{1});
-    recv(peer, kChannelTag);
+    qp = connectVerbs(*this, peer, device_, static_cast<char*>(local.data()), local.size(),
+                      semaphore->localInboundPtr(), &cfg.remoteSize);
 #else
     throw UnsupportedError("transport 'rdma': this build of pyccl has no RDMA data path (rdma-core's headers, "
                            "Debian libibverbs-dev, were missing when it was built); use transport='socket'");
@@ -288,15 +299,10 @@ std::unique_ptr<ProxyChannel> Communicator::connectRdmaInbox(int peer, char* sta
     if (listRdmaDevices().empty()) throw UnsupportedError(kNoRdmaDeviceMessage);
 #ifdef PYCCL_WITH_IBVERBS
     // Host memory (the staging is page-locked on GPUs), so the endpoint registers it as such.
-    auto endpoint = openVerbsEndpoint(-1, base, bytes, reinterpret_cast<uint64_t*>(base + layout.farCounters));
-    send(peer, kChannelTag, verbsEndpointInfo(*endpoint).serialize());
-    const RdmaEndpointInfo theirs = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer);
-    PYCCL_CHECK_ARG(theirs.dataSize == bytes, "plan", "rank ", peer, " staged ", theirs.dataSize,
+    qp = connectVerbs(*this, peer, -1, base, bytes, reinterpret_cast<uint64_t*>(base + layout.farCounters),
+                      &cfg.remoteSize);
+    PYCCL_CHECK_ARG(cfg.remoteSize == bytes, "plan", "rank ", peer, " staged ", cfg.remoteSize,
                     " bytes where this rank stages ", bytes);
-    cfg.remoteSize = theirs.dataSize;
-    qp = connectVerbsEndpoint(endpoint, theirs, peer);
-    send(peer, kChannelTag, Bytes{1});  // neither side writes before the other's queue pair is ready
-    recv(peer, kChannelTag);
 #else
     throw UnsupportedError("plans over RDMA: this build of pyccl has no RDMA data path (rdma-core's headers, "
                            "Debian libibverbs-dev, were missing when it was built); set PYCCL_PLAN_TRANSPORT=socket");

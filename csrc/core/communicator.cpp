@@ -165,6 +165,13 @@ bool Communicator::canAccessPeer(int peer) const {
   return topology_.p2p[rank_][peer];
 }
 
+int Communicator::firstUnreachablePeer() const {
+  for (int p = 0; p < worldSize_; ++p) {
+    if (p != rank_ && !topology_.p2p[rank_][p]) return p;
+  }
+  return -1;
+}
+
 std::vector<Bytes> Communicator::allGather(const Bytes& mine) {
   checkOpen("allgather");
   return bootstrap_->allGather(mine);

@@ -23,14 +23,11 @@
 #include "core/topology.hpp"
 
 namespace pyccl {
-class ProxyChannel;
-struct RdmaInboxLayout;
-}  // namespace pyccl
-
-namespace pyccl {
 
 class FdServer;
+class ProxyChannel;
 class ProxyService;
+struct RdmaInboxLayout;
 
 struct CommunicatorOptions {
   std::string name;  ///< namespace of this communicator's store keys
@@ -58,6 +55,9 @@ class Communicator {
   const Topology& topology() const { return topology_; }
   /// Whether this rank reaches `peer`'s registered memory by loads and stores.
   bool canAccessPeer(int peer) const;
+  /// The lowest rank this one cannot reach by P2P (on another node, or no
+  /// P2P path), or -1 when it reaches every rank.
+  int firstUnreachablePeer() const;
 
   /// Host-side collectives over the store (set-up only, not the data path).
   std::vector<Bytes> allGather(const Bytes& mine);

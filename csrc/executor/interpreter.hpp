@@ -317,8 +317,11 @@ PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanChunk& out,
 /// Rank `rank` is on another node: reached only through the proxy.
 PYCCL_HOST_DEVICE bool isRemote(const PlanContext& c, int rank) { return ((c.remoteRanks >> rank) & 1u) != 0; }
 
-/// This rank's counters (its slot's).
-PYCCL_HOST_DEVICE uint64_t* ownCounters(const PlanContext& c) { return c.counters[c.slot[c.rank]]; }
+/// The counters of `rank` on this node (its slot's), mapped here.
+PYCCL_HOST_DEVICE uint64_t* countersOf(const PlanContext& c, int rank) { return c.counters[c.slot[rank]]; }
+
+/// This rank's counters.
+PYCCL_HOST_DEVICE uint64_t* ownCounters(const PlanContext& c) { return countersOf(c, c.rank); }
 
 /// Pushes `trigger`; false (the call fails) if the FIFO stayed full past the timeout.
 PYCCL_HOST_DEVICE bool pushTrigger(const PlanContext& c, ProxyTrigger trigger, uint64_t* pos = nullptr) {
@@ -367,10 +370,9 @@ constexpr uint64_t kAcrossNodesPiece = 1ull << 20;
 PYCCL_HOST_DEVICE bool putAcrossNodes(const PlanContext& c, const PlanOp& op, uint64_t call, uint64_t bytes,
                                       uint32_t tid, uint32_t numThreads) {
   syncBlock();  // the block's writes of the sources happen before the copies
+  auto source = [&](int d) { return chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call); };
   for (int d = 0; d < op.numDsts; ++d) {
-    if (isRemote(c, op.dsts[d].rank)) continue;
-    copyBytes(chunkPtr(c, op.dsts[d], call), chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call), bytes, tid,
-              numThreads);
+    if (!isRemote(c, op.dsts[d].rank)) copyBytes(chunkPtr(c, op.dsts[d], call), source(d), bytes, tid, numThreads);
   }
   bool ok = true;
   for (uint64_t at = 0; at < bytes; at += kAcrossNodesPiece) {
@@ -378,7 +380,7 @@ PYCCL_HOST_DEVICE bool putAcrossNodes(const PlanContext& c, const PlanOp& op, ui
     bool mirrored = false;  // one source for every destination: mirrored once
     for (int d = 0; d < op.numDsts; ++d) {
       if (!isRemote(c, op.dsts[d].rank) || mirrored) continue;
-      const char* src = chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call) + at;
+      const char* src = source(d) + at;
       copyBytes(c.sendMirror + (src - c.regionBase), src, n, tid, numThreads);
       mirrored = op.numSrcs == 1;
     }
@@ -387,9 +389,8 @@ PYCCL_HOST_DEVICE bool putAcrossNodes(const PlanContext& c, const PlanOp& op, ui
     if (tid != 0) continue;
     for (int d = 0; d < op.numDsts; ++d) {
       if (!isRemote(c, op.dsts[d].rank)) continue;
-      const char* src = chunkPtr(c, op.srcs[op.numSrcs > 1 ? d : 0], call) + at;
       const uint64_t dst = reinterpret_cast<uint64_t>(chunkPtr(c, op.dsts[d], call)) + at;  // an offset
-      ok = proxyPut(c, op.dsts[d].rank, dst, src, n) && ok;
+      ok = proxyPut(c, op.dsts[d].rank, dst, source(d) + at, n) && ok;
     }
   }
   return ok;
@@ -557,7 +558,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         if (isRemote(c, op.peers[k])) {
           proxySignal(c, op.peers[k], op.channels[k]);
         } else {
-          atomicAddRelease(&c.counters[c.slot[op.peers[k]]][op.channels[k]], 1);
+          atomicAddRelease(&countersOf(c, op.peers[k])[op.channels[k]], 1);
         }
       }
       return true;
@@ -642,7 +643,7 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
         if (isRemote(c, q)) {
           proxySignal(c, q, c.entryBase + c.rank);
         } else {
-          atomicAddRelease(&c.counters[c.slot[q]][c.entryBase + c.rank], 1);
+          atomicAddRelease(&countersOf(c, q)[c.entryBase + c.rank], 1);
         }
       }
     }

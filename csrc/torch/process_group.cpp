@@ -249,9 +249,7 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
   Lane lane;
   lane.comm = std::make_shared<Communicator>(std::make_shared<C10dStore>(prefixed), getRank(), getSize(), device,
                                              opts);
-  bool spans = false;
-  for (int q = 0; q < getSize(); ++q) spans = spans || (q != getRank() && !lane.comm->canAccessPeer(q));
-  if (spans && options_.acrossNodes) {
+  if (lane.comm->firstUnreachablePeer() >= 0 && options_.acrossNodes) {
     // The engine's kernels need every peer in reach; pyccl.across_nodes runs
     // the collectives on plans instead (every rank sees the same topology).
     lane.acrossNodes = true;

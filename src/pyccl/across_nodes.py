@@ -78,21 +78,21 @@ def node_layout(comm) -> Optional[Tuple[int, int]]:
 
 
 def _plan_for(collective: str, layout: Tuple[int, int], nbytes: int):
-    """(name, plan) of the plan for this collective and size."""
+    """The plan for this collective and size (its name tells it apart)."""
     from .algorithms import HIERARCHICAL
 
     nodes, per_node = layout
-    if collective == "all_reduce":
-        name = "allreduce_2ph_ll" if nbytes <= LL_MAX_BYTES else "allreduce_2ph_hb"
-    else:
-        name = {"all_gather": "allgather_hierarchical", "reduce_scatter": "reduce_scatter_hierarchical"}[collective]
     options = {}
-    if name == "allreduce_2ph_ll":
+    if collective != "all_reduce":
+        name = {"all_gather": "allgather_hierarchical", "reduce_scatter": "reduce_scatter_hierarchical"}[collective]
+    elif nbytes > LL_MAX_BYTES:
+        name = "allreduce_2ph_hb"
+    else:
+        name = "allreduce_2ph_ll"
         pieces = LL_PIPELINE if LL_PIPELINE is not None else (None if nbytes >= LL_PIPELINE_MIN_BYTES else 1)
         options = {"pipeline": pieces}
-    plan = registry.cached_plan((name, nodes, per_node, tuple(options.items())),
+    return registry.cached_plan((name, nodes, per_node, tuple(options.items())),
                                 lambda: HIERARCHICAL[name](nodes, per_node, **options).lower())
-    return name, plan
 
 
 def _check(collective: str, tensor: torch.Tensor, out: torch.Tensor, comm, out_elements: int) -> None:
@@ -134,7 +134,7 @@ def run(comm, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str 
         return True
     elem = tensor.element_size()
     nbytes = n * elem * (world if collective == "all_gather" else 1)
-    name, plan = _plan_for(collective, layout, nbytes)
+    plan = _plan_for(collective, layout, nbytes)
     unit = plan.buffers["input"]
     # Elements per chunk-unit of the input: all-reduce and all-gather pad the
     # whole input, reduce-scatter each rank's part.
