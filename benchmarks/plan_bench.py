@@ -7,7 +7,9 @@ algorithm: all-reduce, bf16, CUDA graph of 20 calls, median of 7, on 4 GPUs.
    0's choice) and the kernel are timed in turn, 5 rounds; the table gives
    the medians of the rounds. The kernel's own time drifts by up to a
    microsecond between phases of one run, so only times taken side by side
-   are compared.
+   are compared. Plans with packet ops are also timed with their any-shape
+   form forced (PYCCL_PLAN_GENERIC_PACKETS=1), and plans with
+   reduce_put_packets with that fusion undone.
 
     python benchmarks/plan_bench.py [--world 4] [--plans NAME,...] [--json rows.json]
 """
@@ -15,6 +17,7 @@ algorithm: all-reduce, bf16, CUDA graph of 20 calls, median of 7, on 4 GPUs.
 import argparse
 import json
 import math
+import os
 import statistics
 
 import torch
@@ -29,10 +32,11 @@ from pyccl.plans import PlanRunner
 K = 1 << 10
 M = 1 << 20
 # plan, hand-written twin, sizes, instance counts, threads per block
-# (the kernels' LL grid is 64 blocks: the plans get as many)
-CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 4, 8, 16, 32, 64),
+# (the kernels' LL grid is 64 blocks of 1024 threads: the plans get as many
+# blocks, and as many threads in 128 blocks of 512)
+CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 2, 4, 8, 16, 32, 64),
           (512, 1024)),
-         ("allreduce_allpairs_ll2", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64), (512, 1024)),
+         ("allreduce_allpairs_ll2", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64, 128), (512, 1024)),
          ("allreduce_allpairs_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
 ITERS, TRIALS = 20, 7
 
@@ -57,6 +61,19 @@ def _without_reduce_put_packets(plan: Plan) -> Plan:
                                  "dsts": op["dsts"], "line": op["line"]}]
             tb["ops"] = ops
     return Plan.from_dict(d)
+
+
+PACKET_OPS = ("multi_put_packets", "put_packets", "unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
+
+
+def _any_shape_runner(plan: Plan, comm, n: int, threads: int) -> PlanRunner:
+    """A runner of `plan` whose packet ops take their any-shape form (the
+    executor reads PYCCL_PLAN_GENERIC_PACKETS when it is made)."""
+    os.environ["PYCCL_PLAN_GENERIC_PACKETS"] = "1"
+    try:
+        return PlanRunner(plan, comm, max_bytes=n, threads=threads)
+    finally:
+        del os.environ["PYCCL_PLAN_GENERIC_PACKETS"]
 
 
 def _kernel_call(x, y, comm, algo):
@@ -104,20 +121,26 @@ def body(rank, world, store, plans):
             unfused = None
             if plan.count_ops("reduce_put_packets"):
                 unfused = PlanRunner(_without_reduce_put_packets(plan), comm, max_bytes=n, threads=threads)
+            any_shape = None
+            if any(plan.count_ops(kind) for kind in PACKET_OPS):
+                any_shape = _any_shape_runner(plan, comm, n, threads)
             x, y = inputs[n], outputs[n]
-            kernel_us, plan_us, unfused_us = [], [], []
+            kernel_us, plan_us, unfused_us, any_shape_us = [], [], [], []
             for _ in range(ROUNDS):
                 kernel_us.append(_time_graph(_kernel_call(x, y, comm, algo), ITERS, TRIALS))
                 plan_us.append(_time_graph(lambda: run(x, out=y), ITERS, TRIALS))
                 if unfused is not None:
                     unfused_us.append(_time_graph(lambda: unfused(x, out=y), ITERS, TRIALS))
-            run.close()
-            if unfused is not None:
-                unfused.close()
+                if any_shape is not None:
+                    any_shape_us.append(_time_graph(lambda: any_shape(x, out=y), ITERS, TRIALS))
+            for runner in (run, unfused, any_shape):
+                if runner is not None:
+                    runner.close()
             head_to_head.append({"plan": name, "kernel": algo, "bytes": n, "instances": k, "threads": threads,
                                  "kernel_us": statistics.median(kernel_us), "plan_us": statistics.median(plan_us),
                                  "kernel_rounds": kernel_us, "plan_rounds": plan_us,
-                                 "unfused_us": statistics.median(unfused_us) if unfused_us else None})
+                                 "unfused_us": statistics.median(unfused_us) if unfused_us else None,
+                                 "any_shape_us": statistics.median(any_shape_us) if any_shape_us else None})
     comm.close()
     return (rows, head_to_head) if rank == 0 else None
 
@@ -152,6 +175,10 @@ def main() -> None:
         if r.get("unfused_us"):
             print(f"{r['plan']} {_size(r['bytes'])}: without the reduce_put_packets fusion {r['unfused_us']:.2f} µs "
                   f"(fused {r['plan_us']:.2f})")
+    for r in head_to_head:
+        if r.get("any_shape_us"):
+            print(f"{r['plan']} {_size(r['bytes'])}: packet ops in their any-shape form {r['any_shape_us']:.2f} µs "
+                  f"(as chosen {r['plan_us']:.2f})")
     for name, rs in ratios.items():
         print(f"{name}: geometric mean plan / kernel {math.exp(sum(map(math.log, rs)) / len(rs)):.3f}, "
               f"worst {max(rs):.2f}")

@@ -51,6 +51,34 @@ def library_plans(rank, world, store, on_gpu, seed, calls, max_elems):
     return bad, record
 
 
+def allgather_long(num_ranks: int, chunks: int = 64):
+    """An all-gather of `chunks` chunks per rank, one put and one copy per
+    chunk: 2 x chunks ops on one thread block, more than the kernel stages in
+    shared memory at once (it then runs them through a one-op window)."""
+    from pyccl.dsl import AllGather, Program, all_pairs_memory_channels, signal_and_wait
+
+    with Program("allgather_long", AllGather(num_ranks, chunks=chunks), protocol="hb") as p:
+        chans = all_pairs_memory_channels(num_ranks)
+        for r in range(num_ranks):
+            peers = [(r + k) % num_ranks for k in range(1, num_ranks)]
+            for k in range(chunks):
+                for q in peers:
+                    chans[(q, r)].put(p.output(q)[r * chunks + k], p.input(r)[k], tb=0)
+                p.output(r)[r * chunks + k].copy(p.input(r)[k], tb=0)
+            signal_and_wait(chans, r, peers, tb=0)
+    return p
+
+
+def long_plan(rank, world, store, on_gpu, seed):
+    """allgather_long, run on random sizes and dtypes against the reference. Returns the failures."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    plan = allgather_long(world).lower()
+    assert max(len(tb["ops"]) for tb in plan.ranks[rank]["threadblocks"]) > 120
+    bad = _plan_cases("allgather_long", plan, comm, device, random.Random(seed), seed, 4, 64 * 300)
+    comm.close()
+    return bad
+
+
 def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node, split=False):
     """The 2PH plans for world / gpus_per_node "nodes" (PortChannels between
     nodes, MemoryChannels inside), as library_plans runs the others. With

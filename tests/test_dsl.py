@@ -158,7 +158,8 @@ def test_fusion_and_synchronization():
     assert _kinds(ll) == ["multi_put_packets", "reduce_packets"]
     last = ll.threadblocks(0)[0]["ops"][-1]
     assert len(last["srcs"]) == 3 and last["init"] == [0, "input", 0, 1] and last["dst"] == [0, "output", 0, 1]
-    # A copy with another op between it and the reduction stays a copy.
+    # A copy with another op between it and the reduction stays a copy (here
+    # with that other copy: back-to-back local copies are one multi_copy).
     with Program("no_init", AllReduce(2, chunks=1, in_place=False), protocol="ll") as p:
         for r in range(2):
             q = 1 - r
@@ -167,7 +168,13 @@ def test_fusion_and_synchronization():
             p.scratch(r, 2)[1].copy(p.input(r)[0], tb=0)
             p.output(r)[0].reduce_packets(p.scratch(r, 2)[0], tb=0)
     ops = p.lower().threadblocks(0)[0]["ops"]
-    assert all("init" not in op for op in ops) and _kinds(p.lower()).count("copy") == 2
+    assert all("init" not in op for op in ops) and _kinds(p.lower()) == ["put_packets", "multi_copy", "sync",
+                                                                         "reduce_packets"]
+    assert len(ops[1]["srcs"]) == 2 and len(ops[1]["dsts"]) == 2
+    # With instances, 2PA HB's staging copy becomes one copy per chunk's
+    # sub-chunk: they are one multi_copy (every chunk's loads in flight at once).
+    hb2 = algorithms.allreduce_allpairs_hb(4, instances=2).lower()
+    assert _kinds(hb2)[0] == "multi_copy" and len(hb2.threadblocks(0)[1]["ops"][0]["dsts"]) == 4, _kinds(hb2)
     # 2PA LL: chunk q to rank q for every q is one multi_put_packets of pairs;
     # the reduction of the peers' packets and the packet puts of its result are
     # one reduce_put_packets (the result goes from registers); the three

@@ -17,6 +17,22 @@ def test_library_plans_run_on_gpus(world):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
+@requires_gpus(3)
+def test_library_plans_take_the_any_shape_packet_ops_on_gpus_when_told():
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rp.library_plans, 3, args=(True, seed, 4, 200_000),
+                                 env={"PYCCL_PLAN_GENERIC_PACKETS": "1"}, timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_a_plan_of_more_ops_than_shared_memory_holds_runs_on_gpus():
+    # 130 ops on one thread block: the kernel runs them through a one-op window.
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rp.long_plan, 2, args=(True, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
 @requires_gpus(2)
 def test_tuning_table_plans_join_the_automatic_choice_on_gpus(tmp_path):
     import json

@@ -17,6 +17,21 @@ def test_library_plans_run_in_host_mode(world):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
+def test_library_plans_take_the_any_shape_packet_ops_when_told():
+    # Up to 5 ranks the LL plans' packet ops take their one-batch form; this
+    # runs the form that ops over several chunks or more operands take.
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rp.library_plans, 3, args=(False, seed, 4, 3000),
+                                 env={"PYCCL_PLAN_GENERIC_PACKETS": "1"}, timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_a_plan_of_many_ops_per_thread_block_runs():
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rp.long_plan, 2, args=(False, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
 @pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 3), (6, 2), (8, 4)])
 def test_hierarchical_plans_run_in_host_mode(world, gpus_per_node):
     # Host mode: every "node" on this machine, the PortChannels through the host proxy.

@@ -1,6 +1,9 @@
 #include "executor/executor.hpp"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "collectives/collective_launch.hpp"  // dispatchReduction
@@ -257,6 +260,11 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   context_.entryBase = static_cast<int32_t>(p.signalsPerCall.size());
   context_.inPlace = p.inPlace;
   context_.entryBarrier = p.entryBarrier;
+  lean_ = context_.remoteRanks == 0 && std::all_of(program_.ops.begin(), program_.ops.end(), [](const PlanOp& op) {
+    return plan_detail::isLeanOp(op.kind);
+  });
+  const char* generic = std::getenv("PYCCL_PLAN_GENERIC_PACKETS");
+  context_.genericPacketOps = generic != nullptr && std::string(generic) == "1";
   context_.calls = reinterpret_cast<uint64_t*>(tables + offCalls);
   context_.rankBarriers = reinterpret_cast<uint64_t*>(tables + offBarriers);
   context_.failed = reinterpret_cast<uint64_t*>(tables + offFailed);
@@ -267,7 +275,8 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
                                     << (total >> 10) << " KiB of buffers for chunks up to " << c << " B; input "
                                     << (p.stageInput ? "staged" : "in place") << ", output "
                                     << (p.stageOutput ? "staged" : "in place") << ", entry barrier "
-                                    << (p.entryBarrier ? "on" : "off") << (context_.remoteRanks != 0 ? strCat(
+                                    << (p.entryBarrier ? "on" : "off") << (lean_ ? ", lean interpreter" : "")
+                                    << (context_.remoteRanks != 0 ? strCat(
                                         "; ", proxyChannels_.size(), " ranks on other nodes, over ", transport_)
                                                                         : std::string()));
 }
@@ -443,7 +452,7 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   const int tbs = numThreadBlocks();
 #ifdef PYCCL_WITH_CUDA
   if (!comm_.hostMode()) {
-    runPlanDevice(ctx, tbs, threads_, maxOpsPerBlock_, roomyKernel_, programmatic_, dtype, op, stream);
+    runPlanDevice(ctx, tbs, threads_, maxOpsPerBlock_, roomyKernel_, lean_, programmatic_, dtype, op, stream);
     return;
   }
 #endif
@@ -452,10 +461,15 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
     std::vector<std::thread> threads;
     for (int t = 0; t < tbs; ++t) {
-      threads.emplace_back([&ctx, op, t] {
-        const int32_t first = ctx.tbOffsets[t];
-        runPlanCall<T>(ctx, ctx.ops + first, ctx.tbOffsets[t + 1] - first, static_cast<int>(op), t, ctx.calls[t], 0,
-                       1);
+      threads.emplace_back([&ctx, op, t, lean = lean_] {
+        const PlanOp* ops = ctx.ops + ctx.tbOffsets[t];
+        auto opAt = [ops](int32_t i) -> const PlanOp& { return ops[i]; };
+        const int32_t count = ctx.tbOffsets[t + 1] - ctx.tbOffsets[t];
+        if (lean) {
+          runPlanCall<T, 4, true>(ctx, opAt, count, static_cast<int>(op), t, ctx.calls[t], 0, 1);
+        } else {
+          runPlanCall<T, 4, false>(ctx, opAt, count, static_cast<int>(op), t, ctx.calls[t], 0, 1);
+        }
       });
     }
     for (auto& th : threads) th.join();

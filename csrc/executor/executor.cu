@@ -1,5 +1,6 @@
-// The plan interpreter kernel: block t runs thread block t's ops, staged in
-// shared memory where they fit, with the call's context in shared memory.
+// The plan interpreter kernel: block t runs thread block t's ops from shared
+// memory (all of them staged where they fit, else one at a time), with the
+// call's context in shared memory.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,7 +27,17 @@ constexpr int kStagedOpsBytes = 44 << 10;
 /// take the variant held to 64 registers.
 constexpr uint32_t kRoomyThreads = 512;
 
-template <typename T, bool Roomy>
+/// Copies `count` ops to `to` (shared memory), every thread a word at a time.
+__device__ __forceinline__ void stageOps(PlanOp* to, const PlanOp* from, int count) {
+  const int words = count * static_cast<int>(sizeof(PlanOp) / 4);
+  const auto* src = reinterpret_cast<const int32_t*>(from);
+  auto* dst = reinterpret_cast<int32_t*>(to);
+  for (int i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
+}
+
+/// `Lean`: a plan of packet ops, copies and synchronization on one node
+/// (interpreter.hpp's runOp), without the code of the other ops.
+template <typename T, bool Roomy, bool Lean>
 __global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
     planKernel(const __grid_constant__ PlanContext context, int callOp, bool staged) {
   extern __shared__ int4 stagedOps[];
@@ -35,16 +46,14 @@ __global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
   const uint32_t tb = blockIdx.x;
   const PlanOp* ops = context.ops + context.tbOffsets[tb];
   const int32_t count = context.tbOffsets[tb + 1] - context.tbOffsets[tb];
+  // Ops are read from shared memory only: the compiler then knows that no
+  // store to global memory changes them, and keeps their fields in registers
+  // across the packet loops (through a generic pointer, it reloaded them).
+  auto* window = reinterpret_cast<PlanOp*>(stagedOps);
   // The op tables never change and the context is this launch's own, so
   // these copies (every thread a word at a time, not one thread the whole
   // context) overlap the previous kernel's tail under PDL.
-  if (staged) {
-    const int words = count * static_cast<int>(sizeof(PlanOp) / 4);
-    const auto* from = reinterpret_cast<const int32_t*>(ops);
-    auto* to = reinterpret_cast<int32_t*>(stagedOps);
-    for (int i = threadIdx.x; i < words; i += blockDim.x) to[i] = from[i];
-    ops = reinterpret_cast<const PlanOp*>(stagedOps);
-  }
+  if (staged) stageOps(window, ops, count);
   {
     const auto* from = reinterpret_cast<const uint64_t*>(&context);
     auto* to = reinterpret_cast<uint64_t*>(&shared);
@@ -56,20 +65,39 @@ __global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
   // hand-written kernels read their flags): no step between the PDL wait and
   // the first op but this load.
   const uint64_t call = context.calls[tb];
-  runPlanCall<T, Roomy ? 4 : 1>(shared, ops, count, callOp, tb, call, threadIdx.x, blockDim.x);
+  auto opAt = [&](int32_t i) -> const PlanOp& {
+    if (staged) return window[i];
+    __syncthreads();  // every thread is done with the op in the window
+    stageOps(window, ops + i, 1);
+    __syncthreads();
+    return window[0];
+  };
+  runPlanCall<T, Roomy ? 4 : 1, Lean>(shared, opAt, count, callOp, tb, call, threadIdx.x, blockDim.x);
 }
 
+/// Whether every block's ops fit in shared memory at once.
+bool opsFit(int maxOpsPerBlock) {
+  return static_cast<uint64_t>(maxOpsPerBlock) * sizeof(PlanOp) <= kStagedOpsBytes;
+}
+
+/// Shared memory for the ops: all of them, or one op's window.
 uint64_t stagedOpBytes(int maxOpsPerBlock) {
-  const uint64_t bytes = static_cast<uint64_t>(maxOpsPerBlock) * sizeof(PlanOp);
-  return bytes <= kStagedOpsBytes ? bytes : 0;
+  return (opsFit(maxOpsPerBlock) ? static_cast<uint64_t>(maxOpsPerBlock) : 1) * sizeof(PlanOp);
 }
 
-/// The variant's kernel for every dtype.
+/// The variant's full kernel for every dtype.
 template <bool Roomy>
 std::array<const void*, 3> planKernelsOf() {
-  return {reinterpret_cast<const void*>(planKernel<float, Roomy>),
-          reinterpret_cast<const void*>(planKernel<Half, Roomy>),
-          reinterpret_cast<const void*>(planKernel<BFloat16, Roomy>)};
+  return {reinterpret_cast<const void*>(planKernel<float, Roomy, false>),
+          reinterpret_cast<const void*>(planKernel<Half, Roomy, false>),
+          reinterpret_cast<const void*>(planKernel<BFloat16, Roomy, false>)};
+}
+
+/// The lean kernels (roomy only: held to 64 registers, the lean body spills as the full one does).
+std::array<const void*, 3> leanPlanKernels() {
+  return {reinterpret_cast<const void*>(planKernel<float, true, true>),
+          reinterpret_cast<const void*>(planKernel<Half, true, true>),
+          reinterpret_cast<const void*>(planKernel<BFloat16, true, true>)};
 }
 
 /// Blocks of the variant (the fewest over the dtypes) that `device` holds at once.
@@ -103,14 +131,14 @@ bool choosePlanKernel(int device, int numThreadBlocks, uint32_t threads, int max
 }
 
 void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock,
-                   bool roomy, bool programmatic, DataType dtype, ReduceOp op, void* stream) {
+                   bool roomy, bool lean, bool programmatic, DataType dtype, ReduceOp op, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const uint64_t shared = stagedOpBytes(maxOpsPerBlock);
   const KernelLaunch launch{threads, programmatic, static_cast<uint32_t>(shared)};
   dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
-    auto kernel = roomy ? planKernel<T, true> : planKernel<T, false>;
+    auto kernel = !roomy ? planKernel<T, false, false> : lean ? planKernel<T, true, true> : planKernel<T, true, false>;
     launchCollectiveKernel(kernel, static_cast<uint32_t>(numThreadBlocks), launch, s, context, static_cast<int>(op),
-                           shared > 0);
+                           opsFit(maxOpsPerBlock));
   });
 }
 
@@ -118,6 +146,7 @@ std::vector<const void*> planKernels() {
   std::vector<const void*> kernels;
   for (const void* kernel : planKernelsOf<true>()) kernels.push_back(kernel);
   for (const void* kernel : planKernelsOf<false>()) kernels.push_back(kernel);
+  for (const void* kernel : leanPlanKernels()) kernels.push_back(kernel);
   return kernels;
 }
 

@@ -81,6 +81,9 @@ class PlanExecutor {
   bool closed_ = false;
   bool programmatic_ = true;
   bool roomyKernel_ = false;  ///< choosePlanKernel's choice
+  /// Only packet ops, copies and synchronization, every rank on this node:
+  /// the interpreter without the other ops' code runs it (interpreter.hpp).
+  bool lean_ = false;
   int maxOpsPerBlock_ = 0;
   std::shared_ptr<ProxyService> proxy_;  ///< set where ranks on other nodes are reached through it
   std::vector<uint32_t> proxyChannels_;
@@ -94,11 +97,13 @@ class PlanExecutor {
 bool choosePlanKernel(int device, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock);
 /// Enqueues the interpreter kernel (one block per thread block of the plan;
 /// it copies the input in and the output out itself) on `stream`.
-/// `maxOpsPerBlock` ops are staged in shared memory where they fit; `roomy`:
-/// choosePlanKernel's choice; `programmatic`: programmatic dependent launch
-/// (kernel_launch.cuh).
+/// `maxOpsPerBlock` ops are staged in shared memory where they fit (else one
+/// at a time); `roomy`: choosePlanKernel's choice; `lean`: the plan has only
+/// the ops of interpreter.hpp's isLeanOp and no rank on another node (the
+/// lean kernel runs it where `roomy`);
+/// `programmatic`: programmatic dependent launch (kernel_launch.cuh).
 void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t threads, int maxOpsPerBlock, bool roomy,
-                   bool programmatic, DataType dtype, ReduceOp op, void* stream);
+                   bool lean, bool programmatic, DataType dtype, ReduceOp op, void* stream);
 #endif
 /// The host stubs of the plan kernels (empty in CPU-only builds); an executor
 /// loads them into its device when it is made (core/kernel_loading.hpp).

@@ -23,154 +23,12 @@
 // host reset; the per-thread-block call counter lives in device memory.
 #pragma once
 
-#include <cstring>
-
-#include "channels/copy_device.hpp"
 #include "channels/memory_channel_device.hpp"  // syncBlock
-#include "channels/packet_device.hpp"
-#include "collectives/reduce_types.hpp"
-#include "executor/plan_format.hpp"
+#include "executor/plan_access.hpp"
+#include "executor/plan_packets.hpp"
 
 namespace pyccl {
 namespace plan_detail {
-
-/// Chunk `ch` in call `call`'s phase of the buffers.
-PYCCL_HOST_DEVICE char* chunkPtr(const PlanContext& c, const PlanChunk& ch, uint64_t call) {
-  const int slot = c.slot[ch.rank];
-  char* base = c.buffers[0][slot][ch.buffer];
-  // A branch, not a select: a select would wait for the call count even where
-  // the phase does not matter.
-  if ((c.phasedBuffers >> (slot * 3 + ch.buffer)) & 1u) base = c.buffers[call & 1][slot][ch.buffer];
-  return base + static_cast<uint64_t>(ch.index) * c.chunkBytes;
-}
-
-/// Packet `p` of an op over `count` chunks of `perChunk` packets: chunk j,
-/// packet i within it. Every packet op (put_packets, unpack, reduce_packets)
-/// gives packet p to thread p mod threads, so an op that reads the packets
-/// of chunks another packet op of the block just wrote, chunk for chunk, reads
-/// only what the same thread wrote: lowering places no sync between them.
-PYCCL_HOST_DEVICE void packetOf(uint64_t p, uint64_t perChunk, int32_t count, uint64_t* j, uint64_t* i) {
-  if (count == 1) {  // the common case, without a 64-bit division
-    *j = 0;
-    *i = p;
-  } else {
-    *j = p / perChunk;
-    *i = p - *j * perChunk;
-  }
-}
-
-/// The LL packets of chunk `index` (+ `j`) of `rank`'s scratch: each chunk
-/// has its own 16-byte aligned slot of 2 x (chunk bytes rounded up to 8).
-PYCCL_HOST_DEVICE LL16Packet* packetPtr(const PlanContext& c, int rank, int64_t index, uint64_t call) {
-  const uint64_t slot = 2 * ((c.chunkBytes + 7) / 8 * 8);
-  return reinterpret_cast<LL16Packet*>(c.packets[c.slot[rank]] + (call & 1) * c.packetPhaseBytes +
-                                       static_cast<uint64_t>(index) * slot);
-}
-
-/// Whether a wait of this executor already gave up: later waits then give up
-/// within a few polls, so every thread still passes every block sync
-/// (uniform control flow) and the call ends quickly; the host raises the
-/// error (from the communicator's error record). The flag is in device
-/// memory: the error record is in host memory, a PCIe round trip per read.
-PYCCL_HOST_DEVICE bool failedAlready(const PlanContext& c) { return atomicLoadRelaxed(c.failed) != 0; }
-
-/// `status` is kOk; otherwise later waits are told to give up at once.
-PYCCL_HOST_DEVICE bool waitSucceeded(const PlanContext& c, WaitStatus status) {
-  if (status == WaitStatus::kOk) return true;
-  atomicStoreRelaxed(c.failed, 1);
-  return false;
-}
-
-/// Polls until `ready()` (bounded, abortable); false if the wait gave up or
-/// an earlier one did. The failure flag is read with the abort flag, every
-/// so many polls: a packet that arrives while the first poll missed is seen
-/// at the next poll, not after a load of the flag.
-template <typename Ready, typename LastSeen>
-PYCCL_HOST_DEVICE bool planPoll(const PlanContext& c, Ready&& ready, LastSeen&& lastSeen, int peer,
-                                uint64_t expected) {
-  if (ready()) return true;
-  return waitSucceeded(c, boundedPoll(ready, lastSeen, c.abort, peer, expected, [&] { return failedAlready(c); }));
-}
-
-/// Waits until `*counter >= target` (acquire), as planPoll.
-PYCCL_HOST_DEVICE bool planSpin(const PlanContext& c, const uint64_t* counter, uint64_t target, int peer) {
-  uint64_t value = 0;
-  return planPoll(
-      c,
-      [&] {
-        value = atomicLoadAcquire(counter);
-        return value >= target;
-      },
-      [&] { return value; }, peer, target);
-}
-
-PYCCL_HOST_DEVICE uint32_t packetFlag(uint64_t call) { return static_cast<uint32_t>(call % 0xfffffffeull) + 1; }
-
-/// Polls packet `i` of chunk `j` of the packet chunks srcs[first, first +
-/// kPacketPollBatch) (of numSrcs) together (pollPacketBatch) into payloads;
-/// false if the wait gave up or an earlier one did.
-PYCCL_HOST_DEVICE bool pollSourcePackets(const PlanContext& c, const PlanChunk* srcs, int numSrcs, int first,
-                                         uint64_t j, uint64_t i, uint64_t call, uint32_t flag,
-                                         uint32_t (&payloads)[kPacketPollBatch][2]) {
-  const LL16Packet* src[kPacketPollBatch];
-  int peers[kPacketPollBatch];
-  PYCCL_UNROLL
-  for (int k = 0; k < kPacketPollBatch; ++k) {
-    const bool used = first + k < numSrcs;
-    const PlanChunk& ch = srcs[used ? first + k : 0];
-    peers[k] = ch.rank;
-    src[k] = used ? packetPtr(c, ch.rank, ch.index + j, call) + i : nullptr;
-  }
-  return waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i, [&] { return failedAlready(c); }));
-}
-
-PYCCL_HOST_DEVICE float applyReduce(int op, float a, float b) {
-  switch (static_cast<ReduceOp>(op)) {
-    case ReduceOp::kMin: return Reducer<ReduceOp::kMin>::apply(a, b);
-    case ReduceOp::kMax: return Reducer<ReduceOp::kMax>::apply(a, b);
-    case ReduceOp::kProd: return Reducer<ReduceOp::kProd>::apply(a, b);
-    default: return a + b;
-  }
-}
-
-template <typename T>
-PYCCL_HOST_DEVICE T elementAt(const char* base, uint64_t i) {
-  T v;
-  const char* p = base + i * sizeof(T);
-  auto* d = reinterpret_cast<char*>(&v);
-  for (uint32_t k = 0; k < sizeof(T); ++k) d[k] = p[k];
-  return v;
-}
-
-/// Element `i` of `base` set to `v`, as elementAt reads it (byte copies: a
-/// vector or packet payload written through a T* would break strict aliasing).
-template <typename T>
-PYCCL_HOST_DEVICE void setElementAt(char* base, uint64_t i, T v) {
-  char* p = base + i * sizeof(T);
-  const auto* from = reinterpret_cast<const char*>(&v);
-  for (uint32_t k = 0; k < sizeof(T); ++k) p[k] = from[k];
-}
-
-/// 16-byte vector `v` of `base`. Host code goes through memcpy (which may
-/// alias anything), so the optimizer cannot drop or reorder it under strict
-/// aliasing; device code loads and stores the vector directly.
-PYCCL_HOST_DEVICE detail::Vec16 loadVec(const char* base, uint64_t v) {
-#if PYCCL_ON_DEVICE
-  return reinterpret_cast<const detail::Vec16*>(base)[v];
-#else
-  detail::Vec16 x;
-  std::memcpy(&x, base + v * 16, 16);
-  return x;
-#endif
-}
-
-PYCCL_HOST_DEVICE void storeVec(char* base, uint64_t v, const detail::Vec16& x) {
-#if PYCCL_ON_DEVICE
-  reinterpret_cast<detail::Vec16*>(base)[v] = x;
-#else
-  std::memcpy(base + v * 16, &x, 16);
-#endif
-}
 
 /// dst[i] = reduce(dst[i] if withDst, srcs...) for the op's elements; also
 /// stores the result into extra destinations. `LoadBatch` inputs are loaded
@@ -258,60 +116,6 @@ PYCCL_HOST_DEVICE void copyPairs(const PlanContext& c, const PlanOp& op, uint64_
   }
   const uint64_t done = vectors * 16;
   for (int k = 0; k < n; ++k) copyBytes(dsts[k] + done, srcs[k] + done, bytes - done, tid, numThreads);
-}
-
-/// reduce_packets (and, with packet destinations, reduce_put_packets): `out`
-/// = `start` reduced with the packets of srcs[0, numSrcs). One packet index
-/// per thread: poll it in every source (the peers' packets land in several
-/// slots; kPacketPollBatch sources at a time), reduce in fp32 in source
-/// order, store once, and send the result from registers to every packet
-/// destination (2PA LL's reduce-then-send, as its hand-written kernel does:
-/// no store and reload in between). Plain loops over the operands: a form
-/// that resolved every operand into registers first, in loops unrolled over
-/// kPlanMaxOperands, spilled, grew the kernels by 40% and made each small
-/// call 1.4 us slower (a one-GPU self-loop of the 1PA LL plan).
-template <typename T>
-PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanChunk& out, const PlanChunk& start,
-                                     const PlanChunk* srcs, int numSrcs, const PlanChunk* dsts, int numDsts,
-                                     int redOp, uint64_t call, uint32_t tid, uint32_t numThreads) {
-  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
-  const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
-  const uint64_t packets = perChunk * out.count;
-  const uint64_t chunkElems = c.chunkBytes / sizeof(T);
-  const uint32_t flag = packetFlag(call);
-  bool ok = true;
-  char* const outBase = chunkPtr(c, out, call);
-  const char* const startBase = chunkPtr(c, start, call);
-  for (uint64_t p = tid; ok && p < packets; p += numThreads) {
-    uint64_t j, i;
-    packetOf(p, perChunk, out.count, &j, &i);
-    float acc[kLanes];
-    const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes) : kLanes;
-    T* elems = reinterpret_cast<T*>(outBase + j * c.chunkBytes) + i * kLanes;  // this packet's elements
-    const T* first = reinterpret_cast<const T*>(startBase + j * c.chunkBytes) + i * kLanes;
-    for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(first[l]);
-    for (int s0 = 0; ok && s0 < numSrcs; s0 += kPacketPollBatch) {
-      uint32_t payloads[kPacketPollBatch][2];
-      ok = pollSourcePackets(c, srcs, numSrcs, s0, j, i, call, flag, payloads);
-      PYCCL_UNROLL
-      for (int k = 0; k < kPacketPollBatch; ++k) {
-        if (!ok || s0 + k >= numSrcs) break;
-        for (uint32_t l = 0; l < lanes; ++l) {
-          const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payloads[k]), l));
-          acc[l] = applyReduce(redOp, acc[l], x);
-        }
-      }
-    }
-    if (!ok) break;
-    uint32_t result[2] = {0, 0};  // zero past the chunk's end, as packPayload pads
-    for (uint32_t l = 0; l < lanes; ++l) {
-      const T r = ElementTraits<T>::fromFloat(acc[l]);
-      elems[l] = r;
-      setElementAt<T>(reinterpret_cast<char*>(result), l, r);
-    }
-    for (int d = 0; d < numDsts; ++d) packetPtr(c, dsts[d].rank, dsts[d].index + j, call)[i].write(result, flag);
-  }
-  return ok;
 }
 
 /// Rank `rank` is on another node: reached only through the proxy.
@@ -458,8 +262,30 @@ PYCCL_HOST_DEVICE bool waitAcrossNodes(const PlanContext& c, const PlanOp& op, u
   }
 }
 
+/// Op kinds of a lean plan: packet ops, copies and synchronization.
+PYCCL_HOST_DEVICE bool isLeanOp(int32_t kind) {
+  switch (static_cast<PlanOpKind>(kind)) {
+    case PlanOpKind::kCopy:
+    case PlanOpKind::kPut:
+    case PlanOpKind::kPutPackets:
+    case PlanOpKind::kUnpack:
+    case PlanOpKind::kReducePackets:
+    case PlanOpKind::kReducePutPackets:
+    case PlanOpKind::kSignal:
+    case PlanOpKind::kWait:
+    case PlanOpKind::kBarrier:
+    case PlanOpKind::kSync:
+    case PlanOpKind::kFlush:
+      return true;
+    default:
+      return false;
+  }
+}
+
 /// One op of thread block `tb`; false once a wait gave up (timeout or abort).
-template <typename T, int LoadBatch>
+/// `Lean`: the plan has only isLeanOp kinds and no rank on another node, so
+/// the other ops and the proxy's paths are left out of the code.
+template <typename T, int LoadBatch, bool Lean>
 PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp, uint64_t call, uint32_t tid,
                              uint32_t numThreads) {
   const int redOp = op.reduceOp >= 0 ? op.reduceOp : callOp;
@@ -467,7 +293,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
   switch (static_cast<PlanOpKind>(op.kind)) {
     case PlanOpKind::kCopy:
     case PlanOpKind::kPut: {
-      if (c.remoteRanks != 0) {
+      if (!Lean && c.remoteRanks != 0) {
         bool remote = false;
         for (int d = 0; d < op.numDsts; ++d) remote = remote || isRemote(c, op.dsts[d].rank);
         if (remote) return putAcrossNodes(c, op, call, bytes, tid, numThreads);
@@ -480,82 +306,41 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       for (int d = 0; d < op.numDsts; ++d) copyBytes(chunkPtr(c, op.dsts[d], call), src, bytes, tid, numThreads);
       return true;
     }
-    case PlanOpKind::kReduce: {
-      // dsts[0] is reduced into; the others get the result too (the DSL's copy_to).
-      char* extra[kPlanMaxOperands];
-      for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
-      reduceElements<T, LoadBatch>(c, op, call, redOp, true, chunkPtr(c, op.dsts[0], call), extra, op.numDsts - 1,
-                                   tid, numThreads);
+    case PlanOpKind::kReduce:
+      if constexpr (!Lean) {
+        // dsts[0] is reduced into; the others get the result too (the DSL's copy_to).
+        char* extra[kPlanMaxOperands];
+        for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
+        reduceElements<T, LoadBatch>(c, op, call, redOp, true, chunkPtr(c, op.dsts[0], call), extra, op.numDsts - 1,
+                                     tid, numThreads);
+      }
       return true;
-    }
     case PlanOpKind::kSwitchReduce:
-      reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.dsts[0], call), nullptr, 0, tid,
-                                   numThreads);
-      return true;
-    case PlanOpKind::kReducePut: {
-      char* extra[kPlanMaxOperands];
-      for (int d = 0; d < op.numDsts; ++d) extra[d] = chunkPtr(c, op.dsts[d], call);
-      reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.srcs[0], call), extra, op.numDsts,
-                                   tid, numThreads);
-      return true;
-    }
-    case PlanOpKind::kPutPackets: {
-      const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
-      const uint64_t packets = perChunk * op.srcs[0].count;
-      const uint32_t flag = packetFlag(call);
-      const bool pairs = op.numSrcs > 1;  // srcs[d] to dsts[d], else srcs[0] to every dst
-      for (uint64_t p = tid; p < packets; p += numThreads) {
-        uint64_t j, i;
-        packetOf(p, perChunk, op.srcs[0].count, &j, &i);
-        uint32_t payload[2];
-        for (int d = 0; d < op.numDsts; ++d) {
-          if (d == 0 || pairs) {
-            packPayload<LL16Packet>(chunkPtr(c, op.srcs[pairs ? d : 0], call) + j * c.chunkBytes, i, c.chunkBytes,
-                                    payload);
-          }
-          packetPtr(c, op.dsts[d].rank, op.dsts[d].index + j, call)[i].write(payload, flag);
-        }
+      if constexpr (!Lean) {
+        reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.dsts[0], call), nullptr, 0, tid,
+                                     numThreads);
       }
       return true;
-    }
-    case PlanOpKind::kUnpack: {
-      // Pairs: dsts[k] from the packets in srcs[k]. One packet index per
-      // thread, polled in every pair's source (kPacketPollBatch at a time)
-      // before the next index.
-      const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
-      const uint64_t packets = perChunk * op.dsts[0].count;
-      const uint32_t flag = packetFlag(call);
-      bool ok = true;
-      for (uint64_t p = tid; ok && p < packets; p += numThreads) {
-        uint64_t j, i;
-        packetOf(p, perChunk, op.dsts[0].count, &j, &i);
-        for (int k0 = 0; ok && k0 < op.numSrcs; k0 += kPacketPollBatch) {
-          uint32_t payloads[kPacketPollBatch][2];
-          ok = pollSourcePackets(c, op.srcs, op.numSrcs, k0, j, i, call, flag, payloads);
-          PYCCL_UNROLL
-          for (int k = 0; k < kPacketPollBatch; ++k) {
-            if (!ok || k0 + k >= op.numSrcs) break;
-            unpackPayload<LL16Packet>(chunkPtr(c, op.dsts[k0 + k], call) + j * c.chunkBytes, i, c.chunkBytes,
-                                      payloads[k]);
-          }
-        }
+    case PlanOpKind::kReducePut:
+      if constexpr (!Lean) {
+        char* extra[kPlanMaxOperands];
+        for (int d = 0; d < op.numDsts; ++d) extra[d] = chunkPtr(c, op.dsts[d], call);
+        reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.srcs[0], call), extra, op.numDsts,
+                                     tid, numThreads);
       }
-      return ok;
-    }
+      return true;
+    case PlanOpKind::kPutPackets:
+      putPackets(c, op, call, tid, numThreads);
+      return true;
+    case PlanOpKind::kUnpack:
+      return unpackPackets(c, op, call, tid, numThreads);
     case PlanOpKind::kReducePackets:
-    case PlanOpKind::kReducePutPackets: {
-      // reduce_packets: a second destination is the chunk the reduction starts
-      // from (the plan's init). reduce_put_packets: srcs[0] is, and dsts[1..]
-      // get the result as packets. One call site: one inlined copy of the body.
-      const int puts = static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePutPackets ? 1 : 0;
-      const PlanChunk& start = puts ? op.srcs[0] : op.dsts[op.numDsts > 1 ? 1 : 0];
-      return reducePackets<T>(c, op.dsts[0], start, op.srcs + puts, op.numSrcs - puts, op.dsts + 1,
-                              puts ? op.numDsts - 1 : 0, redOp, call, tid, numThreads);
-    }
+    case PlanOpKind::kReducePutPackets:  // one call site: one inlined copy of the body
+      return reducePackets<T>(c, op, redOp, call, tid, numThreads);
     case PlanOpKind::kSignal:
       syncBlock();  // the block's writes happen before the releasing adds (cumulativity)
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {
-        if (isRemote(c, op.peers[k])) {
+        if (!Lean && isRemote(c, op.peers[k])) {
           proxySignal(c, op.peers[k], op.channels[k]);
         } else {
           atomicAddRelease(&countersOf(c, op.peers[k])[op.channels[k]], 1);
@@ -563,7 +348,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       }
       return true;
     case PlanOpKind::kWait: {
-      if (c.remoteRanks != 0) {
+      if (!Lean && c.remoteRanks != 0) {
         bool far = false;
         for (int k = 0; k < op.numChannels; ++k) far = far || isRemote(c, op.peers[k]);
         if (far) return waitAcrossNodes(c, op, call, tid, numThreads);
@@ -594,7 +379,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       syncBlock();
       return true;
     case PlanOpKind::kFlush: {  // puts by loads and stores complete within their op
-      if (c.remoteRanks == 0) return true;
+      if (Lean || c.remoteRanks == 0) return true;
       syncBlock();
       bool ok = true;
       if (tid == 0) ok = proxyFlush(c);
@@ -662,7 +447,7 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
 
 /// Runs call `call` of the plan (the thread block's count of completed calls,
 /// read after the previous kernel finished) on thread block `tb`, whose
-/// `count` ops start at `ops`:
+/// `count` ops `opAt(i)` returns (a `const PlanOp&`, in order):
 ///  1. where the input is staged (or an in-place plan works on the user's
 ///     output), its share of the input copy, then a barrier of this rank's
 ///     thread blocks;
@@ -672,9 +457,9 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
 ///     then its share of the copy into the user's output.
 /// Without staging and entry barrier a call is only the plan's ops, which is
 /// what the hand-written kernels of the same algorithm do. `LoadBatch`: see
-/// reduceElements.
-template <typename T, int LoadBatch = 4>
-PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int32_t count, int callOp, uint32_t tb,
+/// reduceElements; `Lean`: see runOp.
+template <typename T, int LoadBatch, bool Lean, typename OpAt>
+PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, OpAt&& opAt, int32_t count, int callOp, uint32_t tb,
                                    uint64_t call, uint32_t tid, uint32_t numThreads) {
   const bool stagedIn = c.copiesInput;  // from the host: no branch here waits for the call count
   // Only calls that stage pass rank barriers: the others never read the count.
@@ -690,7 +475,9 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int3
   if (c.entryBarrier) plan_detail::entryBarrier(c, call, tb, tid, numThreads);
 
   // No early exit on a failed wait: every thread must reach every block sync.
-  for (int32_t i = 0; i < count; ++i) plan_detail::runOp<T, LoadBatch>(c, ops[i], callOp, call, tid, numThreads);
+  for (int32_t i = 0; i < count; ++i) {
+    plan_detail::runOp<T, LoadBatch, Lean>(c, opAt(i), callOp, call, tid, numThreads);
+  }
 
   if (c.outputStaged) {
     plan_detail::rankBarrier(c, rankCounter, barriers++, tid);
@@ -699,7 +486,7 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, const PlanOp* ops, int3
   }
   // The proxy has read every source of this block's puts before the call
   // ends (a later call may overwrite them).
-  if (c.remoteRanks != 0) {
+  if (!Lean && c.remoteRanks != 0) {
     syncBlock();
     if (tid == 0) plan_detail::proxyFlush(c);
   }

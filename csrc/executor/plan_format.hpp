@@ -107,6 +107,9 @@ struct PlanContext {
   /// The call first copies its input into the buffer the plan reads it from
   /// (its staging, or the output of an in-place plan).
   bool copiesInput;
+  /// Packet ops always take their any-shape form (plan_packets.hpp), for
+  /// tests and comparisons: PYCCL_PLAN_GENERIC_PACKETS=1 when the executor is made.
+  bool genericPacketOps;
   /// Bit slot * 3 + PlanBuffer: that buffer differs between the two phases.
   /// The others (the call's own tensors) are addressed without the call
   /// count, so loads from them need not wait for it to load.

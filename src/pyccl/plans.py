@@ -173,7 +173,7 @@ def pack_plan(plan: Plan, rank: int) -> dict:
                 out.append(_op_words("put", srcs=srcs, dsts=dst))
                 if kind == "put_with_signal":
                     out.append(_op_words("signal", channels=[op["channel"]]))
-            elif kind in ("multi_put", "multi_get"):  # several sources: pairs
+            elif kind in ("multi_put", "multi_get", "multi_copy"):  # several sources: pairs
                 out.append(_op_words("put", srcs=srcs, dsts=op["dsts"]))
             elif kind == "multi_put_packets":
                 out.append(_op_words("put_packets", srcs=srcs, dsts=op["dsts"]))

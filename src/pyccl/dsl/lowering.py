@@ -14,11 +14,11 @@ The passes, in order:
    goes from registers); a PortChannel put followed by a signal on the same
    channel becomes ``put_with_signal``; back-to-back puts of the same chunks
    to several peers, and back-to-back signals or waits on several channels,
-   become one multi-peer op; back-to-back puts, packet puts, gets or unpacks
-   of different chunks of one size become one op of (source, destination)
-   pairs (``multi_put``, ``multi_put_packets``, ``multi_get``,
-   ``multi_unpack``) that issues every pair's loads before it stores any, so
-   their latencies overlap; back-to-back reductions into the same chunks
+   become one multi-peer op; back-to-back puts, packet puts, gets, unpacks
+   or local copies of different chunks of one size become one op of
+   (source, destination) pairs (``multi_put``, ``multi_put_packets``,
+   ``multi_get``, ``multi_unpack``, ``multi_copy``) that issues every pair's
+   loads before it stores any, so their latencies overlap; back-to-back reductions into the same chunks
    (MemoryChannel ``reduce`` from several peers, ``reduce_packets`` of several
    peers' packets) become one op that reads every source at once; a local
    copy of a reduction's result right after it becomes a second destination
@@ -57,7 +57,8 @@ _SOURCE_SIDE = ("put", "get", "put_packets", "put_with_signal", "channel_reduce"
 _SYNCS_ITSELF = ("signal", "wait", "barrier", "multi_signal", "multi_wait")
 _PACKET_OPS = ("put_packets", "multi_put_packets", "unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 # op kind -> the kind of several of them fused as (source, destination) pairs
-_PAIRS = {"put": "multi_put", "put_packets": "multi_put_packets", "get": "multi_get", "unpack": "multi_unpack"}
+_PAIRS = {"put": "multi_put", "put_packets": "multi_put_packets", "get": "multi_get", "unpack": "multi_unpack",
+          "copy": "multi_copy"}
 
 
 def _check(prog: Program) -> None:
@@ -143,7 +144,7 @@ def _fuse(ops: List[Op], channel_types: List[str]) -> List[Op]:
 
 def _fused_pair(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
     """Merges `op` into `prev` as one more (source, destination) pair: back-to-back
-    puts, packet puts, gets or unpacks of different chunks of one size. The
+    puts, packet puts, gets, unpacks or local copies of different chunks of one size. The
     fused op issues every pair's loads (or packet polls) before it stores any."""
     multi = _PAIRS.get(op.kind)
     if multi is None or op.tb_group is not None or prev.tb_group is not None:

@@ -45,6 +45,7 @@ OP_KINDS: Dict[str, tuple] = {
     "multi_put_packets": (False, None, False),
     "multi_get": (False, None, False),  # pairs: dsts[k] (this rank's) from srcs[k] over channels[k]
     "multi_unpack": (False, None, False),  # pairs: dsts[k] from the packets in srcs[k]
+    "multi_copy": (False, None, False),  # pairs: dsts[k] = srcs[k], this rank's chunks
     "signal": (False, 0, True),
     "wait": (False, 0, True),
     "multi_signal": (False, 0, False),  # "channels" list
@@ -227,9 +228,9 @@ def _validate(d: Any, where: str) -> None:
                 _validate_op(op, f"{wt} op {k}", buffers, n, channels, len(entry["threadblocks"]), r, t)
 
 
-_LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "reduce_packets")
+_LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "multi_copy", "reduce_packets")
 _PUTS = ("put", "put_packets", "put_with_signal")
-_MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack")
+_MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack", "multi_copy")
 
 
 def _chunks_overlap(a: list, b: list) -> bool:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 _COLOURS = {"put": "tab:blue", "put_packets": "tab:cyan", "put_with_signal": "tab:blue", "multi_put": "tab:blue",
             "multi_put_packets": "tab:cyan", "multi_get": "tab:blue", "multi_unpack": "tab:green",
-            "copy": "tab:green", "unpack": "tab:green", "reduce": "tab:orange", "reduce_packets": "tab:orange",
+            "copy": "tab:green", "multi_copy": "tab:green", "unpack": "tab:green", "reduce": "tab:orange",
+            "reduce_packets": "tab:orange",
             "channel_reduce": "tab:orange", "multi_reduce": "tab:orange", "get": "tab:blue", "reduce_put": "tab:red",
             "reduce_put_packets": "tab:red", "switch_reduce": "tab:orange",
             "switch_broadcast": "tab:blue", "signal": "tab:purple", "multi_signal": "tab:purple",

@@ -237,7 +237,7 @@ class _Sim:
                         self.packets[s] = self.clock[i].copy()
                 if kind == "put_with_signal":
                     self.signals.setdefault(op["channel"], []).append(self.clock[i].copy())
-        elif kind in ("multi_put", "multi_put_packets", "multi_get", "multi_unpack"):
+        elif kind in ("multi_put", "multi_put_packets", "multi_get", "multi_unpack", "multi_copy"):
             # Pairs (or one source for every dst): every read happens before any write.
             srcs = op["srcs"] * len(op["dsts"]) if len(op["srcs"]) == 1 else op["srcs"]
             if kind == "multi_unpack":

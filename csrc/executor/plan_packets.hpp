@@ -1,0 +1,265 @@
+// The plan interpreter's packet ops (LL protocol): put_packets, unpack,
+// reduce_packets and reduce_put_packets. Each has two forms:
+//  - any shape: operands of several chunks and up to kPlanMaxOperands of
+//    them, addressed from the op (shared memory) packet by packet;
+//  - one batch, for ops over one chunk with at most kPacketPollBatch sources
+//    and destinations (the library's LL plans on up to 5 ranks): the operands'
+//    addresses are resolved into registers before the packet loop, a packet's
+//    start and result move as whole words, and the sum is its own loop. A
+//    poll's spin loop makes the compiler reload what it reads from shared
+//    memory, so the any-shape form rebuilt every operand's address after
+//    every poll; resolving all kPlanMaxOperands slots the same way spilled.
+// Both forms give packet p to thread p mod threads (packetOf), so an op that
+// reads the packets another packet op of the block wrote, chunk for chunk,
+// reads only what the same thread wrote; the forms may follow each other.
+#pragma once
+
+#include "executor/plan_access.hpp"
+
+namespace pyccl {
+namespace plan_detail {
+
+/// reduce_packets (and, with packet destinations, reduce_put_packets), any
+/// shape: `out` = `start` reduced with the packets of srcs[0, numSrcs). One
+/// packet index per thread: poll it in every source (kPacketPollBatch
+/// sources at a time), reduce in fp32 in source order, store once, and send
+/// the result from registers to every packet destination (2PA LL's
+/// reduce-then-send: no store and reload in between).
+template <typename T>
+PYCCL_HOST_DEVICE bool reducePacketsAnyShape(const PlanContext& c, const PlanChunk& out, const PlanChunk& start,
+                                     const PlanChunk* srcs, int numSrcs, const PlanChunk* dsts, int numDsts,
+                                     int redOp, uint64_t call, uint32_t tid, uint32_t numThreads) {
+  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
+  const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
+  const uint64_t packets = perChunk * out.count;
+  const uint64_t chunkElems = c.chunkBytes / sizeof(T);
+  const uint32_t flag = packetFlag(call);
+  bool ok = true;
+  char* const outBase = chunkPtr(c, out, call);
+  const char* const startBase = chunkPtr(c, start, call);
+  for (uint64_t p = tid; ok && p < packets; p += numThreads) {
+    uint64_t j, i;
+    packetOf(p, perChunk, out.count, &j, &i);
+    float acc[kLanes];
+    const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes) : kLanes;
+    T* elems = reinterpret_cast<T*>(outBase + j * c.chunkBytes) + i * kLanes;  // this packet's elements
+    const T* first = reinterpret_cast<const T*>(startBase + j * c.chunkBytes) + i * kLanes;
+    for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(first[l]);
+    for (int s0 = 0; ok && s0 < numSrcs; s0 += kPacketPollBatch) {
+      uint32_t payloads[kPacketPollBatch][2];
+      ok = pollSourcePackets(c, srcs, numSrcs, s0, j, i, call, flag, payloads);
+      PYCCL_UNROLL
+      for (int k = 0; k < kPacketPollBatch; ++k) {
+        if (!ok || s0 + k >= numSrcs) break;
+        for (uint32_t l = 0; l < lanes; ++l) {
+          const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payloads[k]), l));
+          acc[l] = applyReduce(redOp, acc[l], x);
+        }
+      }
+    }
+    if (!ok) break;
+    uint32_t result[2] = {0, 0};  // zero past the chunk's end, as packPayload pads
+    for (uint32_t l = 0; l < lanes; ++l) {
+      const T r = ElementTraits<T>::fromFloat(acc[l]);
+      elems[l] = r;
+      setElementAt<T>(reinterpret_cast<char*>(result), l, r);
+    }
+    for (int d = 0; d < numDsts; ++d) packetPtr(c, dsts[d].rank, dsts[d].index + j, call)[i].write(result, flag);
+  }
+  return ok;
+}
+
+/// Operands that the one-batch forms hold in registers.
+constexpr int kResolvedOperands = kPacketPollBatch;
+
+/// Whether an op over `count` chunks with `a` and `b` operands (sources,
+/// destinations) takes the one-batch form.
+PYCCL_HOST_DEVICE bool takesOneBatch(const PlanContext& c, int32_t count, int a, int b) {
+  return !c.genericPacketOps && count == 1 && a <= kResolvedOperands && b <= kResolvedOperands;
+}
+
+/// The payload's lane `l` as fp32.
+template <typename T>
+PYCCL_HOST_DEVICE float laneAt(const uint32_t (&words)[2], uint32_t l) {
+  return ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(words), l));
+}
+
+/// One batch: `out` = `start` reduced (`reduce`) with the packets of
+/// srcs[0, numSrcs), the result also sent to dsts[0, numDsts) as packets.
+/// Padding lanes past the chunk's end are zero in `start` (packPayload pads)
+/// and in every packet, and every reduce op keeps zeros zero: the result's
+/// padding is zero, as a sent packet's must be.
+template <typename T, typename Reduce>
+PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const PlanContext& c, const PlanChunk& out, const PlanChunk& start,
+                                             const PlanChunk* srcs, int numSrcs, const PlanChunk* dsts, int numDsts,
+                                             Reduce&& reduce, uint64_t call, uint32_t tid, uint32_t numThreads) {
+  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
+  static_assert(kLanes >= 1, "an element fits in a packet");
+  const uint64_t bytes = c.chunkBytes;
+  const uint64_t packets = packetsFor<LL16Packet>(bytes);
+  const uint32_t flag = packetFlag(call);
+  char* const outBase = chunkPtr(c, out, call);
+  const char* const startBase = chunkPtr(c, start, call);
+  const LL16Packet* from[kResolvedOperands];
+  LL16Packet* to[kResolvedOperands];
+  int peers[kResolvedOperands];
+  PYCCL_UNROLL
+  for (int k = 0; k < kResolvedOperands; ++k) {
+    from[k] = k < numSrcs ? packetPtr(c, srcs[k].rank, srcs[k].index, call) : nullptr;
+    peers[k] = k < numSrcs ? srcs[k].rank : 0;
+    to[k] = k < numDsts ? packetPtr(c, dsts[k].rank, dsts[k].index, call) : nullptr;
+  }
+  for (uint64_t i = tid; i < packets; i += numThreads) {
+    uint32_t first[2];
+    packPayload<LL16Packet>(startBase, i, bytes, first);  // its load waits with the polls
+    const LL16Packet* src[kResolvedOperands];
+    PYCCL_UNROLL
+    for (int k = 0; k < kResolvedOperands; ++k) src[k] = from[k] != nullptr ? from[k] + i : nullptr;
+    uint32_t payloads[kResolvedOperands][2];
+    if (!waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i, [&] { return failedAlready(c); }))) {
+      return false;
+    }
+    float acc[kLanes];
+    PYCCL_UNROLL
+    for (uint32_t l = 0; l < kLanes; ++l) acc[l] = laneAt<T>(first, l);
+    PYCCL_UNROLL
+    for (int k = 0; k < kResolvedOperands; ++k) {
+      if (k >= numSrcs) break;
+      PYCCL_UNROLL
+      for (uint32_t l = 0; l < kLanes; ++l) acc[l] = reduce(acc[l], laneAt<T>(payloads[k], l));
+    }
+    uint32_t result[2];
+    PYCCL_UNROLL
+    for (uint32_t l = 0; l < kLanes; ++l) {
+      setElementAt<T>(reinterpret_cast<char*>(result), l, ElementTraits<T>::fromFloat(acc[l]));
+    }
+    unpackPayload<LL16Packet>(outBase, i, bytes, result);
+    PYCCL_UNROLL
+    for (int d = 0; d < kResolvedOperands; ++d) {
+      if (to[d] != nullptr) to[d][i].write(result, flag);
+    }
+  }
+  return true;
+}
+
+/// reduce_packets (a second destination is where the reduction starts, the
+/// plan's init) and reduce_put_packets (srcs[0] is; dsts[1..] get the result
+/// as packets). The sum, the common op, has a one-batch form of its own.
+template <typename T>
+PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanOp& op, int redOp, uint64_t call, uint32_t tid,
+                                     uint32_t numThreads) {
+  const int puts = static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePutPackets ? 1 : 0;
+  const PlanChunk& start = puts ? op.srcs[0] : op.dsts[op.numDsts > 1 ? 1 : 0];
+  const PlanChunk* srcs = op.srcs + puts;
+  const int numSrcs = op.numSrcs - puts, numDsts = puts ? op.numDsts - 1 : 0;
+  if (takesOneBatch(c, op.dsts[0].count, numSrcs, numDsts)) {
+    if (static_cast<ReduceOp>(redOp) == ReduceOp::kSum) {
+      return reducePacketsOneBatch<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts,
+                                      [](float a, float b) { return a + b; }, call, tid, numThreads);
+    }
+    return reducePacketsOneBatch<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts,
+                                    [redOp](float a, float b) { return applyReduce(redOp, a, b); }, call, tid,
+                                    numThreads);
+  }
+  return reducePacketsAnyShape<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts, redOp, call, tid,
+                                  numThreads);
+}
+
+/// put_packets: srcs[d] to dsts[d] where the op has several sources (pairs),
+/// else srcs[0] to every destination. One batch: every source's packet is
+/// loaded before any is sent, so the loads wait together.
+PYCCL_HOST_DEVICE void putPackets(const PlanContext& c, const PlanOp& op, uint64_t call, uint32_t tid,
+                                  uint32_t numThreads) {
+  const uint64_t bytes = c.chunkBytes;
+  const uint64_t perChunk = packetsFor<LL16Packet>(bytes);
+  const uint32_t flag = packetFlag(call);
+  const bool pairs = op.numSrcs > 1;
+  if (takesOneBatch(c, op.srcs[0].count, op.numSrcs, op.numDsts)) {
+    const char* from[kResolvedOperands];
+    LL16Packet* to[kResolvedOperands];
+    PYCCL_UNROLL
+    for (int d = 0; d < kResolvedOperands; ++d) {
+      from[d] = d < op.numSrcs ? chunkPtr(c, op.srcs[d], call) : nullptr;
+      to[d] = d < op.numDsts ? packetPtr(c, op.dsts[d].rank, op.dsts[d].index, call) : nullptr;
+    }
+    for (uint64_t i = tid; i < perChunk; i += numThreads) {
+      uint32_t payloads[kResolvedOperands][2];
+      PYCCL_UNROLL
+      for (int d = 0; d < kResolvedOperands; ++d) {
+        if (from[d] != nullptr) packPayload<LL16Packet>(from[d], i, bytes, payloads[d]);
+      }
+      PYCCL_UNROLL
+      for (int d = 0; d < kResolvedOperands; ++d) {
+        if (to[d] != nullptr) to[d][i].write(payloads[pairs ? d : 0], flag);
+      }
+    }
+    return;
+  }
+  const uint64_t packets = perChunk * op.srcs[0].count;
+  for (uint64_t p = tid; p < packets; p += numThreads) {
+    uint64_t j, i;
+    packetOf(p, perChunk, op.srcs[0].count, &j, &i);
+    uint32_t payload[2];
+    for (int d = 0; d < op.numDsts; ++d) {
+      if (d == 0 || pairs) {
+        packPayload<LL16Packet>(chunkPtr(c, op.srcs[pairs ? d : 0], call) + j * bytes, i, bytes, payload);
+      }
+      packetPtr(c, op.dsts[d].rank, op.dsts[d].index + j, call)[i].write(payload, flag);
+    }
+  }
+}
+
+/// unpack: dsts[k] from the packets in srcs[k], for every pair. One packet
+/// index per thread, polled in every pair's source (kPacketPollBatch at a
+/// time) before the next index.
+PYCCL_HOST_DEVICE bool unpackPackets(const PlanContext& c, const PlanOp& op, uint64_t call, uint32_t tid,
+                                     uint32_t numThreads) {
+  const uint64_t bytes = c.chunkBytes;
+  const uint64_t perChunk = packetsFor<LL16Packet>(bytes);
+  const uint32_t flag = packetFlag(call);
+  if (takesOneBatch(c, op.dsts[0].count, op.numSrcs, op.numDsts)) {
+    const LL16Packet* from[kResolvedOperands];
+    char* to[kResolvedOperands];
+    int peers[kResolvedOperands];
+    PYCCL_UNROLL
+    for (int k = 0; k < kResolvedOperands; ++k) {
+      from[k] = k < op.numSrcs ? packetPtr(c, op.srcs[k].rank, op.srcs[k].index, call) : nullptr;
+      peers[k] = k < op.numSrcs ? op.srcs[k].rank : 0;
+      to[k] = k < op.numSrcs ? chunkPtr(c, op.dsts[k], call) : nullptr;
+    }
+    for (uint64_t i = tid; i < perChunk; i += numThreads) {
+      const LL16Packet* src[kResolvedOperands];
+      PYCCL_UNROLL
+      for (int k = 0; k < kResolvedOperands; ++k) src[k] = from[k] != nullptr ? from[k] + i : nullptr;
+      uint32_t payloads[kResolvedOperands][2];
+      if (!waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i,
+                                            [&] { return failedAlready(c); }))) {
+        return false;
+      }
+      PYCCL_UNROLL
+      for (int k = 0; k < kResolvedOperands; ++k) {
+        if (to[k] != nullptr) unpackPayload<LL16Packet>(to[k], i, bytes, payloads[k]);
+      }
+    }
+    return true;
+  }
+  const uint64_t packets = perChunk * op.dsts[0].count;
+  bool ok = true;
+  for (uint64_t p = tid; ok && p < packets; p += numThreads) {
+    uint64_t j, i;
+    packetOf(p, perChunk, op.dsts[0].count, &j, &i);
+    for (int k0 = 0; ok && k0 < op.numSrcs; k0 += kPacketPollBatch) {
+      uint32_t payloads[kPacketPollBatch][2];
+      ok = pollSourcePackets(c, op.srcs, op.numSrcs, k0, j, i, call, flag, payloads);
+      PYCCL_UNROLL
+      for (int k = 0; k < kPacketPollBatch; ++k) {
+        if (!ok || k0 + k >= op.numSrcs) break;
+        unpackPayload<LL16Packet>(chunkPtr(c, op.dsts[k0 + k], call) + j * bytes, i, bytes, payloads[k]);
+      }
+    }
+  }
+  return ok;
+}
+
+}  // namespace plan_detail
+}  // namespace pyccl
