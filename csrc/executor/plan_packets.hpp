@@ -27,8 +27,8 @@ namespace plan_detail {
 /// reduce-then-send: no store and reload in between).
 template <typename T>
 PYCCL_HOST_DEVICE bool reducePacketsAnyShape(const PlanContext& c, const PlanChunk& out, const PlanChunk& start,
-                                     const PlanChunk* srcs, int numSrcs, const PlanChunk* dsts, int numDsts,
-                                     int redOp, uint64_t call, uint32_t tid, uint32_t numThreads) {
+                                             const PlanChunk* srcs, int numSrcs, const PlanChunk* dsts, int numDsts,
+                                             int redOp, uint64_t call, uint32_t tid, uint32_t numThreads) {
   constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T) > 0 ? LL16Packet::kDataBytes / sizeof(T) : 1;
   const uint64_t perChunk = packetsFor<LL16Packet>(c.chunkBytes);
   const uint64_t packets = perChunk * out.count;
