@@ -69,11 +69,15 @@ PACKET_OPS = ("multi_put_packets", "put_packets", "unpack", "multi_unpack", "red
 def _any_shape_runner(plan: Plan, comm, n: int, threads: int) -> PlanRunner:
     """A runner of `plan` whose packet ops take their any-shape form (the
     executor reads PYCCL_PLAN_GENERIC_PACKETS when it is made)."""
+    before = os.environ.get("PYCCL_PLAN_GENERIC_PACKETS")
     os.environ["PYCCL_PLAN_GENERIC_PACKETS"] = "1"
     try:
         return PlanRunner(plan, comm, max_bytes=n, threads=threads)
     finally:
-        del os.environ["PYCCL_PLAN_GENERIC_PACKETS"]
+        if before is None:
+            del os.environ["PYCCL_PLAN_GENERIC_PACKETS"]
+        else:
+            os.environ["PYCCL_PLAN_GENERIC_PACKETS"] = before
 
 
 def _kernel_call(x, y, comm, algo):

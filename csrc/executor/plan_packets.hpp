@@ -78,6 +78,31 @@ PYCCL_HOST_DEVICE bool takesOneBatch(const PlanContext& c, int32_t count, int a,
   return !c.genericPacketOps && count == 1 && a <= kResolvedOperands && b <= kResolvedOperands;
 }
 
+/// The packet sources of a one-batch op, resolved into registers before its
+/// packet loop: where srcs[0, n) lie in this call's phase, and who sends them.
+struct ResolvedPacketSources {
+  const LL16Packet* from[kResolvedOperands];
+  int peers[kResolvedOperands];
+
+  PYCCL_HOST_DEVICE ResolvedPacketSources(const PlanContext& c, const PlanChunk* srcs, int n, uint64_t call) {
+    PYCCL_UNROLL
+    for (int k = 0; k < kResolvedOperands; ++k) {
+      from[k] = k < n ? packetPtr(c, srcs[k].rank, srcs[k].index, call) : nullptr;
+      peers[k] = k < n ? srcs[k].rank : 0;
+    }
+  }
+
+  /// Polls packet `i` of every source together into payloads; false if the
+  /// wait gave up or an earlier one did.
+  PYCCL_HOST_DEVICE bool poll(const PlanContext& c, uint64_t i, uint32_t flag,
+                              uint32_t (&payloads)[kResolvedOperands][2]) const {
+    const LL16Packet* src[kResolvedOperands];
+    PYCCL_UNROLL
+    for (int k = 0; k < kResolvedOperands; ++k) src[k] = from[k] != nullptr ? from[k] + i : nullptr;
+    return waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i, [&] { return failedAlready(c); }));
+  }
+};
+
 /// The payload's lane `l` as fp32.
 template <typename T>
 PYCCL_HOST_DEVICE float laneAt(const uint32_t (&words)[2], uint32_t l) {
@@ -100,25 +125,17 @@ PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const PlanContext& c, const PlanChu
   const uint32_t flag = packetFlag(call);
   char* const outBase = chunkPtr(c, out, call);
   const char* const startBase = chunkPtr(c, start, call);
-  const LL16Packet* from[kResolvedOperands];
+  const ResolvedPacketSources sources(c, srcs, numSrcs, call);
   LL16Packet* to[kResolvedOperands];
-  int peers[kResolvedOperands];
   PYCCL_UNROLL
   for (int k = 0; k < kResolvedOperands; ++k) {
-    from[k] = k < numSrcs ? packetPtr(c, srcs[k].rank, srcs[k].index, call) : nullptr;
-    peers[k] = k < numSrcs ? srcs[k].rank : 0;
     to[k] = k < numDsts ? packetPtr(c, dsts[k].rank, dsts[k].index, call) : nullptr;
   }
   for (uint64_t i = tid; i < packets; i += numThreads) {
     uint32_t first[2];
     packPayload<LL16Packet>(startBase, i, bytes, first);  // its load waits with the polls
-    const LL16Packet* src[kResolvedOperands];
-    PYCCL_UNROLL
-    for (int k = 0; k < kResolvedOperands; ++k) src[k] = from[k] != nullptr ? from[k] + i : nullptr;
     uint32_t payloads[kResolvedOperands][2];
-    if (!waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i, [&] { return failedAlready(c); }))) {
-      return false;
-    }
+    if (!sources.poll(c, i, flag, payloads)) return false;
     float acc[kLanes];
     PYCCL_UNROLL
     for (uint32_t l = 0; l < kLanes; ++l) acc[l] = laneAt<T>(first, l);
@@ -218,24 +235,13 @@ PYCCL_HOST_DEVICE bool unpackPackets(const PlanContext& c, const PlanOp& op, uin
   const uint64_t perChunk = packetsFor<LL16Packet>(bytes);
   const uint32_t flag = packetFlag(call);
   if (takesOneBatch(c, op.dsts[0].count, op.numSrcs, op.numDsts)) {
-    const LL16Packet* from[kResolvedOperands];
+    const ResolvedPacketSources sources(c, op.srcs, op.numSrcs, call);
     char* to[kResolvedOperands];
-    int peers[kResolvedOperands];
     PYCCL_UNROLL
-    for (int k = 0; k < kResolvedOperands; ++k) {
-      from[k] = k < op.numSrcs ? packetPtr(c, op.srcs[k].rank, op.srcs[k].index, call) : nullptr;
-      peers[k] = k < op.numSrcs ? op.srcs[k].rank : 0;
-      to[k] = k < op.numSrcs ? chunkPtr(c, op.dsts[k], call) : nullptr;
-    }
+    for (int k = 0; k < kResolvedOperands; ++k) to[k] = k < op.numSrcs ? chunkPtr(c, op.dsts[k], call) : nullptr;
     for (uint64_t i = tid; i < perChunk; i += numThreads) {
-      const LL16Packet* src[kResolvedOperands];
-      PYCCL_UNROLL
-      for (int k = 0; k < kResolvedOperands; ++k) src[k] = from[k] != nullptr ? from[k] + i : nullptr;
       uint32_t payloads[kResolvedOperands][2];
-      if (!waitSucceeded(c, pollPacketBatch(src, peers, flag, payloads, c.abort, i,
-                                            [&] { return failedAlready(c); }))) {
-        return false;
-      }
+      if (!sources.poll(c, i, flag, payloads)) return false;
       PYCCL_UNROLL
       for (int k = 0; k < kResolvedOperands; ++k) {
         if (to[k] != nullptr) unpackPayload<LL16Packet>(to[k], i, bytes, payloads[k]);
