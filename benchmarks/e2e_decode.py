@@ -22,10 +22,12 @@ The all-reduce variants (the rest of the step is the same code):
   stopped making progress in this model on 4 x H200, 2026-11-22);
 - pyccl: ``pyccl.all_reduce`` (automatic choice; NCCL for large prefill messages);
 - pyccl_fused: ``pyccl.fused_all_reduce_rmsnorm`` (all-reduce + residual add +
-  the next RMSNorm in one kernel; unfused above its size limit).
+  the next RMSNorm, by its automatic choice of algorithm);
+- pyccl_fused_<algorithm>, one per ``--fused-algorithms`` entry: the same with
+  that algorithm forced (one_shot, two_shot, two_kernel).
 
     python benchmarks/e2e_decode.py [--world 4] [--layers N] [--batches 1,8,32,64] [--ctx 1024,4096]
-        [--prefill 2048,4096,8192] [--json out.json]
+        [--prefill 2048,4096,8192] [--fused-algorithms one_shot,two_kernel] [--json out.json]
     python benchmarks/e2e_decode.py --plot out.png --from out.json [--from other.json]
 """
 
@@ -165,8 +167,10 @@ class Reducer:
     def reduce_add_norm(self, partial, residual, weight):
         torch, c = self.torch, self.ctx
         F = torch.nn.functional
-        if self.variant == "pyccl_fused":
-            return c["pyccl"].fused_all_reduce_rmsnorm(partial, residual, weight, EPS, residual_out=residual)
+        if self.variant.startswith("pyccl_fused"):
+            algorithm = self.variant[len("pyccl_fused_"):] or None
+            return c["pyccl"].fused_all_reduce_rmsnorm(partial, residual, weight, EPS, residual_out=residual,
+                                                       algorithm=algorithm)
         if self.variant == "nccl_pg":
             c["dist"].all_reduce(partial)
             reduced = partial
@@ -245,61 +249,67 @@ def body(rank, world, store, opts):
     model = Model(torch, layers, world, device, 1000 + rank, max_batch, max_ctx)
     torch.cuda.synchronize()
     _stage(rank, "model made")
-    reducers = {v: Reducer(torch, v, ctx) for v in VARIANTS}
+    variants = opts["variants"]
+    reducers = {v: Reducer(torch, v, ctx) for v in variants}
     shared = torch.Generator(device=device).manual_seed(5)  # the input tokens' states: the same on every rank
     rows = []
     for batch in opts["batches"]:
         x = torch.randn(batch, HIDDEN, device=device, generator=shared).bfloat16()
         for c in opts["ctx"]:
             outs = {}
-            for v in VARIANTS:
+            for v in variants:
                 outs[v] = model.decode(x, reducers[v], c).float()
                 torch.cuda.synchronize()
                 _stage(rank, f"decode batch {batch} ctx {c}: {v} ran eagerly")
             check = {v: torch.nn.functional.cosine_similarity(outs[v], outs["nccl_pg"], dim=-1).min().item()
-                     for v in VARIANTS}
-            times = {v: [] for v in VARIANTS}
+                     for v in variants}
+            times = {v: [] for v in variants}
             for _ in range(opts["rounds"]):
-                for v in VARIANTS:
+                for v in variants:
                     times[v].append(_graph_ms(torch, lambda v=v: model.decode(x, reducers[v], c), opts["replays"]))
             row = {"phase": "decode", "batch": batch, "ctx": c, "layers": layers, "cos_min": check}
             row.update({v: statistics.median(ts) for v, ts in times.items()})
             rows.append(row)
             if rank == 0:
-                print(f"decode batch {batch} ctx {c}: " + ", ".join(f"{v} {row[v]:.3f}" for v in VARIANTS), flush=True)
+                print(f"decode batch {batch} ctx {c}: " + ", ".join(f"{v} {row[v]:.3f}" for v in variants), flush=True)
     for tokens in opts["prefill"]:
         x = torch.randn(tokens, HIDDEN, device=device, generator=shared).bfloat16()
-        outs = {v: model.prefill(x, reducers[v]).float() for v in VARIANTS}
+        outs = {v: model.prefill(x, reducers[v]).float() for v in variants}
         check = {v: torch.nn.functional.cosine_similarity(outs[v], outs["nccl_pg"], dim=-1).min().item()
-                 for v in VARIANTS}
+                 for v in variants}
         del outs
-        times = {v: [] for v in VARIANTS}
+        times = {v: [] for v in variants}
         for _ in range(opts["rounds"]):
-            for v in VARIANTS:
+            for v in variants:
                 times[v].append(_eager_ms(torch, lambda v=v: model.prefill(x, reducers[v]), opts["reps"]))
         row = {"phase": "prefill", "tokens": tokens, "layers": layers, "cos_min": check}
         row.update({v: statistics.median(ts) for v, ts in times.items()})
         rows.append(row)
         if rank == 0:
-            print(f"prefill {tokens}: " + ", ".join(f"{v} {row[v]:.2f}" for v in VARIANTS), flush=True)
+            print(f"prefill {tokens}: " + ", ".join(f"{v} {row[v]:.2f}" for v in variants), flush=True)
     ctx["nccl"].close()
     dist.destroy_process_group()
-    return {"rows": rows, "layers": layers, "gpu": torch.cuda.get_device_name(device)} if rank == 0 else None
+    return ({"rows": rows, "layers": layers, "gpu": torch.cuda.get_device_name(device), "variants": list(variants)}
+            if rank == 0 else None)
 
 
 def _table(result) -> str:
+    variants = result.get("variants", VARIANTS)
+    forced = [v for v in variants if v not in VARIANTS]
     lines = [f"world {result['world']}, {result['layers']} layers, {result['gpu']}; ms per step (decode: CUDA graph, "
              f"one token per sequence; prefill: eager)",
-             "| phase | batch / tokens | ctx | " + " | ".join(VARIANTS) +
-             " | NCCL PG / pyccl_fused | NCCL direct / pyccl_fused | NCCL PG / pyccl | symm / pyccl_fused |",
-             "|---|---:|---:|" + "---:|" * (len(VARIANTS) + 4)]
+             "| phase | batch / tokens | ctx | " + " | ".join(variants) +
+             " | NCCL PG / pyccl_fused | NCCL direct / pyccl_fused | NCCL PG / pyccl | symm / pyccl_fused |" +
+             "".join(f" NCCL PG / {v} |" for v in forced),
+             "|---|---:|---:|" + "---:|" * (len(variants) + 4 + len(forced))]
     for r in result["rows"]:
         size = r.get("batch", r.get("tokens"))
-        cells = " | ".join(f"{r[v]:.3f}" for v in VARIANTS)
+        cells = " | ".join(f"{r[v]:.3f}" for v in variants)
         lines.append(f"| {r['phase']} | {size} | {r.get('ctx', '–')} | {cells} | "
                      f"{r['nccl_pg'] / r['pyccl_fused']:.3f} | "
                      f"{r['nccl_direct'] / r['pyccl_fused']:.3f} | {r['nccl_pg'] / r['pyccl']:.3f} | "
-                     f"{r['symm_mem'] / r['pyccl_fused']:.3f} |")
+                     f"{r['symm_mem'] / r['pyccl_fused']:.3f} |" +
+                     "".join(f" {r['nccl_pg'] / r[v]:.3f} |" for v in forced))
     worst = min(min(r["cos_min"].values()) for r in result["rows"])
     lines.append(f"\nsmallest cosine similarity of any variant's output to nccl_pg's: {worst:.5f}")
     return "\n".join(lines)
@@ -315,10 +325,12 @@ def plot(results, path: str) -> None:
     for ax, result in zip(axes[0], results):
         decode = [r for r in result["rows"] if r["phase"] == "decode"]
         labels = [f"b{r['batch']}\nctx{r['ctx']}" for r in decode]
-        for k, v in enumerate(v for v in VARIANTS if v != "nccl_pg"):
-            xs = [i + (k - 1.5) * 0.2 for i in range(len(decode))]
-            ax.bar(xs, [r["nccl_pg"] / r[v] for r in decode], width=0.2, label=v)
-        ax.set_ylim(0.9, max(1.2, max(r["nccl_pg"] / r[v] for r in decode for v in VARIANTS) + 0.02))
+        shown = [v for v in result.get("variants", VARIANTS) if v != "nccl_pg"]
+        width = 0.8 / len(shown)
+        for k, v in enumerate(shown):
+            xs = [i + (k - (len(shown) - 1) / 2) * width for i in range(len(decode))]
+            ax.bar(xs, [r["nccl_pg"] / r[v] for r in decode], width=width, label=v)
+        ax.set_ylim(0.9, max(1.2, max(r["nccl_pg"] / r[v] for r in decode for v in shown) + 0.02))
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.axhline(1.1, color="gray", linestyle="--", linewidth=0.8)
         ax.set_xticks(range(len(decode)), labels, fontsize=7)
@@ -343,6 +355,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--fused-algorithms", type=lambda t: [a for a in t.split(",") if a], default=[],
+                        help="also time pyccl_fused with each of these algorithms forced")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--stack-after", type=float, default=0, help="print every rank's Python stack after S s")
     parser.add_argument("--plot", help="draw the decode speed-ups of --from results into this PNG")
@@ -355,8 +369,12 @@ def main() -> None:
         parser.error(f"--layers must be in 1..{MAX_LAYERS}")
     from pyccl._spawn import run_ranks
 
+    for algorithm in args.fused_algorithms:
+        if algorithm not in ("one_shot", "two_shot", "two_kernel"):
+            parser.error(f"--fused-algorithms: {algorithm!r} is not one of one_shot, two_shot, two_kernel")
     opts = {k: getattr(args, k) for k in ("layers", "batches", "ctx", "prefill", "rounds", "replays", "reps",
                                           "stack_after")}
+    opts["variants"] = list(VARIANTS) + [f"pyccl_fused_{a}" for a in args.fused_algorithms]
     result = run_ranks(body, args.world, args=(opts,), timeout=3000)[0]
     result["world"] = args.world
     if args.json:

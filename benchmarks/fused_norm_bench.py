@@ -5,7 +5,8 @@ table gives the medians of the rounds).
 
 Variants:
 - fused: ``pyccl.fused_all_reduce_rmsnorm`` (automatic choice), and forced
-  one-shot / two-shot;
+  one-shot / two-shot (one kernel) / two-kernel (pyccl's all-reduce, then its
+  add + RMSNorm kernel);
 - pyccl + torch: ``pyccl.all_reduce``, then torch's add and ``rms_norm``;
 - NCCL direct + torch, ProcessGroupNCCL + torch: the same with NCCL's all-reduce;
 - all-reduce only: ``pyccl.all_reduce`` alone, for scale.
@@ -75,6 +76,7 @@ def body(rank, world, store, hidden, sweep, engine_options):
         variants = {
             "fused": fused(None),
             "fused_one_shot": fused("one_shot"),
+            "fused_two_kernel": fused("two_kernel"),
             "pyccl_torch": _unfused(lambda: pyccl.all_reduce(x, out=s, comm=comm), residual, weight, s, r, out),
             "nccl_direct_torch": _unfused(lambda: nccl.all_reduce(x, s), residual, weight, s, r, out),
             "nccl_pg_torch": _unfused(lambda: (s.copy_(x), dist.all_reduce(s)), residual, weight, s, r, out),
@@ -82,9 +84,9 @@ def body(rank, world, store, hidden, sweep, engine_options):
         }
         if tokens >= world:
             variants["fused_two_shot"] = fused("two_shot")
-        # The fused results against pyccl + torch's (both paths round the sum once, the norm in fp32).
+        # The fused results against pyccl + torch's (the norm in fp32 on every path).
         variants["pyccl_torch"]()
-        for name in ("fused_one_shot", "fused_two_shot"):
+        for name in ("fused_one_shot", "fused_two_shot", "fused_two_kernel"):
             if name in variants:
                 variants[name]()
                 torch.cuda.synchronize()
@@ -113,8 +115,8 @@ def body(rank, world, store, hidden, sweep, engine_options):
     return (rows, sweep_rows) if rank == 0 else None
 
 
-COLUMNS = ("fused", "fused_one_shot", "fused_two_shot", "pyccl_torch", "nccl_direct_torch", "nccl_pg_torch",
-           "all_reduce_only")
+COLUMNS = ("fused", "fused_one_shot", "fused_two_shot", "fused_two_kernel", "pyccl_torch", "nccl_direct_torch",
+           "nccl_pg_torch", "all_reduce_only")
 
 
 def main() -> None:

@@ -49,18 +49,30 @@ def check_fused(xs, residual, weight, eps, normed, new_residual) -> list:
 
 
 def random_cases(seed: int, count: int, world: int, max_hidden: int):
-    """(dtype, rows, hidden, algorithm, in_place, eps): odd hidden sizes and row counts around the world size."""
+    """(dtype, rows, hidden, algorithm, in_place, eps, misaligned): odd hidden sizes and row counts around
+    the world size; misaligned: the input and the residual start one element into their storage."""
     rng = random.Random(seed)
     cases = []
     for i in range(count):
         rows = rng.choice([1, 2, world - 1 or 1, world, world + 1, 7, 16, 33, rng.randrange(1, 80)])
         hidden = rng.choice([1, 3, 8, 100, 257, 1024, 4099, max_hidden, rng.randrange(1, max_hidden)])
         hidden = min(hidden, max_hidden)
-        algo = rng.choice([None, None, "one_shot", "two_shot", "unfused"])
+        algo = rng.choice([None, None, "one_shot", "two_shot", "two_kernel", "unfused"])
         if algo == "two_shot" and rows < world:
             algo = "one_shot"
-        cases.append((DTYPES[i % 3], rows, hidden, algo, rng.random() < 0.3, rng.choice([1e-6, 1e-5, 0.1])))
+        cases.append((DTYPES[i % 3], rows, hidden, algo, rng.random() < 0.3, rng.choice([1e-6, 1e-5, 0.1]),
+                      rng.random() < 0.2))
     return cases
+
+
+def _placed(t: torch.Tensor, device, misaligned: bool) -> torch.Tensor:
+    """A contiguous copy of t on device, starting one element into its storage if misaligned."""
+    if not misaligned:
+        return t.to(device, copy=True)
+    storage = torch.empty(t.numel() + 1, dtype=t.dtype, device=device)
+    out = storage[1:].view(t.shape)
+    out.copy_(t)
+    return out
 
 
 def fused_cases(rank, world, store, on_gpu, seed, count, max_hidden, engine_options=None):
@@ -70,16 +82,17 @@ def fused_cases(rank, world, store, on_gpu, seed, count, max_hidden, engine_opti
     pyccl.all_reduce(torch.ones(1, device=device), comm=comm)  # makes the engine
     max_row = comm._engine.fused_max_row_bytes
     bad = []
-    for i, (dtype, rows, hidden, algo, in_place, eps) in enumerate(random_cases(seed, count, world, max_hidden)):
+    for i, (dtype, rows, hidden, algo, in_place, eps, misaligned) in enumerate(
+            random_cases(seed, count, world, max_hidden)):
         if algo in ("one_shot", "two_shot") and hidden * dtype.itemsize > max_row:
-            algo = None  # rows the kernel cannot take: the automatic choice goes unfused
+            algo = None  # rows the one-kernel algorithms cannot take: the automatic choice takes two_kernel
         xs, residual, weight = case_tensors(seed, i, world, rows, hidden, dtype)
-        x = xs[rank].to(device, copy=True)  # in place must not touch the reference's inputs
-        res = residual.to(device, copy=True)
+        x = _placed(xs[rank], device, misaligned)  # in place must not touch the reference's inputs
+        res = _placed(residual, device, misaligned)
         normed, new_res = pyccl.fused_all_reduce_rmsnorm(
             x, res, weight.to(device), eps, comm=comm, algorithm=algo,
             out=x if in_place else None, residual_out=res if in_place else None)
-        case = (i, str(dtype), rows, hidden, algo, in_place, eps)
+        case = (i, str(dtype), rows, hidden, algo, in_place, eps, misaligned)
         if in_place and (normed.data_ptr() != x.data_ptr() or new_res.data_ptr() != res.data_ptr()):
             bad.append(case + ("in place, but the results are new tensors",))
         bad += [case + (p,) for p in check_fused(xs, residual, weight, eps, normed, new_res)]
@@ -93,13 +106,13 @@ def fused_cases(rank, world, store, on_gpu, seed, count, max_hidden, engine_opti
 
 
 def fused_graph_replays(rank, world, store, replays):
-    """A CUDA graph of fused calls (one-shot and two-shot, 1 and 64 rows of
-    8192 bf16), captured before any eager fused call and replayed with fresh
-    inputs copied in each time; every replay checked."""
+    """A CUDA graph of fused calls (the automatic choice at 1 and 64 rows of
+    8192 bf16, one-shot and two-shot forced), captured before any eager fused
+    call and replayed with fresh inputs copied in each time; every replay checked."""
     comm, device = _setup(store, rank, world, True)
     pyccl.all_reduce(torch.ones(8, device=device), comm=comm)  # the engine, before capture
-    shapes = [(1, 8192), (64, 8192), (world, 8192)]
-    algos = [None, None, "two_shot"]
+    shapes = [(1, 8192), (64, 8192), (8, 8192), (world, 8192)]
+    algos = [None, None, "one_shot", "two_shot"]
     statics = [tuple(torch.empty(s, dtype=torch.bfloat16, device=device) for _ in range(2)) for s in shapes]
     weights = [torch.empty(s[1], dtype=torch.bfloat16, device=device) for s in shapes]
     stream = torch.cuda.Stream()
@@ -167,3 +180,17 @@ def launch_shapes(rank, world, store):
     shapes["max_row"] = comm._engine.fused_max_row_bytes
     comm.close()
     return shapes
+
+
+def automatic_choices(rank, world, store):
+    """select_fused's answers on a host-mode engine with one-shot up to 64 KiB, two-shot up to
+    256 KiB and two kernels above: {(rows, row_bytes): algorithm}, and the longest row the
+    one-kernel algorithms take."""
+    comm, _ = _setup(store, rank, world, False,
+                     engine_options={"fused_two_shot_bytes": 64 << 10, "fused_two_kernel_min_bytes": (256 << 10) + 1})
+    longest = comm._engine.fused_max_row_bytes
+    shapes = [(1, 16384), (world - 1, 1 << 15), (4, 16384), (5, 16384), (16, 16384), (17, 16384), (64, 16384),
+              (1, longest), (1, longest + 2), (world, longest + 2)]
+    choices = {shape: comm._engine.select_fused(*shape) for shape in shapes}
+    comm.close()
+    return choices, longest

@@ -70,3 +70,20 @@ def test_fused_launch_shapes_follow_the_rows():
     assert shapes[(64, 16384, "two_shot")] == (4, 512)
     assert shapes[(1, 1 << 17, "one_shot")] == (8, 512)
     assert shapes["max_row"] == 8 * (1 << 20) // 64
+
+
+def test_fused_automatic_choice_goes_by_size_and_row_length():
+    # Two kernels from fused_two_kernel_min_bytes and for rows longer than the
+    # one-kernel algorithms take; below, one-shot up to fused_two_shot_bytes or
+    # with fewer rows than ranks, two-shot above.
+    choices, longest = run_ranks(rf.automatic_choices, 4, timeout=120)[0]
+    assert choices[(1, 16384)] == "one_shot"
+    assert choices[(3, 1 << 15)] == "one_shot"  # 96 KiB, but fewer rows than ranks
+    assert choices[(4, 16384)] == "one_shot"  # 64 KiB
+    assert choices[(5, 16384)] == "two_shot"
+    assert choices[(16, 16384)] == "two_shot"  # 256 KiB
+    assert choices[(17, 16384)] == "two_kernel"
+    assert choices[(64, 16384)] == "two_kernel"
+    assert choices[(1, longest)] == "one_shot"
+    assert choices[(1, longest + 2)] == "two_kernel"
+    assert choices[(4, longest + 2)] == "two_kernel"

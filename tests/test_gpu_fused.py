@@ -24,6 +24,8 @@ def test_fused_random_cases_match_float64_reference(world):
                                      {"fused_threads": 512, "fused_two_shot_bytes": 1}],
                          ids=["one-block-per-row", "clusters-of-3", "two-shot-from-1-byte"])
 def test_fused_launch_shapes(options):
+    # The automatic choice among the one-kernel algorithms only (GPUs default to two kernels).
+    options = dict(options, fused_two_kernel_min_bytes=1 << 40)
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rf.fused_cases, min(gpu_count(), 4), args=(True, seed, 24, 8192, options),
                                  timeout=300):

@@ -34,12 +34,18 @@ const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
 FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what) {
   if (name == "one_shot") return FusedNormAlgorithm::kOneShot;
   if (name == "two_shot") return FusedNormAlgorithm::kTwoShot;
+  if (name == "two_kernel") return FusedNormAlgorithm::kTwoKernel;
   throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' is not a fused all-reduce algorithm (expected one_shot or two_shot)"));
+                               "' is not a fused all-reduce algorithm (expected one_shot, two_shot or two_kernel)"));
 }
 
 const char* fusedNormAlgorithmName(FusedNormAlgorithm a) {
-  return a == FusedNormAlgorithm::kOneShot ? "one_shot" : "two_shot";
+  switch (a) {
+    case FusedNormAlgorithm::kOneShot: return "one_shot";
+    case FusedNormAlgorithm::kTwoShot: return "two_shot";
+    case FusedNormAlgorithm::kTwoKernel: return "two_kernel";
+  }
+  return "?";
 }
 
 Protocol parseProtocol(const std::string& name, const char* what) {
@@ -112,7 +118,10 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;
   // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
   if (options_.zeroCopyMaxBytes == 0) options_.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
-  // Where two-shot overtakes one-shot on 4 x H200, hidden 8192 bf16 (benchmarks/RESULTS.md).
+  // Two kernels at every size on GPUs: in a tensor-parallel decode step on 4 x H200 they beat
+  // the one-kernel algorithms at 1-64 tokens of hidden 8192 bf16, though the one-shot is faster
+  // in back-to-back calls up to 256 KiB, where one-shot overtakes two-shot (benchmarks/RESULTS.md).
+  if (options_.fusedTwoKernelMinBytes == 0) options_.fusedTwoKernelMinBytes = host ? options_.llMaxBytes + 1 : 1;
   if (options_.fusedTwoShotBytes == 0) options_.fusedTwoShotBytes = host ? options_.llMaxBytes / 2 : (256u << 10);
 #ifdef PYCCL_WITH_CUDA
   clusters_ = host || clusterLaunchSupported(comm.device());
@@ -361,7 +370,9 @@ uint64_t CollectiveEngine::fusedMaxRowBytes() const {
 }
 
 FusedNormAlgorithm CollectiveEngine::selectFused(uint64_t rows, uint64_t rowBytes) const {
-  if (rows < static_cast<uint64_t>(comm_.worldSize()) || rows * rowBytes <= options_.fusedTwoShotBytes) {
+  const uint64_t bytes = rows * rowBytes;
+  if (rowBytes > fusedMaxRowBytes() || bytes >= options_.fusedTwoKernelMinBytes) return FusedNormAlgorithm::kTwoKernel;
+  if (rows < static_cast<uint64_t>(comm_.worldSize()) || bytes <= options_.fusedTwoShotBytes) {
     return FusedNormAlgorithm::kOneShot;
   }
   return FusedNormAlgorithm::kTwoShot;
@@ -377,9 +388,16 @@ void CollectiveEngine::allReduceRMSNorm(const void* input, const void* residual,
                       residualOut != nullptr, "tensor", "has no storage");
   const int world = comm_.worldSize();
   const uint64_t rowBytes = hidden * dataTypeSize(dtype);
-  PYCCL_CHECK_ARG(rowBytes <= fusedMaxRowBytes(), "tensor", "rows of ", rowBytes, " bytes exceed the fused kernel's ",
-                  fusedMaxRowBytes(), " in this communicator; all-reduce, then add and normalize");
   const FusedNormAlgorithm algo = algorithm ? *algorithm : selectFused(rows, rowBytes);
+  if (algo == FusedNormAlgorithm::kTwoKernel) {
+    // The all-reduce's sum lands in `normed`, which the second kernel overwrites unit by unit.
+    allReduce(input, normed, rows * hidden, dtype, ReduceOp::kSum, std::nullopt, stream);
+    launchAddRMSNorm({{normed, residual, weight, normed, residualOut, rows, hidden, eps}, dtype}, stream);
+    return;
+  }
+  PYCCL_CHECK_ARG(rowBytes <= fusedMaxRowBytes(), "algorithm", fusedNormAlgorithmName(algo), " takes rows of at most ",
+                  fusedMaxRowBytes(), " bytes in this communicator, the call's have ", rowBytes,
+                  "; take two_kernel or the automatic choice");
   const FusedLaunch launch = fusedLaunchFor(rows, rowBytes, algo);
   const uint32_t segments = launch.segments;
   const uint64_t rowsPerBlock = fusedRowsPerBlock(context_, rowBytes, segments);
@@ -425,6 +443,17 @@ void CollectiveEngine::launchFused(const CollectiveContext& ctx, const FusedNorm
   Communicator::HostKernelScope active(comm_);
   allReduceRMSNormHost(ctx, call);
   comm_.checkCompleted("fused_all_reduce_rmsnorm");
+}
+
+void CollectiveEngine::launchAddRMSNorm(const AddRMSNormCall& call, void* stream) {
+#ifdef PYCCL_WITH_CUDA
+  if (!comm_.hostMode()) {
+    addRMSNormDevice(call, stream, {0, options_.programmaticLaunch});
+    return;
+  }
+#endif
+  (void)stream;
+  addRMSNormHost(call);
 }
 
 void CollectiveEngine::launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads,

@@ -61,9 +61,15 @@ struct CollectiveOptions {
   uint32_t fusedSegments = 0;
   /// Threads per block of the fused kernel (at most kFusedMaxThreads); 0: by the call.
   uint32_t fusedThreads = 0;
-  /// Fused all-reduce + RMSNorm, automatic choice: one-shot up to this many
-  /// bytes of the whole message (and below world-size rows), two-shot above;
-  /// 0: default (256 KiB on GPUs, llMaxBytes / 2 in host mode).
+  /// Fused all-reduce + RMSNorm, automatic choice: two kernels (the
+  /// all-reduce, then add + RMSNorm) for messages of at least this many bytes
+  /// and for rows longer than fusedMaxRowBytes(); 0: default (1 on GPUs, so
+  /// every message, llMaxBytes + 1 in host mode).
+  uint64_t fusedTwoKernelMinBytes = 0;
+  /// Fused all-reduce + RMSNorm, automatic choice below fusedTwoKernelMinBytes:
+  /// one-shot up to this many bytes of the whole message (and below
+  /// world-size rows), two-shot above; 0: default (256 KiB on GPUs,
+  /// llMaxBytes / 2 in host mode).
   uint64_t fusedTwoShotBytes = 0;
   /// Launch the kernels with programmatic dependent launch (kernel_launch.cuh),
   /// so back-to-back collectives overlap their launch latency.
@@ -95,11 +101,13 @@ class CollectiveEngine {
                 void* stream);
 
   /// All-reduces `rows` rows of `hidden` elements of `input` (sum), adds
-  /// `residual` and applies RMSNorm with `weight` and `eps`, in one kernel
-  /// (fused_norm_device.hpp): the rounded sums go to `residualOut` (may be
-  /// `residual`), the normalized rows to `normed` (may be `input`). One-shot
-  /// or two-shot by `algorithm` or by size; enqueued on `stream` like allReduce.
-  /// Rows of more than fusedMaxRowBytes() raise InvalidArgument.
+  /// `residual` and applies RMSNorm with `weight` and `eps`: the rounded sums
+  /// go to `residualOut` (may be `residual`), the normalized rows to `normed`
+  /// (may be `input`). In one kernel, one-shot or two-shot
+  /// (fused_norm_device.hpp), or in two, allReduce into `normed` and then
+  /// add + RMSNorm (add_rmsnorm_device.hpp); by `algorithm` or by size.
+  /// Enqueued on `stream` like allReduce. One-shot and two-shot take rows of
+  /// at most fusedMaxRowBytes() (else InvalidArgument).
   void allReduceRMSNorm(const void* input, const void* residual, const void* weight, void* normed,
                         void* residualOut, uint64_t rows, uint64_t hidden, float eps, DataType dtype,
                         std::optional<FusedNormAlgorithm> algorithm, void* stream);
@@ -147,6 +155,7 @@ class CollectiveEngine {
   /// in host mode CPU threads (and then raises if a wait gave up).
   void launchAllReduce(const CollectiveContext& ctx, const AllReduceCall& call, uint32_t threads, void* stream);
   void launchFused(const CollectiveContext& ctx, const FusedNormCall& call, uint32_t threads, void* stream);
+  void launchAddRMSNorm(const AddRMSNormCall& call, void* stream);
   /// Blocks per row of the fused kernel at most here (1 without clusters; fusedSegments where set).
   uint32_t fusedMostSegments() const;
   /// The context of an LL call moving `llPackets` per (source, destination) pair.
@@ -176,7 +185,7 @@ std::vector<const void*> collectiveKernels();
 /// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.
 AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what);
 const char* allReduceAlgorithmName(AllReduceAlgorithm a);
-/// Parses "one_shot" / "two_shot"; throws InvalidArgument naming `what`.
+/// Parses "one_shot" / "two_shot" / "two_kernel"; throws InvalidArgument naming `what`.
 FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what);
 const char* fusedNormAlgorithmName(FusedNormAlgorithm a);
 /// Parses "ll" / "hb" (exchange protocols); throws InvalidArgument naming `what`.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "collectives/add_rmsnorm_device.hpp"
 #include "collectives/allreduce_device.hpp"
 #include "collectives/allreduce_zero_copy_device.hpp"
 #include "collectives/exchange_device.hpp"
@@ -31,11 +32,19 @@ struct AllReduceCall {
   const SymmetricPointers* symmetric = nullptr;
 };
 
-/// The fused all-reduce + residual add + RMSNorm (fused_norm_device.hpp).
-enum class FusedNormAlgorithm : uint32_t { kOneShot = 0, kTwoShot = 1 };
+/// The fused all-reduce + residual add + RMSNorm: one kernel, one-shot or
+/// two-shot (fused_norm_device.hpp), or two kernels, the all-reduce and then
+/// the add + RMSNorm (add_rmsnorm_device.hpp).
+enum class FusedNormAlgorithm : uint32_t { kOneShot = 0, kTwoShot = 1, kTwoKernel = 2 };
 
 struct FusedNormCall {
   FusedNormArgs args;  ///< rows within the layout's per-call limit
+  DataType dtype;
+};
+
+/// The second kernel of the two-kernel algorithm: any number of rows.
+struct AddRMSNormCall {
+  AddRMSNormArgs args;
   DataType dtype;
 };
 
@@ -70,6 +79,7 @@ inline bool programmaticLaunchAllowed() {
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);
 void exchangeHost(const CollectiveContext& context, const ExchangeCall& call);
 void allReduceRMSNormHost(const CollectiveContext& context, const FusedNormCall& call);
+void addRMSNormHost(const AddRMSNormCall& call);
 #ifdef PYCCL_WITH_CUDA
 /// Enqueues one call on `stream` (a cudaStream_t); capturable in CUDA graphs.
 void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
@@ -80,6 +90,9 @@ void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, 
 /// args.segments (launch.clusterBlocks is taken from it).
 void allReduceRMSNormDevice(const CollectiveContext& context, const FusedNormCall& call, void* stream,
                             KernelLaunch launch);
+/// Enqueues an add + RMSNorm call: one block per row, of addRMSNormThreads
+/// (launch.threadsPerBlock is not used).
+void addRMSNormDevice(const AddRMSNormCall& call, void* stream, const KernelLaunch& launch);
 /// Whether `device` launches thread-block clusters (sm_90+): the fused kernel's segments need them.
 bool clusterLaunchSupported(int device);
 /// The reduce-scatter kernels (reduce_scatter.cu), called by exchangeDevice.

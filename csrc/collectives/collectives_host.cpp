@@ -61,6 +61,22 @@ void allReduceRMSNormHost(const CollectiveContext& context, const FusedNormCall&
   });
 }
 
+void addRMSNormHost(const AddRMSNormCall& call) {
+  const AddRMSNormArgs& a = call.args;
+  dispatchFloat(call.dtype, [&]<typename T>() {
+    auto rows = [&]<typename Unit>() {
+      for (uint64_t row = 0; row < a.rows; ++row) {
+        addRMSNormRow<T, Unit>(a, row, 0, 1, [] {}, [](float x) { return x; });
+      }
+    };
+    if (addRMSNormVectorized(a, sizeof(T))) {
+      rows.template operator()<detail::Vec16>();
+    } else {
+      rows.template operator()<T>();
+    }
+  });
+}
+
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) {
   const bool hb = call.algorithm == AllReduceAlgorithm::kTwoPhaseHB;
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {

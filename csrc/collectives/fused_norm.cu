@@ -1,5 +1,6 @@
-// The fused all-reduce + residual add + RMSNorm kernels (one per dtype), and
-// the row sums of a thread-block cluster that they normalize with.
+// The fused all-reduce + residual add + RMSNorm kernels (one per dtype), the
+// row sums of a thread-block cluster that they normalize with, and the add +
+// RMSNorm kernel that follows an all-reduce in the two-kernel algorithm.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -95,7 +96,64 @@ __global__ void __launch_bounds__(kFusedMaxThreads) allReduceRMSNormKernel(Colle
                       blockDim.x, group);
 }
 
+/// The sum of x over the block's threads, the same bits on every thread:
+/// warp shuffles (a fixed tree), then the warps in order. Two parities of
+/// warp sums, so that one barrier per call suffices: a parity is written again
+/// two calls later, after the next call's barrier, which every thread passes
+/// only once it has read this call's sums.
+struct BlockSum {
+  float (*warpSums)[32];  ///< shared [2][32]
+  uint32_t parity = 0;
+
+  __device__ __forceinline__ float operator()(float x) {
+    PYCCL_UNROLL
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    float* sums = warpSums[parity];
+    parity ^= 1;
+    if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = x;
+    __syncthreads();
+    float total = 0;
+    for (uint32_t w = 0; w < (blockDim.x + 31) / 32; ++w) total += sums[w];
+    return total;
+  }
+};
+
+template <typename T, typename Unit>
+__global__ void __launch_bounds__(kAddNormMaxThreads) addRMSNormKernel(AddRMSNormArgs args) {
+  __shared__ float warpSums[2][32];
+  BlockSum blockSum{warpSums};
+  bool waited = false;
+  auto waitForSum = [&] {
+    if (waited) return;
+    waited = true;
+    waitForPriorGrid();
+    allowDependentLaunch();
+  };
+  for (uint64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
+    addRMSNormRow<T, Unit>(args, row, threadIdx.x, blockDim.x, waitForSum, blockSum);
+  }
+  waitForSum();  // every kernel waits before it exits (a block without rows too)
+}
+
+/// Blocks of the add + RMSNorm kernel at most (rows beyond it loop).
+constexpr uint64_t kAddNormMaxBlocks = 1u << 16;
+
 }  // namespace
+
+void addRMSNormDevice(const AddRMSNormCall& call, void* stream, const KernelLaunch& launch) {
+  const AddRMSNormArgs& a = call.args;
+  if (a.rows == 0 || a.hidden == 0) return;
+  dispatchFloat(call.dtype, [&]<typename T>() {
+    const bool vectorized = addRMSNormVectorized(a, sizeof(T));
+    const uint64_t units = vectorized ? a.hidden * sizeof(T) / 16 : a.hidden;
+    KernelLaunch shape = launch;
+    shape.threadsPerBlock = addRMSNormThreads(units);
+    shape.clusterBlocks = 1;
+    const auto blocks = static_cast<uint32_t>(a.rows < kAddNormMaxBlocks ? a.rows : kAddNormMaxBlocks);
+    auto* kernel = vectorized ? addRMSNormKernel<T, detail::Vec16> : addRMSNormKernel<T, T>;
+    launchCollectiveKernel(kernel, blocks, shape, static_cast<cudaStream_t>(stream), a);
+  });
+}
 
 bool clusterLaunchSupported(int device) {
   int supported = 0;
@@ -116,6 +174,8 @@ void fusedNormKernels(std::vector<const void*>* out) {
   for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
     dispatchFloat(dtype, [&]<typename T>() {
       out->push_back(reinterpret_cast<const void*>(allReduceRMSNormKernel<T>));
+      out->push_back(reinterpret_cast<const void*>(addRMSNormKernel<T, detail::Vec16>));
+      out->push_back(reinterpret_cast<const void*>(addRMSNormKernel<T, T>));
     });
   }
 }

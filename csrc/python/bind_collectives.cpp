@@ -42,7 +42,7 @@ void bindCollectives(py::module_& m) {
                        uint64_t zeroCopyThresholdBytes, uint32_t zeroCopyThreads, uint64_t zeroCopyBytesPerBlock,
                        uint32_t hbRoundsPerLaunch, bool hbPush, uint32_t hbLargeThreads,
                        uint64_t zeroCopyMaxBytes, uint32_t fusedSegments, uint32_t fusedThreads,
-                       uint64_t fusedTwoShotBytes) {
+                       uint64_t fusedTwoShotBytes, uint64_t fusedTwoKernelMinBytes) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -64,6 +64,7 @@ void bindCollectives(py::module_& m) {
              o.fusedSegments = fusedSegments;
              o.fusedThreads = fusedThreads;
              o.fusedTwoShotBytes = fusedTwoShotBytes;
+             o.fusedTwoKernelMinBytes = fusedTwoKernelMinBytes;
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
                              "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
@@ -83,6 +84,7 @@ void bindCollectives(py::module_& m) {
            py::arg("hb_rounds_per_launch") = 0, py::arg("hb_push") = true,
            py::arg("hb_large_threads") = 512, py::arg("zero_copy_max_bytes") = 0, py::arg("fused_segments") = 0,
            py::arg("fused_threads") = 0, py::arg("fused_two_shot_bytes") = 0,
+           py::arg("fused_two_kernel_min_bytes") = 0,
            py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),
@@ -114,7 +116,7 @@ void bindCollectives(py::module_& m) {
            },
            py::arg("comm"), py::arg("tensor"), py::arg("residual"), py::arg("weight"), py::arg("out"),
            py::arg("residual_out"), py::arg("eps"), py::arg("algorithm") = std::nullopt,
-           "All-reduce (sum) + residual add + RMSNorm over the last dimension, in one kernel.")
+           "All-reduce (sum) + residual add + RMSNorm over the last dimension, in one kernel or two.")
       .def("select_fused",
            [](const CollectiveEngine& e, uint64_t rows, uint64_t rowBytes) {
              return fusedNormAlgorithmName(e.selectFused(rows, rowBytes));

@@ -8,10 +8,24 @@ is, per row of the last dimension and with sums in fp32,
     new_residual = (all_reduce(partial) + residual).to(dtype)
     normed = (new_residual * rsqrt(mean(new_residual ** 2) + eps) * weight).to(dtype)
 
-in one kernel (``csrc/collectives/fused_norm_device.hpp``): one-shot LL for
-few rows, two-shot LL above, and above ``FUSED_MAX_BYTES`` (or for rows longer
-than the kernel takes) ``pyccl.all_reduce`` followed by torch's add and
-``rms_norm``. Both results are bitwise identical on every rank.
+The algorithms:
+
+- ``one_shot``: one kernel (``csrc/collectives/fused_norm_device.hpp``), LL
+  packets from every rank to every rank; few rows;
+- ``two_shot``: one kernel, each rank reduces a share of the rows and sends it
+  on as LL packets;
+- ``two_kernel``: pyccl's all-reduce kernel, then an add + RMSNorm kernel
+  (``csrc/collectives/add_rmsnorm_device.hpp``) launched to overlap its start
+  with the all-reduce; the sum is rounded to the dtype before the residual
+  add, as ``pyccl.all_reduce`` followed by ``torch.add`` rounds it; any row length;
+- ``unfused``: ``pyccl.all_reduce`` (which may hand the message to NCCL), then
+  torch's add and ``rms_norm``; above ``FUSED_MAX_BYTES``.
+
+The automatic choice: ``unfused`` above ``FUSED_MAX_BYTES``, else the engine's
+(``two_kernel`` on GPUs, which in a tensor-parallel decode step beats the
+one-kernel algorithms; ``fused_two_kernel_min_bytes`` and
+``fused_two_shot_bytes`` move the bounds). Both results are
+bitwise identical on every rank.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from .errors import ClosedError, InvalidArgumentError, PycclTypeError
 
 __all__ = ["FUSED_ALGORITHMS", "FUSED_MAX_BYTES", "fused_all_reduce_rmsnorm"]
 
-FUSED_ALGORITHMS = ("one_shot", "two_shot", "unfused")
+FUSED_ALGORITHMS = ("one_shot", "two_shot", "two_kernel", "unfused")
 # Messages (bytes of the input) above this take the unfused path. The fused
 # kernel is measured up to 1 MiB (64 tokens of hidden 8192 bf16), where it
 # still wins (benchmarks/RESULTS.md); above, the all-reduce's bandwidth sets
@@ -82,8 +96,8 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
         group: a torch process group (default: the world); or ``comm``, a pyccl Communicator.
         out: where the normalized rows go (may be ``x``); a new tensor if None.
         residual_out: where the new residual goes (may be ``residual``); a new tensor if None.
-        algorithm: "one_shot", "two_shot" (at least one row per rank) or "unfused" to force one;
-            default: by size (the engine's ``fused_two_shot_bytes``, then ``FUSED_MAX_BYTES``).
+        algorithm: "one_shot", "two_shot" (at least one row per rank), "two_kernel" or "unfused"
+            to force one; default: by size (the module's docstring).
 
     Returns ``(normed, new_residual)``, bitwise identical on every rank.
     Capturable in CUDA graphs, like the other collectives.
@@ -104,11 +118,11 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
     row_bytes = x.shape[-1] * x.element_size()
     unfused = algorithm == "unfused"
     if algorithm is None:
-        unfused = x.numel() * x.element_size() > FUSED_MAX_BYTES or row_bytes > engine.fused_max_row_bytes
-    elif not unfused and row_bytes > engine.fused_max_row_bytes:
+        unfused = x.numel() * x.element_size() > FUSED_MAX_BYTES  # long rows: the engine takes two_kernel
+    elif algorithm in ("one_shot", "two_shot") and row_bytes > engine.fused_max_row_bytes:
         raise InvalidArgumentError(f"invalid argument 'algorithm': {algorithm} takes rows of at most "
                                    f"{engine.fused_max_row_bytes} bytes here, the input's have {row_bytes}; "
-                                   "pass algorithm='unfused' or None")
+                                   "pass algorithm='two_kernel', 'unfused' or None")
     if unfused:
         return _unfused(x, residual, weight, float(eps), group, given, out, residual_out), residual_out
     if out is None:
