@@ -71,12 +71,7 @@ PYCCL_HOST_DEVICE Unit addUnit(const Unit& sum, const Unit& residual, float& squ
   for (uint32_t l = 0; l < sizeof(Unit) / sizeof(T); ++l) {
     const T r = ElementTraits<T>::fromFloat(unitLane<T>(sum, l) + unitLane<T>(residual, l));
     setLaneOf<T>(reinterpret_cast<uint32_t*>(&out), l, r);
-    const float v = ElementTraits<T>::toFloat(r);
-#if PYCCL_ON_DEVICE
-    squares = __fmaf_rn(v, v, squares);
-#else
-    squares = std::fma(v, v, squares);
-#endif
+    squares = addSquare(ElementTraits<T>::toFloat(r), squares);
   }
   return out;
 }

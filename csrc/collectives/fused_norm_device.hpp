@@ -94,20 +94,23 @@ PYCCL_HOST_DEVICE float laneFloat(const uint32_t (&payload)[2], uint32_t lane) {
   return ElementTraits<T>::toFloat(laneOf<T>(payload, lane));
 }
 
+/// squares + v * v in one rounding (an explicit fused multiply-add, on the
+/// GPU and on the host alike).
+PYCCL_HOST_DEVICE float addSquare(float v, float squares) {
+#if PYCCL_ON_DEVICE
+  return __fmaf_rn(v, v, squares);
+#else
+  return std::fma(v, v, squares);
+#endif
+}
+
 /// The sum of the squares of a packet's lanes (padding lanes are zero), in
 /// lane order with explicit fused multiply-adds: every block that sums a
 /// row's squares, owner or receiver, must round exactly alike.
 template <typename T>
 PYCCL_HOST_DEVICE float packetSquares(const uint32_t (&payload)[2]) {
   float squares = 0;
-  for (uint32_t l = 0; l < kFusedLanes<T>; ++l) {
-    const float v = laneFloat<T>(payload, l);
-#if PYCCL_ON_DEVICE
-    squares = __fmaf_rn(v, v, squares);
-#else
-    squares = std::fma(v, v, squares);
-#endif
-  }
+  for (uint32_t l = 0; l < kFusedLanes<T>; ++l) squares = addSquare(laneFloat<T>(payload, l), squares);
   return squares;
 }
 
