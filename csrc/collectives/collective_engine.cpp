@@ -118,10 +118,12 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;
   // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
   if (options_.zeroCopyMaxBytes == 0) options_.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
-  // Two kernels at every size on GPUs: in a tensor-parallel decode step on 4 x H200 they beat
-  // the one-kernel algorithms at 1-64 tokens of hidden 8192 bf16, though the one-shot is faster
-  // in back-to-back calls up to 256 KiB, where one-shot overtakes two-shot (benchmarks/RESULTS.md).
-  if (options_.fusedTwoKernelMinBytes == 0) options_.fusedTwoKernelMinBytes = host ? options_.llMaxBytes + 1 : 1;
+  // GPUs: two kernels above 128 KiB, where they beat the one-shot and the two-shot in a
+  // tensor-parallel decode step on 4 x H200 (hidden 8192 bf16; 32 tokens and more); the one-shot
+  // up to there (benchmarks/RESULTS.md).
+  if (options_.fusedTwoKernelMinBytes == 0) {
+    options_.fusedTwoKernelMinBytes = host ? options_.llMaxBytes + 1 : (128u << 10) + 1;
+  }
   if (options_.fusedTwoShotBytes == 0) options_.fusedTwoShotBytes = host ? options_.llMaxBytes / 2 : (256u << 10);
 #ifdef PYCCL_WITH_CUDA
   clusters_ = host || clusterLaunchSupported(comm.device());

@@ -63,8 +63,8 @@ struct CollectiveOptions {
   uint32_t fusedThreads = 0;
   /// Fused all-reduce + RMSNorm, automatic choice: two kernels (the
   /// all-reduce, then add + RMSNorm) for messages of at least this many bytes
-  /// and for rows longer than fusedMaxRowBytes(); 0: default (1 on GPUs, so
-  /// every message, llMaxBytes + 1 in host mode).
+  /// and for rows longer than fusedMaxRowBytes(); 0: default (128 KiB + 1 on
+  /// GPUs, llMaxBytes + 1 in host mode).
   uint64_t fusedTwoKernelMinBytes = 0;
   /// Fused all-reduce + RMSNorm, automatic choice below fusedTwoKernelMinBytes:
   /// one-shot up to this many bytes of the whole message (and below

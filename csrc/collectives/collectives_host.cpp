@@ -56,7 +56,11 @@ void allReduceRMSNormHost(const CollectiveContext& context, const FusedNormCall&
   dispatchFloat(call.dtype, [&]<typename T>() {
     runBlocks(a.groups * a.segments, [&](uint32_t b) {
       HostRowGroup rowGroup{groups[b / a.segments].get(), b % a.segments, a.segments};
-      allReduceRMSNorm<T>(context, a, b / a.segments, b % a.segments, 0, 1, rowGroup);
+      if (a.twoShot != 0) {
+        allReduceRMSNorm<T, true>(context, a, b / a.segments, b % a.segments, 0, 1, rowGroup);
+      } else {
+        allReduceRMSNorm<T, false>(context, a, b / a.segments, b % a.segments, 0, 1, rowGroup);
+      }
     });
   });
 }

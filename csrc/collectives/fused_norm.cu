@@ -84,7 +84,7 @@ struct ClusterRowGroup {
   __device__ __forceinline__ void finish() {}
 };
 
-template <typename T>
+template <typename T, bool kTwoShot>
 __global__ void __launch_bounds__(kFusedMaxThreads) allReduceRMSNormKernel(CollectiveContext context,
                                                                            FusedNormArgs args) {
   __shared__ float warpSums[32 * kMaxCollectiveRanks];
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kFusedMaxThreads) allReduceRMSNormKernel(Colle
   __shared__ float totals[kMaxCollectiveRanks];
   collectiveKernelPrologue();
   ClusterRowGroup group{warpSums, gathered, totals, blockIdx.x % args.segments, args.segments};
-  allReduceRMSNorm<T>(context, args, blockIdx.x / args.segments, blockIdx.x % args.segments, threadIdx.x,
+  allReduceRMSNorm<T, kTwoShot>(context, args, blockIdx.x / args.segments, blockIdx.x % args.segments, threadIdx.x,
                       blockDim.x, group);
 }
 
@@ -165,15 +165,17 @@ void allReduceRMSNormDevice(const CollectiveContext& context, const FusedNormCal
                             KernelLaunch launch) {
   launch.clusterBlocks = call.args.segments;
   dispatchFloat(call.dtype, [&]<typename T>() {
-    launchCollectiveKernel(allReduceRMSNormKernel<T>, call.args.groups * call.args.segments, launch,
-                           static_cast<cudaStream_t>(stream), context, call.args);
+    auto* kernel = call.args.twoShot != 0 ? allReduceRMSNormKernel<T, true> : allReduceRMSNormKernel<T, false>;
+    launchCollectiveKernel(kernel, call.args.groups * call.args.segments, launch, static_cast<cudaStream_t>(stream),
+                           context, call.args);
   });
 }
 
 void fusedNormKernels(std::vector<const void*>* out) {
   for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
     dispatchFloat(dtype, [&]<typename T>() {
-      out->push_back(reinterpret_cast<const void*>(allReduceRMSNormKernel<T>));
+      out->push_back(reinterpret_cast<const void*>(allReduceRMSNormKernel<T, false>));
+      out->push_back(reinterpret_cast<const void*>(allReduceRMSNormKernel<T, true>));
       out->push_back(reinterpret_cast<const void*>(addRMSNormKernel<T, detail::Vec16>));
       out->push_back(reinterpret_cast<const void*>(addRMSNormKernel<T, T>));
     });

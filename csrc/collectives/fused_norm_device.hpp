@@ -268,7 +268,9 @@ PYCCL_HOST_DEVICE float reduceRowSlice(const CollectiveContext& c, const FusedNo
 ///   template <int N> void sums(float (&values)[N], int used);  // values[0..used), block- then group-wide
 ///   void finish();                                    // before the block exits
 /// Both are called the same number of times on every block of a group.
-template <typename T, typename RowGroup>
+/// kTwoShot must equal a.twoShot != 0: each algorithm is its own kernel, so
+/// that a call fetches only its own machine code.
+template <typename T, bool kTwoShot, typename RowGroup>
 PYCCL_HOST_DEVICE void allReduceRMSNorm(const CollectiveContext& c, const FusedNormArgs& a, uint32_t group,
                                         uint32_t segment, uint32_t tid, uint32_t numThreads, RowGroup& rowGroup) {
   const uint32_t block = group * a.segments + segment;
@@ -282,7 +284,7 @@ PYCCL_HOST_DEVICE void allReduceRMSNorm(const CollectiveContext& c, const FusedN
   detail::loadWeights<T>(a, s, tid, numThreads, weights);
   uint32_t sums[detail::kFusedCached][2];
   bool ok = true;
-  if (a.twoShot == 0) {
+  if constexpr (!kTwoShot) {
     // 1. This group's rows to every peer: row group + m * groups in slots [m * slotsPerRow, ...).
     for (uint64_t m = 0, row = group; row < a.rows; ++m, row += a.groups) {
       const char* src = in + row * rowBytes + s.begin;

@@ -22,9 +22,9 @@ The algorithms:
   torch's add and ``rms_norm``; above ``FUSED_MAX_BYTES``.
 
 The automatic choice: ``unfused`` above ``FUSED_MAX_BYTES``, else the engine's
-(``two_kernel`` on GPUs, which in a tensor-parallel decode step beats the
-one-kernel algorithms; ``fused_two_kernel_min_bytes`` and
-``fused_two_shot_bytes`` move the bounds). Both results are
+(on GPUs ``one_shot`` up to 128 KiB, ``two_kernel`` above, which in a
+tensor-parallel decode step beats the two-shot; the engine options
+``fused_two_kernel_min_bytes`` and ``fused_two_shot_bytes`` move the bounds). Both results are
 bitwise identical on every rank.
 """
 
