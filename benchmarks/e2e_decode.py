@@ -24,7 +24,7 @@ The all-reduce variants (the rest of the step is the same code):
 - pyccl_fused: ``pyccl.fused_all_reduce_rmsnorm`` (all-reduce + residual add +
   the next RMSNorm, by its automatic choice of algorithm);
 - pyccl_fused_<algorithm>, one per ``--fused-algorithms`` entry: the same with
-  that algorithm forced (one_shot, two_shot, two_kernel).
+  that algorithm forced (one_shot, two_shot, two_kernel, unfused).
 
     python benchmarks/e2e_decode.py [--world 4] [--layers N] [--batches 1,8,32,64] [--ctx 1024,4096]
         [--prefill 2048,4096,8192] [--fused-algorithms one_shot,two_kernel] [--json out.json]
@@ -369,9 +369,11 @@ def main() -> None:
         parser.error(f"--layers must be in 1..{MAX_LAYERS}")
     from pyccl._spawn import run_ranks
 
+    from pyccl.fused import FUSED_ALGORITHMS
+
     for algorithm in args.fused_algorithms:
-        if algorithm not in ("one_shot", "two_shot", "two_kernel"):
-            parser.error(f"--fused-algorithms: {algorithm!r} is not one of one_shot, two_shot, two_kernel")
+        if algorithm not in FUSED_ALGORITHMS:
+            parser.error(f"--fused-algorithms: {algorithm!r} is not one of {', '.join(FUSED_ALGORITHMS)}")
     opts = {k: getattr(args, k) for k in ("layers", "batches", "ctx", "prefill", "rounds", "replays", "reps",
                                           "stack_after")}
     opts["variants"] = list(VARIANTS) + [f"pyccl_fused_{a}" for a in args.fused_algorithms]

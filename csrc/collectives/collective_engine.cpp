@@ -450,7 +450,7 @@ void CollectiveEngine::launchFused(const CollectiveContext& ctx, const FusedNorm
 void CollectiveEngine::launchAddRMSNorm(const AddRMSNormCall& call, void* stream) {
 #ifdef PYCCL_WITH_CUDA
   if (!comm_.hostMode()) {
-    addRMSNormDevice(call, stream, {0, options_.programmaticLaunch});
+    addRMSNormDevice(call, stream, options_.programmaticLaunch);
     return;
   }
 #endif

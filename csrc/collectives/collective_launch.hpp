@@ -90,9 +90,9 @@ void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, 
 /// args.segments (launch.clusterBlocks is taken from it).
 void allReduceRMSNormDevice(const CollectiveContext& context, const FusedNormCall& call, void* stream,
                             KernelLaunch launch);
-/// Enqueues an add + RMSNorm call: one block per row, of addRMSNormThreads
-/// (launch.threadsPerBlock is not used).
-void addRMSNormDevice(const AddRMSNormCall& call, void* stream, const KernelLaunch& launch);
+/// Enqueues an add + RMSNorm call: one block per row, of addRMSNormThreads;
+/// with programmatic dependent launch if `programmatic`.
+void addRMSNormDevice(const AddRMSNormCall& call, void* stream, bool programmatic);
 /// Whether `device` launches thread-block clusters (sm_90+): the fused kernel's segments need them.
 bool clusterLaunchSupported(int device);
 /// The reduce-scatter kernels (reduce_scatter.cu), called by exchangeDevice.

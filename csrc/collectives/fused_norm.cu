@@ -1,6 +1,7 @@
-// The fused all-reduce + residual add + RMSNorm kernels (one per dtype), the
-// row sums of a thread-block cluster that they normalize with, and the add +
-// RMSNorm kernel that follows an all-reduce in the two-kernel algorithm.
+// The fused all-reduce + residual add + RMSNorm kernels (one-shot and
+// two-shot, per dtype), the row sums of a thread-block cluster that they
+// normalize with, and the add + RMSNorm kernel that follows an all-reduce in
+// the two-kernel algorithm (its block sums are a one-block cluster's).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -96,32 +97,17 @@ __global__ void __launch_bounds__(kFusedMaxThreads) allReduceRMSNormKernel(Colle
                       blockDim.x, group);
 }
 
-/// The sum of x over the block's threads, the same bits on every thread:
-/// warp shuffles (a fixed tree), then the warps in order. Two parities of
-/// warp sums, so that one barrier per call suffices: a parity is written again
-/// two calls later, after the next call's barrier, which every thread passes
-/// only once it has read this call's sums.
-struct BlockSum {
-  float (*warpSums)[32];  ///< shared [2][32]
-  uint32_t parity = 0;
-
-  __device__ __forceinline__ float operator()(float x) {
-    PYCCL_UNROLL
-    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-    float* sums = warpSums[parity];
-    parity ^= 1;
-    if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = x;
-    __syncthreads();
-    float total = 0;
-    for (uint32_t w = 0; w < (blockDim.x + 31) / 32; ++w) total += sums[w];
-    return total;
-  }
-};
-
 template <typename T, typename Unit>
 __global__ void __launch_bounds__(kAddNormMaxThreads) addRMSNormKernel(AddRMSNormArgs args) {
-  __shared__ float warpSums[2][32];
-  BlockSum blockSum{warpSums};
+  __shared__ float warpSums[32 * kMaxCollectiveRanks];
+  __shared__ float gathered[2 * kFusedMaxSegments * kMaxCollectiveRanks];
+  __shared__ float totals[kMaxCollectiveRanks];
+  ClusterRowGroup block{warpSums, gathered, totals, 0, 1};
+  auto blockSum = [&](float x) {
+    float values[1] = {x};
+    block.sums(values, 1);
+    return values[0];
+  };
   bool waited = false;
   auto waitForSum = [&] {
     if (waited) return;
@@ -140,15 +126,13 @@ constexpr uint64_t kAddNormMaxBlocks = 1u << 16;
 
 }  // namespace
 
-void addRMSNormDevice(const AddRMSNormCall& call, void* stream, const KernelLaunch& launch) {
+void addRMSNormDevice(const AddRMSNormCall& call, void* stream, bool programmatic) {
   const AddRMSNormArgs& a = call.args;
   if (a.rows == 0 || a.hidden == 0) return;
   dispatchFloat(call.dtype, [&]<typename T>() {
     const bool vectorized = addRMSNormVectorized(a, sizeof(T));
     const uint64_t units = vectorized ? a.hidden * sizeof(T) / 16 : a.hidden;
-    KernelLaunch shape = launch;
-    shape.threadsPerBlock = addRMSNormThreads(units);
-    shape.clusterBlocks = 1;
+    const KernelLaunch shape{addRMSNormThreads(units), programmatic};
     const auto blocks = static_cast<uint32_t>(a.rows < kAddNormMaxBlocks ? a.rows : kAddNormMaxBlocks);
     auto* kernel = vectorized ? addRMSNormKernel<T, detail::Vec16> : addRMSNormKernel<T, T>;
     launchCollectiveKernel(kernel, blocks, shape, static_cast<cudaStream_t>(stream), a);

@@ -115,14 +115,8 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
     if comm.closed:
         raise ClosedError(f"fused_all_reduce_rmsnorm: communicator '{comm.name}' is closed")
     engine = _engine(comm)
-    row_bytes = x.shape[-1] * x.element_size()
-    unfused = algorithm == "unfused"
-    if algorithm is None:
-        unfused = x.numel() * x.element_size() > FUSED_MAX_BYTES  # long rows: the engine takes two_kernel
-    elif algorithm in ("one_shot", "two_shot") and row_bytes > engine.fused_max_row_bytes:
-        raise InvalidArgumentError(f"invalid argument 'algorithm': {algorithm} takes rows of at most "
-                                   f"{engine.fused_max_row_bytes} bytes here, the input's have {row_bytes}; "
-                                   "pass algorithm='two_kernel', 'unfused' or None")
+    # Long rows: the engine's automatic choice takes two_kernel, and refuses one_shot or two_shot forced.
+    unfused = algorithm == "unfused" or (algorithm is None and x.numel() * x.element_size() > FUSED_MAX_BYTES)
     if unfused:
         return _unfused(x, residual, weight, float(eps), group, given, out, residual_out), residual_out
     if out is None:
