@@ -68,6 +68,17 @@ def test_exchanges_random_cases(world):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
+@pytest.mark.parametrize("options", [{"hb_push": True}, {"hb_push": False}, {"hb_push": True, "hb_rounds_per_launch": 1}],
+                         ids=["push", "pull", "push-1"])
+def test_exchanges_in_rounds(options):
+    # HB rounds of 64 KiB (16 KiB per rank pair at 4 ranks): most HB cases run
+    # several rounds, in one launch or (hb_rounds_per_launch) one per launch.
+    seed = random.randrange(1 << 20)
+    options = {**options, "hb_piece_bytes": 64 << 10}
+    for bad, record in run_ranks(rcol.exchange_cases, 4, args=(False, seed, 40, 30_000, options), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
 def test_exchanges_and_all_reduce_back_to_back():
     for bad in run_ranks(rcol.mixed_back_to_back, 3, args=(False, 40), timeout=300):
         assert bad == []

@@ -73,6 +73,18 @@ def test_exchanges_random_cases(world):
 
 
 @requires_gpus(2)
+@pytest.mark.parametrize("options", [{"hb_push": True}, {"hb_push": False}, {"hb_push": True, "hb_rounds_per_launch": 1}],
+                         ids=["push", "pull", "push-one-round-per-launch"])
+def test_exchanges_in_rounds(options):
+    # HB rounds of 1 MiB: most HB cases run several rounds, in one launch or one per launch.
+    seed = random.randrange(1 << 20)
+    options = {**options, "hb_piece_bytes": 1 << 20}
+    for bad, record in run_ranks(rcol.exchange_cases, min(gpu_count(), 4), args=(True, seed, 60, 2_000_000, options),
+                                 timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
 def test_exchanges_and_all_reduce_back_to_back():
     # 5000 rounds of two calls each: 10 000 back-to-back collectives of mixed sizes,
     # checked in windows of 250 rounds.

@@ -37,9 +37,10 @@ struct CollectiveContext {
   uint32_t llBlocks;        ///< blocks the LL layout has room for
   uint32_t llActiveBlocks;  ///< blocks this LL call runs on (<= llBlocks; the grid size)
   uint32_t hbBlocks;
-  /// 2PA HB all-reduce direction: 0 pulls (each rank stages its own input and
-  /// the owners read it), 1 pushes (each rank stores chunk q straight into
-  /// rank q's staging, and the owners store results into every rank's scratch).
+  /// HB direction (2PA HB all-reduce and the HB exchanges): 0 pulls (each
+  /// rank stages its own input and the receivers read it), 1 pushes (each
+  /// rank stores chunk q straight into rank q's staging; the all-reduce's
+  /// owners store results into every rank's scratch).
   uint32_t hbPush;
   // HB: staging [phase 2][block][slot W][hbSubBytes], result [phase 2][block][slot 1 or W
   // (push)][hbSubBytes], barrier words [block][source rank] (uint64).

@@ -497,9 +497,15 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
   const uint64_t tag = comm_.beginCall(callOpOf(kind), stream, signature);
   const uint64_t wholeBytes = kind == ExchangeKind::kBroadcast ? chunkBytes : chunkBytes * comm_.worldSize();
   const Protocol proto = protocol ? *protocol : selectExchange(kind, wholeBytes);
-  // Pieces of whole 16-byte units, so that every piece but the last keeps the LL/HB layout full.
-  const uint64_t limit = proto == Protocol::kLL ? options_.llMaxBytes : exchangeHBMaxChunk(context_);
-  const uint64_t piece = limit / 16 * 16;
+  // Pieces of whole 16-byte units, so that every piece but the last keeps the
+  // LL/HB layout full. An HB kernel runs all the rounds of its piece.
+  uint64_t piece = options_.llMaxBytes / 16 * 16;
+  uint32_t threads = options_.llThreads;
+  if (proto == Protocol::kHB) {
+    piece = options_.hbRoundsPerLaunch == 0 ? chunkBytes
+                                            : exchangeHBMaxChunk(context_) / 16 * 16 * options_.hbRoundsPerLaunch;
+    threads = wholeBytes >= options_.hbPieceBytes ? options_.hbLargeThreads : options_.hbThreads;
+  }
   for (uint64_t done = 0; done < chunkBytes; done += piece) {
     ExchangeCall call{kind, proto,
                       ExchangeArgs{static_cast<const char*>(input) + done, inStride, static_cast<char*>(output) + done,
@@ -509,12 +515,12 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
     ctx.abort.call = tag;
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
-      exchangeDevice(ctx, call, stream,
-                     {proto == Protocol::kLL ? options_.llThreads : options_.hbThreads, options_.programmaticLaunch});
+      exchangeDevice(ctx, call, stream, {threads, options_.programmaticLaunch});
       continue;
     }
 #endif
     (void)stream;
+    (void)threads;
     Communicator::HostKernelScope active(comm_);
     exchangeHost(ctx, call);
     comm_.checkCompleted(name);

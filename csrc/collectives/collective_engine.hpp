@@ -25,15 +25,16 @@ struct CollectiveOptions {
   /// llBlocks; 0: every LL call runs on all llBlocks.
   uint32_t llPacketsPerBlock = 0;
   uint32_t hbThreads = 256;       ///< threads per block of the HB kernels
-  /// Threads per block of 2PA HB all-reduces of at least one whole round
-  /// (hbPieceBytes): more stores in flight per block pay from there on.
+  /// Threads per block of 2PA HB all-reduces and HB exchanges of at least
+  /// one whole round (hbPieceBytes): more stores in flight per block pay from there on.
   uint32_t hbLargeThreads = 512;
   uint64_t llMaxBytes = 0;        ///< largest LL message; 0: default (1 MiB GPUs, 64 KiB host)
   uint64_t hbPieceBytes = 0;      ///< HB rounds move this much; 0: default (16 MiB GPUs, 1 MiB host)
-  /// 2PA HB all-reduce rounds per kernel launch; 0: the whole message in one launch.
+  /// HB rounds (2PA HB all-reduce, HB exchanges) per kernel launch; 0: the whole message in one launch.
   uint32_t hbRoundsPerLaunch = 0;
-  /// 2PA HB all-reduce pushes (stores into the peers' scratch) instead of
-  /// pulling (loads from it); allreduce_device.hpp.
+  /// The 2PA HB all-reduce and the HB exchanges push (stores into the peers'
+  /// scratch) instead of pulling (loads from it); allreduce_device.hpp,
+  /// exchange_device.hpp.
   bool hbPush = true;
   /// All-reduce, automatic choice: 1PA LL up to here; 0: default (128 KiB on
   /// GPUs, llMaxBytes / 2 in host mode).

@@ -12,8 +12,10 @@
 //  - reduce-scatter: rank q receives input + q * inStride from every rank and
 //    stores their reduction at `output`.
 // LL: packets into the destination's scratch, flags carry the order (no
-// barrier). HB: each rank stages what it sends in its own scratch, one
-// barrier, each rank reads what it receives from the senders' scratch.
+// barrier). HB, in rounds of one barrier each: pulling, each rank stages what
+// it sends in its own scratch and reads what it receives from the senders';
+// pushing (c.hbPush), each rank stores what it sends into the receivers'
+// scratch and reads what it receives from its own.
 #pragma once
 
 #include "collectives/collective_context.hpp"
@@ -118,7 +120,7 @@ PYCCL_HOST_DEVICE void exchangeLL(ExchangeKind kind, const CollectiveContext& c,
   if (tid == 0) c.llCalls[block] = flag;
 }
 
-/// Bytes of chunk per HB call (the host splits larger chunks into such pieces).
+/// Bytes of chunk per HB round (a kernel runs as many rounds as its chunk needs).
 PYCCL_HOST_DEVICE uint64_t exchangeHBMaxChunk(const CollectiveContext& c) {
   return static_cast<uint64_t>(c.hbBlocks) * c.hbSubBytes;
 }
@@ -133,70 +135,129 @@ PYCCL_HOST_DEVICE void hbShare(const CollectiveContext& c, uint64_t chunkBytes, 
   *end = *begin + sub < chunkBytes ? *begin + sub : chunkBytes;
 }
 
-/// Stages block `block`'s share of what this rank sends: the one chunk in slot
-/// 0, or the chunk for rank q in slot q.
-PYCCL_HOST_DEVICE void stageChunks(const CollectiveContext& c, const ExchangeArgs& a, uint32_t phase, uint32_t block,
-                                   uint64_t begin, uint64_t end, uint32_t tid, uint32_t numThreads) {
-  if (end <= begin) return;
-  const int slots = a.inStride == 0 ? 1 : c.worldSize;
-  for (int k = 0; k < slots; ++k) {
-    const int q = a.inStride == 0 ? 0 : (c.rank + k) % c.worldSize;
-    if (a.inStride != 0 && q == c.rank) continue;  // kept local
-    copyBytes(hbStaging(c, c.rank, phase, block, q), a.input + q * a.inStride + begin, end - begin, tid,
-              numThreads);
+/// Where block `block`'s share of the chunk that `from` sends to `to` is
+/// staged in `phase`: in the sender's scratch when pulling (slot `to`, or
+/// slot 0 for one chunk to all), in the receiver's when pushing (slot `from`).
+PYCCL_HOST_DEVICE char* exchangeSlot(const CollectiveContext& c, const ExchangeArgs& a, uint32_t phase, uint32_t block,
+                                     int from, int to) {
+  if (c.hbPush) return hbStaging(c, to, phase, block, from);
+  return hbStaging(c, from, phase, block, a.inStride == 0 ? 0 : to);
+}
+
+/// One HB round (`a.chunkBytes` at most exchangeHBMaxChunk) of an all-gather,
+/// all-to-all or broadcast, call number `call`, block `block`'s share:
+///   1. what this rank sends goes into the slots of exchangeSlot: pulling,
+///      one local copy per distinct chunk; pushing, a store over NVLink per
+///      receiver (nothing is staged locally);
+///   2. the own chunk is copied locally; barrier (releases the staging
+///      writes, acquires the peers');
+///   3. what this rank receives is copied into the output from the slots
+///      (pulling, loads over NVLink; pushing, local loads).
+/// A slot of `phase` is rewritten two rounds later, after a barrier that
+/// every reader of it reaches once it is done reading it.
+PYCCL_HOST_DEVICE bool exchangeHBRound(ExchangeKind kind, const CollectiveContext& c, const ExchangeArgs& a,
+                                       uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
+  const uint32_t phase = static_cast<uint32_t>(call & 1);
+  const int world = c.worldSize;
+  uint64_t begin = 0, end = 0;
+  hbShare(c, a.chunkBytes, block, &begin, &end);
+  if (end > begin && exchangeSends(kind, c, a)) {
+    // Pulling one chunk for all receivers stages it once. Staggered, so that
+    // the ranks' transfers spread over the links.
+    const bool once = !c.hbPush && a.inStride == 0;
+    for (int k = 1; k < world; ++k) {
+      const int q = (c.rank + k) % world;
+      copyBytes(exchangeSlot(c, a, phase, block, c.rank, q), a.input + q * a.inStride + begin, end - begin, tid,
+                numThreads);
+      if (once) break;
+    }
   }
+  copyOwnChunk(kind, c, a, begin, end, tid, numThreads);
+  const bool ok = blockBarrier(c, block, 2 * call, tid, numThreads);
+  for (int k = 1; ok && end > begin && k < world; ++k) {
+    const int q = (c.rank + k) % world;
+    if (!exchangeReceivesFrom(kind, c, a, q)) continue;
+    char* dst = a.output + (kind == ExchangeKind::kBroadcast ? 0 : q * a.outStride) + begin;
+    copyBytes(dst, exchangeSlot(c, a, phase, block, q, c.rank), end - begin, tid, numThreads);
+  }
+  return ok;
+}
+
+/// One HB round of a reduce-scatter: the chunk for rank q goes into
+/// exchangeSlot (pulling, every chunk into this rank's staging, its own too,
+/// so that every source is 16-byte aligned; pushing, a store into rank q's,
+/// and the own chunk stays in the input where that is 16-byte aligned);
+/// barrier; the chunks for this rank are reduced from the slots in rank
+/// order into the output.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE bool reduceScatterHBRound(const CollectiveContext& c, const ExchangeArgs& a, uint64_t call,
+                                            uint32_t block, uint32_t tid, uint32_t numThreads) {
+  const uint32_t phase = static_cast<uint32_t>(call & 1);
+  const int world = c.worldSize;
+  uint64_t begin = 0, end = 0;
+  hbShare(c, a.chunkBytes, block, &begin, &end);
+  const char* own = a.input + c.rank * a.inStride + begin;
+  const bool ownInPlace = c.hbPush && (reinterpret_cast<uintptr_t>(own) & 15) == 0;
+  for (int k = ownInPlace ? 1 : 0; end > begin && k < world; ++k) {
+    const int q = (c.rank + k) % world;
+    char* slot = c.hbPush ? hbStaging(c, q, phase, block, c.rank) : hbStaging(c, c.rank, phase, block, q);
+    copyBytes(slot, a.input + q * a.inStride + begin, end - begin, tid, numThreads);
+  }
+  const bool ok = blockBarrier(c, block, 2 * call, tid, numThreads);
+  if (ok && end > begin) {
+    const char* sources[kMaxCollectiveRanks];
+    for (int q = 0; q < world; ++q) {
+      sources[q] = c.hbPush ? hbStaging(c, c.rank, phase, block, q) : hbStaging(c, q, phase, block, c.rank);
+    }
+    if (ownInPlace) sources[c.rank] = own;
+    char* const dsts[1] = {a.output + begin};
+    reduceSources<T, Op>(sources, world, (end - begin) / sizeof(T), dsts, 1, tid, numThreads);
+  }
+  return ok;
+}
+
+/// Runs `round(args, call)` over rounds of at most exchangeHBMaxChunk bytes
+/// of the chunk, each with its own call number; block b of every rank meets
+/// only block b of the others, so blocks run their rounds independently.
+template <typename Round>
+PYCCL_HOST_DEVICE void exchangeHBRounds(const CollectiveContext& c, const ExchangeArgs& a, uint32_t block,
+                                        uint32_t tid, Round&& round) {
+  const uint64_t perRound = exchangeHBMaxChunk(c) / 16 * 16;
+  const uint64_t before = c.hbCalls[block];
+  uint64_t rounds = 0;
+  bool ok = true;
+  // `ok` is the same on every thread of the block (blockBarrier), so all leave together.
+  for (uint64_t done = 0; ok && done < a.chunkBytes; done += perRound) {
+    ExchangeArgs piece = a;
+    piece.input += done;
+    piece.output += done;
+    piece.chunkBytes = a.chunkBytes - done < perRound ? a.chunkBytes - done : perRound;
+    ++rounds;
+    ok = round(piece, before + rounds);
+  }
+  syncBlock();
+  if (tid == 0) c.hbCalls[block] = before + rounds;
 }
 
 }  // namespace detail
 
-/// HB all-gather / all-to-all / broadcast, block `block`'s share.
+/// HB all-gather / all-to-all / broadcast, block `block`'s share, in rounds
+/// (detail::exchangeHBRound, pushing or pulling by c.hbPush).
 PYCCL_HOST_DEVICE void exchangeHB(ExchangeKind kind, const CollectiveContext& c, const ExchangeArgs& a,
                                   uint32_t block, uint32_t tid, uint32_t numThreads) {
-  const uint64_t call = c.hbCalls[block] + 1;
-  const uint32_t phase = static_cast<uint32_t>(call & 1);
-  uint64_t begin = 0, end = 0;
-  detail::hbShare(c, a.chunkBytes, block, &begin, &end);
-  if (detail::exchangeSends(kind, c, a)) detail::stageChunks(c, a, phase, block, begin, end, tid, numThreads);
-  const bool ok = detail::blockBarrier(c, block, 2 * call, tid, numThreads);
-  detail::copyOwnChunk(kind, c, a, begin, end, tid, numThreads);
-  for (int k = 1; ok && end > begin && k < c.worldSize; ++k) {
-    const int q = (c.rank + k) % c.worldSize;
-    if (!detail::exchangeReceivesFrom(kind, c, a, q)) continue;
-    char* dst = a.output + (kind == ExchangeKind::kBroadcast ? 0 : q * a.outStride) + begin;
-    copyBytes(dst, detail::hbStaging(c, q, phase, block, a.inStride == 0 ? 0 : c.rank), end - begin, tid,
-              numThreads);
-  }
-  syncBlock();
-  if (tid == 0) c.hbCalls[block] = call;
+  detail::exchangeHBRounds(c, a, block, tid, [&](const ExchangeArgs& piece, uint64_t call) {
+    return detail::exchangeHBRound(kind, c, piece, call, block, tid, numThreads);
+  });
 }
 
-/// HB reduce-scatter of `count` elements per rank (chunk), block `block`'s share:
-/// stage the chunks for the peers, barrier, reduce the chunks for this rank
-/// from every rank's staging in rank order.
+/// HB reduce-scatter of chunks of `a.chunkBytes` (one per rank), block
+/// `block`'s share, in rounds (detail::reduceScatterHBRound).
 template <typename T, ReduceOp Op>
 PYCCL_HOST_DEVICE void reduceScatterHB(const CollectiveContext& c, const ExchangeArgs& a, uint32_t block,
                                        uint32_t tid, uint32_t numThreads) {
-  const uint64_t call = c.hbCalls[block] + 1;
-  const uint32_t phase = static_cast<uint32_t>(call & 1);
-  uint64_t begin = 0, end = 0;
-  detail::hbShare(c, a.chunkBytes, block, &begin, &end);
-  // The own chunk is staged too: every source of the reduction is then 16-byte aligned.
-  if (end > begin) {
-    for (int k = 0; k < c.worldSize; ++k) {
-      const int q = (c.rank + k) % c.worldSize;
-      copyBytes(detail::hbStaging(c, c.rank, phase, block, q), a.input + q * a.inStride + begin, end - begin, tid,
-                numThreads);
-    }
-  }
-  const bool ok = detail::blockBarrier(c, block, 2 * call, tid, numThreads);
-  if (ok && end > begin) {
-    const char* sources[kMaxCollectiveRanks];
-    for (int q = 0; q < c.worldSize; ++q) sources[q] = detail::hbStaging(c, q, phase, block, c.rank);
-    char* const dsts[1] = {a.output + begin};
-    detail::reduceSources<T, Op>(sources, c.worldSize, (end - begin) / sizeof(T), dsts, 1, tid, numThreads);
-  }
-  syncBlock();
-  if (tid == 0) c.hbCalls[block] = call;
+  detail::exchangeHBRounds(c, a, block, tid, [&](const ExchangeArgs& piece, uint64_t call) {
+    return detail::reduceScatterHBRound<T, Op>(c, piece, call, block, tid, numThreads);
+  });
 }
 
 }  // namespace pyccl
