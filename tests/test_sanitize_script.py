@@ -3,9 +3,14 @@ test and tool, findings counted from the ERROR SUMMARY, a per-test limit, and
 --resume going on where a bounded run stopped."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+
+import pytest
+
+from conftest import requires_gpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "sanitize_tests.py")
@@ -76,3 +81,49 @@ def test_no_run_starts_past_the_budget(tmp_path):
     assert proc.returncode == 0
     assert "6 sanitizer runs left for a --resume run" in proc.stdout
     assert not (tmp_path / "out" / "results.txt").exists()
+
+
+_PLANTED_WRITE = textwrap.dedent("""\
+    # A rank process (run_ranks' forkserver child) writes far out of bounds.
+    import torch
+    import triton
+    import triton.language as tl
+
+    from pyccl._spawn import run_ranks
+
+
+    @triton.jit
+    def store_out_of_bounds(p):
+        tl.store(p + (1 << 34), 1.0)
+
+
+    def body(rank, world, store):
+        torch.cuda.set_device(0)
+        x = torch.ones(16, device="cuda")
+        store_out_of_bounds[(1,)](x)
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            pass
+
+
+    if __name__ == "__main__":
+        run_ranks(body, 1, timeout=120)
+    """)
+
+
+@requires_gpus(1)
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not on the PATH")
+def test_the_sanitizer_sees_a_bad_write_in_a_rank_process(tmp_path):
+    # The sweeps' findings come from the rank processes, which run_ranks forks
+    # from its forkserver: the sanitizer must follow them and count their
+    # errors in the one ERROR SUMMARY it prints.
+    pytest.importorskip("triton", reason="the planted kernel is written in Triton")
+    script = tmp_path / "planted.py"
+    script.write_text(_PLANTED_WRITE)
+    proc = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+                           "--target-processes", "all", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    log = proc.stdout + proc.stderr
+    assert "Invalid __global__ write" in log, log[-2000:]
+    assert "ERROR SUMMARY: 1 error" in log, log[-2000:]
