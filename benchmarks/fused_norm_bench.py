@@ -27,7 +27,7 @@ import torch.distributed as dist
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph
+from pyccl.bench import _time_graph, align_trials_with
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 ITERS, TRIALS, ROUNDS = 20, 7, 5
@@ -51,6 +51,7 @@ def body(rank, world, store, hidden, sweep, engine_options):
     comm = pyccl.Communicator(store, rank, world, device=device, name="fused_bench", collectives=not engine_options)
     if engine_options:
         comm._engine = pyccl._C.CollectiveEngine(comm._comm, **engine_options)
+    align_trials_with(comm, device)
     nccl = NcclComm(store, rank, world, device.index)
     gen = torch.Generator(device=device).manual_seed(1234 + rank)
     shared = torch.Generator(device=device).manual_seed(99)  # residual and weight: the same on every rank

@@ -32,7 +32,7 @@ import torch
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph, parse_bytes
+from pyccl.bench import _time_graph, align_trials_with, parse_bytes
 
 M = 1 << 20
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -106,6 +106,7 @@ def body(rank, world, store, collectives, sizes):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="hb_push")
+    align_trials_with(comm, device)
     engines = {name: pyccl._C.CollectiveEngine(comm._comm, **opts) for name, opts in VARIANTS.items()}
     nccl = NcclComm(store, rank, world, device.index, key="hb_push_nccl")
     sym = (pyccl.symmetric_empty(max(sizes), dtype=torch.uint8, comm=comm),

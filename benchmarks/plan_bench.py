@@ -25,7 +25,7 @@ import torch
 import pyccl
 import pyccl.algorithms as algorithms
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph
+from pyccl.bench import _time_graph, align_trials_with
 from pyccl.dsl import Plan
 from pyccl.plans import PlanRunner
 
@@ -91,6 +91,7 @@ def body(rank, world, store, plans):
     # The twins are the kernels of the same algorithm: the library's 2PA HB
     # plan pulls, so its twin is the pulling form of the 2PA HB kernel.
     comm._engine = pyccl._C.CollectiveEngine(comm._comm, hb_push=False)
+    align_trials_with(comm, device)
     rows, head_to_head = [], []
     for name, algo, sizes, instance_counts, thread_counts in CASES:
         if plans and name not in plans:

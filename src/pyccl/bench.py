@@ -19,7 +19,10 @@ table gives the median time per call, measured in the same run on the same GPUs:
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
   (multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``).
 
-Each result is checked against NCCL's before it is timed. busbw uses
+Every rank starts each replay at the same moment (a barrier and a GPU sleep
+before it, outside the timed region: ``align_trials``), so no rank's time
+holds the others' host launch lag. Each result is checked against NCCL's
+before it is timed. busbw uses
 nccl-tests' factors; the ratio columns divide NCCL direct's time and the best
 other implementation's time by pyccl's.
 
@@ -50,8 +53,42 @@ def parse_bytes(text: str) -> int:
     return int(float(t[: len(t) - len(unit)] if unit else t) * _UNITS[unit])
 
 
+# The barrier that starts every rank's trials together (align_trials), if any.
+_trial_barrier = None
+# A GPU sleep after the barrier, longer than a host takes to enqueue one trial
+# (about 200 µs at the H100/H200 SM clock): every rank's replay then starts
+# when its sleep ends, whichever host got there first.
+_ALIGN_SLEEP_CYCLES = 400_000
+
+
+def align_trials(barrier) -> None:
+    """Makes every later ``_time_graph`` trial of this process start together
+    with the other ranks': ``barrier()`` (a collective of this process's
+    group, enqueued on the current stream) and a GPU sleep run before the
+    trial's start event. None turns it off.
+
+    Without it, the rank whose host launches a trial first waits for the
+    others inside its timed region: small collectives then read slower by the
+    hosts' launch skew over the graph's calls (0.35 µs per call at 1 KiB on
+    2 × H200, 20 calls per graph), on one rank and not the other, and which
+    rank that is changes between process groups."""
+    global _trial_barrier
+    _trial_barrier = barrier
+
+
+def align_trials_with(comm, device) -> None:
+    """align_trials with a one-element 1PA LL all-reduce on the pyccl
+    communicator `comm` as the barrier."""
+    import pyccl
+
+    one = torch.ones(1, device=device)
+    into = torch.empty_like(one)
+    align_trials(lambda: pyccl.all_reduce(one, out=into, comm=comm, algorithm="1pa_ll"))
+
+
 def _time_graph(fn, iters: int, trials: int) -> float:
-    """Median µs per call of `fn` captured `iters` times in one CUDA graph."""
+    """Median µs per call of `fn` captured `iters` times in one CUDA graph;
+    trials start together on every rank where align_trials was called."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -67,6 +104,9 @@ def _time_graph(fn, iters: int, trials: int) -> float:
     times = []
     for _ in range(trials):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if _trial_barrier is not None:
+            _trial_barrier()
+            torch.cuda._sleep(_ALIGN_SLEEP_CYCLES)
         start.record()
         graph.replay()
         end.record()
@@ -158,6 +198,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
     comm = pyccl.Communicator(store, rank, world, device=device, name="bench", collectives=not engine_options)
     if engine_options:
         comm._engine = pyccl._C.CollectiveEngine(comm._comm, **engine_options)
+    align_trials_with(comm, device)
     # The torch-group path's communicator, made before any graph is captured.
     pyccl.communicator_for(None, device)
     pyccl_group = dist.new_group(backend="pyccl")
@@ -261,6 +302,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
         if plans and collective in pyccl.tuning.PLANS:
             _time_plans(comm, collective, rows, world, dtype, device, rank, iters, trials)
         tables[collective] = rows
+    align_trials(None)
     comm.close()
     nccl.close()
     dist.destroy_process_group()
