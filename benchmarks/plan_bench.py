@@ -37,7 +37,10 @@ M = 1 << 20
 CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 2, 4, 8, 16, 32, 64),
           (512, 1024)),
          ("allreduce_allpairs_ll2", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64, 128), (512, 1024)),
-         ("allreduce_allpairs_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
+         ("allreduce_allpairs_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)),
+         ("allreduce_allpairs_hb_push", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
+# Plans whose twin is the pushing form of the kernel (hb_push=True); the others' is the pulling form.
+PUSHING_PLANS = ("allreduce_allpairs_hb_push",)
 ITERS, TRIALS = 20, 7
 
 
@@ -80,26 +83,31 @@ def _any_shape_runner(plan: Plan, comm, n: int, threads: int) -> PlanRunner:
             os.environ["PYCCL_PLAN_GENERIC_PACKETS"] = before
 
 
-def _kernel_call(x, y, comm, algo):
-    return lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
+def _kernel_call(x, y, comm, algo, engine):
+    def call():
+        comm._engine = engine
+        pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
+    return call
 
 
 def body(rank, world, store, plans):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="plan_bench", collectives=False)
-    # The twins are the kernels of the same algorithm: the library's 2PA HB
-    # plan pulls, so its twin is the pulling form of the 2PA HB kernel.
-    comm._engine = pyccl._C.CollectiveEngine(comm._comm, hb_push=False)
+    # The twins are the kernels of the same algorithm: the HB kernel pulls or
+    # pushes as the plan does (PUSHING_PLANS).
+    engines = {push: pyccl._C.CollectiveEngine(comm._comm, hb_push=push) for push in (False, True)}
+    comm._engine = engines[False]
     align_trials_with(comm, device)
     rows, head_to_head = [], []
     for name, algo, sizes, instance_counts, thread_counts in CASES:
         if plans and name not in plans:
             continue
+        engine = engines[name in PUSHING_PLANS]
         inputs = {n: torch.randn(n // 2, device=device).to(torch.bfloat16) for n in sizes}
         outputs = {n: torch.empty_like(x) for n, x in inputs.items()}
         for n in sizes:
-            t = _time_graph(_kernel_call(inputs[n], outputs[n], comm, algo), ITERS, TRIALS)
+            t = _time_graph(_kernel_call(inputs[n], outputs[n], comm, algo, engine), ITERS, TRIALS)
             rows.append({"plan": name, "kernel": algo, "bytes": n, "instances": 0, "threads": 0, "us": t})
         for k in instance_counts:
             plan = algorithms.LIBRARY[name](world, instances=k).lower()
@@ -132,7 +140,7 @@ def body(rank, world, store, plans):
             x, y = inputs[n], outputs[n]
             kernel_us, plan_us, unfused_us, any_shape_us = [], [], [], []
             for _ in range(ROUNDS):
-                kernel_us.append(_time_graph(_kernel_call(x, y, comm, algo), ITERS, TRIALS))
+                kernel_us.append(_time_graph(_kernel_call(x, y, comm, algo, engine), ITERS, TRIALS))
                 plan_us.append(_time_graph(lambda: run(x, out=y), ITERS, TRIALS))
                 if unfused is not None:
                     unfused_us.append(_time_graph(lambda: unfused(x, out=y), ITERS, TRIALS))
@@ -146,6 +154,8 @@ def body(rank, world, store, plans):
                                  "kernel_rounds": kernel_us, "plan_rounds": plan_us,
                                  "unfused_us": statistics.median(unfused_us) if unfused_us else None,
                                  "any_shape_us": statistics.median(any_shape_us) if any_shape_us else None})
+    engines[True].close()  # comm.close() closes the one in use
+    comm._engine = engines[False]
     comm.close()
     return (rows, head_to_head) if rank == 0 else None
 
@@ -174,7 +184,8 @@ def main() -> None:
     for r in head_to_head:
         ratio = r["plan_us"] / r["kernel_us"]
         ratios.setdefault(r["plan"], []).append(ratio)
-        print(f"| {r['plan']} ({r['kernel']}) | {_size(r['bytes'])} | {r['kernel_us']:.2f} | {r['plan_us']:.2f} "
+        kernel = r["kernel"] + (" push" if r["plan"] in PUSHING_PLANS else " pull" if r["kernel"] == "2pa_hb" else "")
+        print(f"| {r['plan']} ({kernel}) | {_size(r['bytes'])} | {r['kernel_us']:.2f} | {r['plan_us']:.2f} "
               f"({r['instances']} x {r['threads']}) | {ratio:.2f} |")
     for r in head_to_head:
         if r.get("unfused_us"):

@@ -9,6 +9,7 @@ import torch
 
 import pyccl
 import pyccl.algorithms as algorithms
+from pyccl.dsl import AllGather, MemoryChannel, Program
 from pyccl.plans import PlanRunner
 from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input
 
@@ -118,8 +119,11 @@ def library_plans_across_nodes(rank, world, store, on_gpu, seed, calls, max_elem
     comm, device = _setup(store, rank, world, on_gpu)
     rng = random.Random(seed)
     bad, refused = [], {}
-    for name, build in sorted(algorithms.LIBRARY.items()):
-        plan = build(world, instances=rng.choice((1, 2))).lower()
+    plans = [(name, build(world, instances=rng.choice((1, 2))).lower())
+             for name, build in sorted(algorithms.LIBRARY.items())]
+    if world >= 3:
+        plans.append(("one_rank_gets", _one_rank_gets(world).lower()))
+    for name, plan in plans:
         if name in PUT_ONLY_PLANS:
             bad += _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems)
             continue
@@ -130,6 +134,17 @@ def library_plans_across_nodes(rank, world, store, on_gpu, seed, calls, max_elem
             refused[name] = str(e)
     comm.close()
     return bad, refused
+
+
+def _one_rank_gets(world: int) -> Program:
+    """A plan in which rank 1 alone reads another rank's memory (a get from
+    rank 2): split into nodes, only rank 1 breaks the rule. Made to be
+    refused at creation, never run (no synchronization)."""
+    with Program("one_rank_gets", AllGather(world, chunks=1), protocol="hb") as p:
+        for r in range(world):
+            p.output(r)[r].copy(p.input(r)[0], tb=0)
+        MemoryChannel(2, 1).get(p.output(1)[2], p.input(2)[0], tb=0)
+    return p
 
 
 def _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems) -> list:

@@ -146,6 +146,18 @@ def test_fusion_and_synchronization():
     push = _push_allreduce(4).lower()
     verify(push, interleavings=4)
     assert "reduce_put" in _kinds(push) and "multi_put" in _kinds(push)
+    # The library's pushing 2PA HB: the reduction, the puts of its result to
+    # every peer and its copy into the output are one reduce_put, one pass.
+    hb_push = algorithms.allreduce_allpairs_hb_push(4).lower()
+    assert _kinds(hb_push) == ["multi_put", "copy", "multi_signal", "multi_wait", "reduce_put", "multi_signal",
+                               "multi_wait", "multi_copy"]
+    rp = hb_push.threadblocks(2)[0]["ops"][4]
+    assert rp["srcs"][0] == [2, "scratch", 2, 1] and rp["copy_to"] == [[2, "output", 2, 1]]
+    assert sorted(d[0] for d in [rp["dst"], *rp["dsts"]]) == [0, 1, 3] and len(rp["channels"]) == 2
+    verify(hb_push, interleavings=4)
+    # Seven peers and the copy are the interpreter's eight destinations: at
+    # world 8 it all still fits one op.
+    assert _kinds(algorithms.allreduce_allpairs_hb_push(8).lower()).count("reduce_put") == 1
     ring = algorithms.allgather_ring(4).lower()
     assert "put_with_signal" in _kinds(ring) and "signal" not in _kinds(ring)
     # The first put sends the chunk the copy before it wrote: the block syncs
@@ -460,8 +472,10 @@ def test_plan_checks_reduction_init():
 def test_plan_checks_pairs():
     good = algorithms.allreduce_allpairs_ll2(3).lower().to_dict()
     hb = algorithms.allreduce_allpairs_hb(3).lower().to_dict()
+    push = algorithms.allreduce_allpairs_hb_push(3).lower().to_dict()
     Plan.from_dict(good)
     Plan.from_dict(hb)
+    Plan.from_dict(push)
 
     def with_op(plan, kind, change):
         d = copy.deepcopy(plan)
@@ -486,6 +500,12 @@ def test_plan_checks_pairs():
         (hb, "multi_get", lambda op: op["srcs"].pop(), "one source chunk per channel"),
         (hb, "multi_get", lambda op: op["srcs"].__setitem__(0, [0, "scratch", 1, 1]), "channel"),
         (hb, "multi_get", lambda op: op["dsts"].__setitem__(1, op["dsts"][0]), "overlaps"),
+        (push, "reduce_put", lambda op: op["dsts"].append(op["dsts"][0]), "one dst per channel"),
+        (push, "reduce_put", lambda op: op["dsts"].__setitem__(0, [1, "scratch", 5, 1]), "channel"),
+        (push, "reduce_put", lambda op: op.update(channels=[op["channel"]]), "twice"),
+        (push, "reduce_put", lambda op: op["dsts"].__setitem__(0, [2, "scratch", 4, 2]), "sizes|fit|range"),
+        (push, "reduce_put", lambda op: op["copy_to"].__setitem__(0, [1, "output", 0, 1]), "rank 0's"),
+        (push, "reduce_put", lambda op: op.update(copy_to=[[0, "output", 0, 1]] * 8), "copy_to|at most"),
     ]
     for plan, kind, change, message in cases:
         with pytest.raises(PlanError, match=message):

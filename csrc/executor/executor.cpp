@@ -156,7 +156,23 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
     }
   }
   if (context_.remoteRanks != 0) {
-    checkAcrossNodes(program_, comm.rank(), context_.remoteRanks);
+    // Ranks refuse together: a plan may break the rule on some ranks only
+    // (a reduce_put to the next rank crosses a node on the node's last rank),
+    // and a rank that passed would wait in the buffer exchange for the others.
+    std::string refusal;
+    try {
+      checkAcrossNodes(program_, comm.rank(), context_.remoteRanks);
+    } catch (const InvalidArgument& e) {
+      refusal = e.what();
+    }
+    const std::vector<Bytes> refusals = comm.allGather(Bytes(refusal.begin(), refusal.end()));
+    if (!refusal.empty()) throw InvalidArgument(refusal);
+    for (int q = 0; q < world; ++q) {
+      std::string theirs(refusals[q].begin(), refusals[q].end());
+      const std::string prefix = "invalid argument 'plan': ";
+      if (theirs.compare(0, prefix.size(), prefix) == 0) theirs.erase(0, prefix.size());
+      PYCCL_CHECK_ARG(theirs.empty(), "plan", "rank ", q, " refuses it: ", theirs);
+    }
     // The proxy moves data between registered regions only.
     program_.stageInput = program_.stageOutput = true;
   }

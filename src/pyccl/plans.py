@@ -185,7 +185,9 @@ def pack_plan(plan: Plan, rank: int) -> dict:
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst + ([op["init"]] if "init" in op else [])))
             elif kind == "reduce_put_packets":  # where it starts, then the packets; dst, then the packets' dsts
                 out.append(_op_words(kind, red, srcs=[op.get("init", op["dst"])] + srcs, dsts=dst + op["dsts"]))
-            elif kind in ("unpack", "put_packets", "reduce_put", "switch_reduce"):
+            elif kind == "reduce_put":  # the result to srcs[0], dst, every dsts and every copy_to
+                out.append(_op_words(kind, red, srcs=srcs, dsts=dst + op.get("dsts", []) + op.get("copy_to", [])))
+            elif kind in ("unpack", "put_packets", "switch_reduce"):
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
             elif kind in ("signal", "multi_signal"):
                 out.append(_op_words("signal", channels=op.get("channels") or [op["channel"]]))

@@ -11,7 +11,9 @@ The passes, in order:
    channels; instance j runs the program on sub-chunk j of every chunk.
 3. **Fusion** of consecutive ops of one thread block: a local reduce whose
    result a MemoryChannel put sends next becomes ``reduce_put`` (the result
-   goes from registers); a PortChannel put followed by a signal on the same
+   goes from registers), and further puts of that result to other peers and a
+   local copy of it join the same op (the 2PA HB push: one pass stores the
+   reduced chunk locally and into every peer); a PortChannel put followed by a signal on the same
    channel becomes ``put_with_signal``; back-to-back puts of the same chunks
    to several peers, and back-to-back signals or waits on several channels,
    become one multi-peer op; back-to-back puts, packet puts, gets, unpacks
@@ -214,6 +216,19 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
             and op.srcs[0] == prev.dst and op.tb_group is None):
         out[-1] = Op("reduce_put", op.rank, op.tb, dst=op.dst, srcs=[prev.dst, *prev.srcs], channel=op.channel,
                      reduce_op=prev.reduce_op, line=op.line)
+        return True
+    if (prev.kind == "reduce_put" and op.kind == "put" and channel_types[op.channel] == "memory"
+            and prev.tb_group is None and op.tb_group is None and op.srcs[0] == prev.srcs[0]
+            and 1 + len(getattr(prev, "dsts", []) or []) < MAX_OPERANDS):
+        # One more peer for the result, stored from registers in the same pass.
+        prev.dsts = list(getattr(prev, "dsts", []) or []) + [op.dst]
+        prev.channels = list(getattr(prev, "channels", []) or []) + [op.channel]
+        return True
+    if (prev.kind == "reduce_put" and op.kind == "copy" and prev.tb_group is None and op.tb_group is None
+            and op.srcs[0] == prev.srcs[0] and op.dst.rank == prev.rank
+            and 1 + len(getattr(prev, "dsts", []) or []) < MAX_OPERANDS
+            and not any(op.dst.overlaps(c) for c in [prev.srcs[0], *prev.srcs])):
+        prev.copy_to.append(op.dst)
         return True
     if (prev.kind in ("reduce", "channel_reduce", "multi_reduce") and op.kind == "copy" and prev.tb_group is None
             and op.tb_group is None and op.srcs[0] == prev.dst and op.dst.rank == prev.rank

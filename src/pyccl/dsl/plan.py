@@ -39,6 +39,7 @@ OP_KINDS: Dict[str, tuple] = {
     "get": (True, 1, True),
     "channel_reduce": (True, 1, True),
     "multi_reduce": (True, None, False),  # srcs[k] read over "channels"[k]
+    # the result also to "dsts"[k] over "channels"[k] (more peers) and to "copy_to" (this rank's chunks)
     "reduce_put": (True, None, True),
     # "dsts" and "channels" lists; one source for every dst, or one per dst (pairs)
     "multi_put": (False, None, False),
@@ -261,6 +262,17 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         _chunk(s, where, buffers, num_ranks)
     if needs_channel:
         _int(op.get("channel"), where, "channel", 0, num_channels)
+    if op["op"] == "reduce_put" and ("dsts" in op or "channels" in op):
+        chans = _int_list(op.get("channels"), where, "reduce_put channels", num_channels, 1)
+        if op.get("channel") in chans:
+            _fail(where, f"reduce_put names channel {op.get('channel')} twice")
+        dsts = op.get("dsts")
+        if not isinstance(dsts, list) or len(dsts) != len(chans):
+            _fail(where, "reduce_put needs one dst per channel")
+        for c in dsts:
+            _chunk(c, where, buffers, num_ranks)
+        if 1 + len(dsts) + len(op.get("copy_to", [])) > MAX_OPERANDS:
+            _fail(where, f"reduce_put stores its result to at most {MAX_OPERANDS} chunks (dst, dsts and copy_to)")
     if op["op"] in ("multi_put", "multi_put_packets", "multi_get", "multi_signal", "multi_wait", "multi_reduce",
                     "reduce_put_packets"):
         chans = _int_list(op.get("channels"), where, f"{op['op']} channels", num_channels, 1)
@@ -286,10 +298,10 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
                     _fail(where, f"{op['op']} destination {d} overlaps {other}")
     if "copy_to" in op:
         copies = op["copy_to"]
-        if op["op"] not in ("reduce", "channel_reduce", "multi_reduce") or not isinstance(copies, list) or \
-                not 1 <= len(copies) <= MAX_OPERANDS - 1:
-            _fail(where, f"copy_to (1 to {MAX_OPERANDS - 1} chunks) belongs to reduce, channel_reduce and "
-                         f"multi_reduce, got {copies!r} on {op['op']}")
+        if op["op"] not in ("reduce", "channel_reduce", "multi_reduce", "reduce_put") or \
+                not isinstance(copies, list) or not 1 <= len(copies) <= MAX_OPERANDS - 1:
+            _fail(where, f"copy_to (1 to {MAX_OPERANDS - 1} chunks) belongs to reduce, channel_reduce, "
+                         f"multi_reduce and reduce_put, got {copies!r} on {op['op']}")
         for c in copies:
             _destination_sized_local_chunk(c, "copy_to", op, where, buffers, num_ranks, rank)
     if op["op"] == "reduce_put_packets":  # the interpreter's op also holds the start and the destination
@@ -319,8 +331,8 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     kind = op["op"]
     dst, srcs = op.get("dst"), op.get("srcs", [])
     counts = {c[3] for c in srcs} | ({dst[3]} if dst else set())
-    if kind in _MULTI_PAIRS or kind == "reduce_put_packets":
-        counts |= {c[3] for c in op["dsts"]}
+    if kind in _MULTI_PAIRS or kind in ("reduce_put_packets", "reduce_put"):
+        counts |= {c[3] for c in op.get("dsts", [])}
     if len(counts) > 1:
         _fail(where, f"{kind} moves chunks of different sizes {sorted(counts)}")
     if kind in _LOCAL:
@@ -344,6 +356,12 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     if kind in _PUTS or kind == "reduce_put":
         if dst[0] != channels[op["channel"]]["dst"] or any(c[0] != rank for c in srcs):
             _fail(where, f"{kind} must read rank {rank}'s chunks and write the channel's destination")
+    if kind == "reduce_put":
+        for cid, d in zip(op.get("channels", []), op.get("dsts", [])):
+            if channels[cid]["type"] != "memory" or d[0] != channels[cid]["dst"]:
+                _fail(where, f"{kind} destination {d} does not match memory channel {cid}")
+        if channels[op["channel"]]["type"] != "memory":
+            _fail(where, f"{kind} needs a memory channel")
     if kind in ("channel_reduce", "get"):
         if dst[0] != rank or srcs[0][0] != channels[op["channel"]]["dst"]:
             _fail(where, f"{kind} must write this rank's chunks and read the channel's destination")

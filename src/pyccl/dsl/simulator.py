@@ -256,7 +256,8 @@ class _Sim:
                 v = self._read(i, s, where)
                 acc = v if acc is None else red(acc, v)
             self._write(i, op["srcs"][0], acc, where)
-            self._write(i, op["dst"], acc, where)
+            for c in [op["dst"], *op.get("dsts", ()), *op.get("copy_to", ())]:
+                self._write(i, c, acc, where)
         elif kind in ("signal", "multi_signal"):
             for c in (op["channels"] if kind == "multi_signal" else [op["channel"]]):
                 if c in self.queues:
