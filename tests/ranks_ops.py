@@ -27,8 +27,8 @@ def opcheck_all(rank, world, store, on_gpu):
     x = torch.randn(4 * world, 3, generator=gen).to(device)
     cases = {
         "all_reduce": (torch.ops.pyccl.all_reduce.default, (x, "sum", name)),
-        "all_gather": (torch.ops.pyccl.all_gather.default, (x, name)),
-        "reduce_scatter": (torch.ops.pyccl.reduce_scatter.default, (x, "max", name)),
+        "all_gather": (torch.ops.pyccl.all_gather.default, (x, world, name)),
+        "reduce_scatter": (torch.ops.pyccl.reduce_scatter.default, (x, "max", world, name)),
         "all_to_all": (torch.ops.pyccl.all_to_all.default, (x, name)),
         "broadcast": (torch.ops.pyccl.broadcast.default, (x, world - 1, name)),
     }
@@ -58,7 +58,7 @@ def compiled_mlp(rank, world, store, on_gpu):
     def block(x, a, b):
         h = torch.relu(x @ a)                                  # column-parallel
         y = torch.ops.pyccl.all_reduce(h @ b, "sum", name)     # row-parallel + all-reduce
-        return torch.ops.pyccl.all_gather(y * scale, name)     # every rank's scaled copy
+        return torch.ops.pyccl.all_gather(y * scale, world, name)  # every rank's scaled copy
 
     compiled = torch.compile(block, fullgraph=True, backend="inductor" if on_gpu else "aot_eager")
     got = compiled(x_full.to(device), w1[:, shard].contiguous().to(device), w2[shard].contiguous().to(device))
@@ -107,3 +107,22 @@ def compiled_fused_layer(rank, world, store, on_gpu):
           torch.allclose(normed.cpu().double(), ref, rtol=1e-4, atol=1e-4))
     dist.destroy_process_group()
     return ok
+
+
+def wrong_group_size(rank, world, store, on_gpu):
+    """all_gather and reduce_scatter told a group size the group does not have:
+    the error message (both must refuse, naming group_size)."""
+    device = _init(rank, world, store, on_gpu)
+    name = dist.group.WORLD.group_name
+    x = torch.randn(6, 2).to(device)
+    messages = []
+    for call in (lambda: torch.ops.pyccl.all_gather(x, world + 1, name),
+                 lambda: torch.ops.pyccl.reduce_scatter(x, "sum", world + 1, name)):
+        try:
+            call()
+            messages.append("no error")
+        except ValueError as e:
+            messages.append(str(e))
+    dist.destroy_process_group()
+    assert messages[0] == messages[1], messages
+    return messages[0]

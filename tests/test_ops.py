@@ -19,3 +19,19 @@ def test_opcheck_passes_for_every_op():
 
 def test_compiled_tensor_parallel_mlp():
     assert run_ranks(ro.compiled_mlp, 2, args=(False,), timeout=300) == [True, True]
+
+
+def test_gather_and_scatter_shapes_follow_group_size_not_a_lookup():
+    # The output shape comes from the group_size argument, which is in the traced
+    # graph: a graph compiled (and cached) for one group size is not reused for another.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert torch.ops.pyccl.all_gather(torch.empty(5, 3), 4, "no-such-group").shape == (20, 3)
+        assert torch.ops.pyccl.all_gather(torch.empty(5, 3), 2, "no-such-group").shape == (10, 3)
+        assert torch.ops.pyccl.reduce_scatter(torch.empty(8, 3), "sum", 4, "no-such-group").shape == (2, 3)
+
+
+def test_a_wrong_group_size_is_refused():
+    for message in run_ranks(ro.wrong_group_size, 2, args=(False,), timeout=300):
+        assert "group_size is 3" in message and "2 ranks" in message, message

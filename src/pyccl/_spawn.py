@@ -3,7 +3,9 @@
 Used by ``python -m pyccl.demo`` and the multi-process tests. Children start from
 a forkserver that has already imported torch and pyccl (fast, and CUDA is not
 initialized before the fork). Every child is bounded by ``timeout``: a hung
-rank is killed and reported, never waited on forever.
+rank is killed and reported, never waited on forever. The calling process
+serves the store on a port the system picks as it binds, so no other socket
+can take the port between choosing it and listening on it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world_size, port, env, args, results, linger_s, finishing):
+def _serve_store(world_size: int):
+    """A TCPStore served by this process on a free port (``.port``)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=60))
+
+
+def _child(fn, rank, world_size, port, env, args, results):
     os.environ.update(env)
     store = None
     try:
@@ -48,29 +60,12 @@ def _child(fn, rank, world_size, port, env, args, results, linger_s, finishing):
             # CPU-side checks of 400 000 elements take over 0.2 s each.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
 
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=(rank == 0),
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=60))
         value = fn(rank, world_size, store, *args)
         results.put((rank, "ok", value))
     except BaseException as exc:  # report everything, including SystemExit
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    finally:
-        _finish(store, rank, finishing, linger_s)
-
-
-def _finish(store, rank, finishing, linger_s):
-    """Rank 0 serves the store: it stays until the ``finishing`` ranks (all but those
-    expected to die) are done with it (bounded)."""
-    if store is None:
-        return
-    try:
-        store.add("_pyccl_spawn/done", 1)
-        if rank == 0:
-            deadline = time.monotonic() + linger_s
-            while store.add("_pyccl_spawn/done", 0) < finishing and time.monotonic() < deadline:
-                time.sleep(0.01)
-    except Exception:
-        pass  # a peer that died took its connection with it; nothing to wait for
 
 
 class RankFailure(RuntimeError):
@@ -86,17 +81,17 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
     that raised or hung (unless ``expect_failure``: then returns per-rank
     ``("ok", value)`` / ``("error", message)`` / ``("hung", None)`` tuples).
     ``fn`` must be importable (defined at module level). ``dying`` names ranks
-    that are expected to kill themselves (rank 0, which serves the store, cannot):
-    nobody waits for them to finish.
+    that are expected to kill themselves; every rank may (the caller serves the
+    store), and they are reported as any other rank that ends without a result.
     """
-    if 0 in dying:
-        raise ValueError("invalid argument 'dying': rank 0 serves the store and must not die")
+    bad_dying = sorted(set(dying) - set(range(world_size)))
+    if bad_dying:
+        raise ValueError(f"invalid argument 'dying': ranks {bad_dying} are not in 0..{world_size - 1}")
     ctx = _context()
     results = ctx.Queue()
-    port = free_port()
+    store = _serve_store(world_size)
     procs = [ctx.Process(target=_child,
-                         args=(fn, r, world_size, port, dict(env or {}), tuple(args), results, timeout,
-                               world_size - len(set(dying))),
+                         args=(fn, r, world_size, store.port, dict(env or {}), tuple(args), results),
                          daemon=True)
              for r in range(world_size)]
     for p in procs:
@@ -124,6 +119,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
             else:
                 outcome[r] = ("error", f"rank {r} exited with code {procs[r].exitcode} without a result")
     results.close()
+    del store  # every child is done with it
     if expect_failure:
         return [outcome[r] for r in range(world_size)]
     bad = {r: v for r, v in outcome.items() if v[0] != "ok"}

@@ -9,13 +9,19 @@ implementations, so ``torch.compile(fullgraph=True)`` traces through them::
         h = torch.relu(x @ w1)
         return torch.ops.pyccl.all_reduce(h @ w2, "sum", group_name)
 
-Ops: ``all_reduce(x, op, group_name)``, ``all_gather(x, group_name)``
-(concatenated along dim 0), ``reduce_scatter(x, op, group_name)`` (split along
-dim 0), ``all_to_all(x, group_name)`` (equal splits) and
+Ops: ``all_reduce(x, op, group_name)``, ``all_gather(x, group_size,
+group_name)`` (concatenated along dim 0), ``reduce_scatter(x, op, group_size,
+group_name)`` (split along dim 0), ``all_to_all(x, group_name)`` (equal
+splits) and
 ``broadcast(x, src, group_name)`` (``src`` a rank of the group), and
 ``fused_all_reduce_rmsnorm(x, residual, weight, eps, group_name)`` returning
 ``(normed, new_residual)``. Each runs ``pyccl.<name>`` on the group: same
 algorithms, same stream semantics.
+
+The ops whose output shape depends on the group's size take that size as an
+argument, as torch's functional collectives do: it is then part of the traced
+graph, so a compiled graph cached for one group size (torch.compile's FX and
+AOT caches key on the graph and its inputs) is never reused for another.
 """
 
 from __future__ import annotations
@@ -35,8 +41,12 @@ def _group(group_name: str) -> dist.ProcessGroup:
     return _resolve_process_group(group_name)
 
 
-def _world(group_name: str) -> int:
-    return dist.get_world_size(_group(group_name))
+def _group_of_size(group_name: str, group_size: int) -> dist.ProcessGroup:
+    group = _group(group_name)
+    world = dist.get_world_size(group)
+    if group_size != world:
+        raise ValueError(f"group_size is {group_size}, but group '{group_name}' has {world} ranks")
+    return group
 
 
 @torch.library.custom_op("pyccl::all_reduce", mutates_args=())
@@ -51,32 +61,34 @@ def _(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
 
 
 @torch.library.custom_op("pyccl::all_gather", mutates_args=())
-def all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    """Every rank's ``x`` concatenated along dim 0, in rank order."""
-    return collectives.all_gather(x.contiguous(), group=_group(group_name))
+def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    """Every rank's ``x`` concatenated along dim 0, in rank order; ``group_size``
+    is the group's size (checked)."""
+    return collectives.all_gather(x.contiguous(), group=_group_of_size(group_name, group_size))
 
 
 @all_gather.register_fake
-def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    world = _world(group_name)
-    shape = (world * x.shape[0], *x.shape[1:]) if x.dim() > 0 else (world,)
+def _(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    torch._check(group_size >= 1, lambda: f"all_gather: group_size must be positive, got {group_size}")
+    shape = (group_size * x.shape[0], *x.shape[1:]) if x.dim() > 0 else (group_size,)
     return x.new_empty(shape)
 
 
 @torch.library.custom_op("pyccl::reduce_scatter", mutates_args=())
-def reduce_scatter(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
-    """The reduction of ``x`` over the group, split along dim 0; this rank's part."""
-    group = _group(group_name)
-    world = dist.get_world_size(group)
-    out = x.new_empty((x.shape[0] // world, *x.shape[1:]))
+def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
+    """The reduction of ``x`` over the group, split along dim 0; this rank's
+    part. ``group_size`` is the group's size (checked)."""
+    group = _group_of_size(group_name, group_size)
+    out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
     return collectives.reduce_scatter(x.contiguous(), op, group=group, out=out)
 
 
 @reduce_scatter.register_fake
-def _(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
-    world = _world(group_name)
-    torch._check(x.shape[0] % world == 0, lambda: f"reduce_scatter: dim 0 ({x.shape[0]}) must divide by {world}")
-    return x.new_empty((x.shape[0] // world, *x.shape[1:]))
+def _(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
+    torch._check(group_size >= 1, lambda: f"reduce_scatter: group_size must be positive, got {group_size}")
+    torch._check(x.shape[0] % group_size == 0,
+                 lambda: f"reduce_scatter: dim 0 ({x.shape[0]}) must divide by group_size {group_size}")
+    return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
 
 @torch.library.custom_op("pyccl::all_to_all", mutates_args=())
