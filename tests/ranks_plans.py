@@ -9,7 +9,7 @@ import torch
 
 import pyccl
 import pyccl.algorithms as algorithms
-from pyccl.dsl import AllGather, MemoryChannel, Program
+from pyccl.dsl import AllGather, MemoryChannel, Plan, Program
 from pyccl.plans import PlanRunner
 from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input
 
@@ -233,6 +233,25 @@ def plan_errors(rank, world, store):
         _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
     except pyccl.InvalidArgumentError as e:
         messages["packets"] = str(e)
+    # Signals store the count their waits expect: an ordinal past the channel's signals a call is refused.
+    args = pack_plan(algorithms.allreduce_allpairs_hb(world).lower(), rank)
+    args.pop("reduces")
+    ops = args["ops"].clone()
+    ops[int((ops[:, 0] == 8).nonzero()[0]), 5] = 99  # the first signal's first ordinal
+    args["ops"] = ops
+    try:
+        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
+    except pyccl.InvalidArgumentError as e:
+        messages["ordinal"] = str(e)
+    # A channel signalled from two thread blocks (a hand-edited plan) is refused when packed.
+    d = algorithms.allreduce_allpairs_hb(world, instances=2).lower().to_dict()
+    tbs = d["ranks"][0]["threadblocks"]
+    first = next(i for i, op in enumerate(tbs[0]["ops"]) if op["op"] in ("signal", "multi_signal"))
+    tbs[1]["ops"].insert(0, tbs[0]["ops"].pop(first))
+    try:
+        pack_plan(Plan.from_dict(d), rank)
+    except pyccl.InvalidArgumentError as e:
+        messages["two signallers"] = str(e)
     y = runner(torch.full((world * 4,), float(rank + 1)))  # still works
     messages["sum_ok"] = bool(torch.all(y == world * (world + 1) / 2))
     runner.close()

@@ -83,6 +83,8 @@ def test_plan_calls_reject_bad_arguments():
         assert "'out'" in m["overlap"] and "partly overlaps" in m["overlap"]
         assert "'plan'" in m["pairs"] and "pairs" in m["pairs"] and "destinations" in m["pairs"]
         assert "'plan'" in m["packets"] and "writes packets outside the scratch buffer" in m["packets"], m["packets"]
+        assert "'plan'" in m["ordinal"] and "ordinal 99" in m["ordinal"], m["ordinal"]
+        assert "'plan'" in m["two signallers"] and "one thread block" in m["two signallers"], m["two signallers"]
         assert m["sum_ok"]
 
 

@@ -188,6 +188,9 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
         op.perCall[k] = program_.signalsPerCall[ch];
         PYCCL_CHECK_ARG(op.peers[k] >= 0 && op.peers[k] < world, "plan", "op ", i,
                         " signals or waits on a channel without that side");
+        // Signals store and waits expect call x perCall + ordinal.
+        PYCCL_CHECK_ARG(op.ordinals[k] >= 1 && op.ordinals[k] <= op.perCall[k], "plan", "op ", i, " has ordinal ",
+                        op.ordinals[k], " on channel ", ch, ", which carries ", op.perCall[k], " signals a call");
       }
     }
     if (kind == PlanOpKind::kBarrier) {

@@ -343,7 +343,11 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         if (!Lean && isRemote(c, op.peers[k])) {
           proxySignal(c, op.peers[k], op.channels[k]);
         } else {
-          atomicAddRelease(&countersOf(c, op.peers[k])[op.channels[k]], 1);
+          // One thread block signals a channel (checked when packed), so the
+          // count the waits expect is stored, not added: a posted store where
+          // an atomic add may wait for its reply across NVLink.
+          atomicStoreRelease(&countersOf(c, op.peers[k])[op.channels[k]],
+                             call * static_cast<uint64_t>(op.perCall[k]) + op.ordinals[k]);
         }
       }
       return true;

@@ -139,14 +139,25 @@ def buffer_placement(plan: Plan) -> dict:
 def pack_plan(plan: Plan, rank: int) -> dict:
     """The PlanExecutor arguments of `rank`'s part of `plan`."""
     signals: Dict[int, int] = defaultdict(int)
-    for r in plan.ranks:
-        for tb in r["threadblocks"]:
+    signallers: Dict[int, set] = defaultdict(set)  # channel -> (rank, thread block) that signal it
+    for rank_index, r in enumerate(plan.ranks):
+        for t, tb in enumerate(r["threadblocks"]):
             for op in tb["ops"]:
+                chans = []
                 if op["op"] in ("signal", "put_with_signal"):
-                    signals[op["channel"]] += 1
+                    chans = [op["channel"]]
                 elif op["op"] == "multi_signal":
-                    for c in op["channels"]:
-                        signals[c] += 1
+                    chans = op["channels"]
+                for c in chans:
+                    signals[c] += 1
+                    signallers[c].add((rank_index, t))
+    # A signal stores the count its waits expect (call x signals per call +
+    # ordinal), as one writer's flag; two thread blocks would race for it.
+    for c, who in signallers.items():
+        if len(who) > 1:
+            raise InvalidArgumentError(f"invalid argument 'plan': channel {c} is signalled from {len(who)} thread "
+                                       f"blocks (rank, block: {sorted(who)}); a channel's signals must come from "
+                                       "one thread block")
     groups: Dict[tuple, int] = {}
     per_tb_barriers: Dict[Tuple[tuple, int], int] = defaultdict(int)
     tbs = plan.threadblocks(rank)
@@ -161,7 +172,16 @@ def pack_plan(plan: Plan, rank: int) -> dict:
     reduces = False
     for t, tb in enumerate(tbs):
         waits: Dict[int, int] = defaultdict(int)
+        sent: Dict[int, int] = defaultdict(int)
         barriers: Dict[tuple, int] = defaultdict(int)
+
+        def signal_words(chans: List[int]) -> List[int]:
+            ords = []
+            for c in chans:
+                sent[c] += 1
+                ords.append(sent[c])
+            return _op_words("signal", channels=chans, ordinals=ords)
+
         count = 0
         for op in tb["ops"]:
             kind = op["op"]
@@ -172,7 +192,7 @@ def pack_plan(plan: Plan, rank: int) -> dict:
             if kind in ("copy", "put", "get", "switch_broadcast", "put_with_signal"):
                 out.append(_op_words("put", srcs=srcs, dsts=dst))
                 if kind == "put_with_signal":
-                    out.append(_op_words("signal", channels=[op["channel"]]))
+                    out.append(signal_words([op["channel"]]))
             elif kind in ("multi_put", "multi_get", "multi_copy"):  # several sources: pairs
                 out.append(_op_words("put", srcs=srcs, dsts=op["dsts"]))
             elif kind == "multi_put_packets":
@@ -190,7 +210,7 @@ def pack_plan(plan: Plan, rank: int) -> dict:
             elif kind in ("unpack", "put_packets", "switch_reduce"):
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
             elif kind in ("signal", "multi_signal"):
-                out.append(_op_words("signal", channels=op.get("channels") or [op["channel"]]))
+                out.append(signal_words(op.get("channels") or [op["channel"]]))
             elif kind in ("wait", "multi_wait"):
                 chans = op.get("channels") or [op["channel"]]
                 ords = []
