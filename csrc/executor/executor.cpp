@@ -109,9 +109,9 @@ void checkProgram(const PlanProgram& p, int world) {
 }
 
 /// Across nodes the interpreter only puts and signals to another node's ranks
-/// (through the proxy, from this rank's own buffers); anything else that
-/// names such a rank's memory is refused here.
-void checkAcrossNodes(const PlanProgram& p, int rank, uint64_t remote) {
+/// (through the proxy, from this rank's own buffers); why this rank's ops
+/// break that rule, or empty where they keep it.
+std::string acrossNodesRefusal(const PlanProgram& p, int rank, uint64_t remote) {
   auto far = [&](const PlanChunk& c) { return ((remote >> c.rank) & 1u) != 0; };
   for (size_t i = 0; i < p.ops.size(); ++i) {
     const PlanOp& op = p.ops[i];
@@ -121,16 +121,21 @@ void checkAcrossNodes(const PlanProgram& p, int rank, uint64_t remote) {
     for (int d = 0; d < op.numDsts; ++d) anyFarDst = anyFarDst || far(op.dsts[d]);
     for (int s = 0; s < op.numSrcs; ++s) {
       const PlanChunk& c = op.srcs[s];
-      PYCCL_CHECK_ARG(!far(c) && (!anyFarDst || c.rank == rank), "plan", "op ", i, " reads rank ", c.rank,
-                      "'s memory", far(c) ? ", which is on another node" : " for a put to another node",
+      if (far(c) || (anyFarDst && c.rank != rank)) {
+        return strCat("op ", i, " reads rank ", c.rank, "'s memory",
+                      far(c) ? ", which is on another node" : " for a put to another node",
                       "; across nodes a plan may only put its own data and signal (PortChannel)");
+      }
     }
     for (int d = 0; d < op.numDsts; ++d) {
-      PYCCL_CHECK_ARG(put || !far(op.dsts[d]), "plan", "op ", i, " writes rank ", op.dsts[d].rank,
+      if (!put && far(op.dsts[d])) {
+        return strCat("op ", i, " writes rank ", op.dsts[d].rank,
                       "'s memory directly, but that rank is on another node; across nodes a plan may only put ",
                       "and signal (PortChannel)");
+      }
     }
   }
+  return std::string();
 }
 
 }  // namespace
@@ -159,19 +164,12 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
     // Ranks refuse together: a plan may break the rule on some ranks only
     // (a reduce_put to the next rank crosses a node on the node's last rank),
     // and a rank that passed would wait in the buffer exchange for the others.
-    std::string refusal;
-    try {
-      checkAcrossNodes(program_, comm.rank(), context_.remoteRanks);
-    } catch (const InvalidArgument& e) {
-      refusal = e.what();
-    }
+    const std::string refusal = acrossNodesRefusal(program_, comm.rank(), context_.remoteRanks);
     const std::vector<Bytes> refusals = comm.allGather(Bytes(refusal.begin(), refusal.end()));
-    if (!refusal.empty()) throw InvalidArgument(refusal);
+    PYCCL_CHECK_ARG(refusal.empty(), "plan", refusal);
     for (int q = 0; q < world; ++q) {
-      std::string theirs(refusals[q].begin(), refusals[q].end());
-      const std::string prefix = "invalid argument 'plan': ";
-      if (theirs.compare(0, prefix.size(), prefix) == 0) theirs.erase(0, prefix.size());
-      PYCCL_CHECK_ARG(theirs.empty(), "plan", "rank ", q, " refuses it: ", theirs);
+      PYCCL_CHECK_ARG(refusals[q].empty(), "plan", "rank ", q, " refuses it: ",
+                      std::string(refusals[q].begin(), refusals[q].end()));
     }
     // The proxy moves data between registered regions only.
     program_.stageInput = program_.stageOutput = true;

@@ -47,7 +47,6 @@ def _serve_store(world_size: int):
 
 def _child(fn, rank, world_size, port, env, args, results):
     os.environ.update(env)
-    store = None
     try:
         import datetime
 

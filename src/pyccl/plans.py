@@ -136,6 +136,15 @@ def buffer_placement(plan: Plan) -> dict:
     return {"stage_input": stage_input, "stage_output": stage_output, "entry_barrier": entry_barrier}
 
 
+def _next_ordinals(counts: Dict[int, int], chans: List[int]) -> List[int]:
+    """The ordinal within the call of this signal or wait on each channel (from 1), counted in `counts`."""
+    ords = []
+    for c in chans:
+        counts[c] += 1
+        ords.append(counts[c])
+    return ords
+
+
 def pack_plan(plan: Plan, rank: int) -> dict:
     """The PlanExecutor arguments of `rank`'s part of `plan`."""
     signals: Dict[int, int] = defaultdict(int)
@@ -175,13 +184,6 @@ def pack_plan(plan: Plan, rank: int) -> dict:
         sent: Dict[int, int] = defaultdict(int)
         barriers: Dict[tuple, int] = defaultdict(int)
 
-        def signal_words(chans: List[int]) -> List[int]:
-            ords = []
-            for c in chans:
-                sent[c] += 1
-                ords.append(sent[c])
-            return _op_words("signal", channels=chans, ordinals=ords)
-
         count = 0
         for op in tb["ops"]:
             kind = op["op"]
@@ -192,7 +194,8 @@ def pack_plan(plan: Plan, rank: int) -> dict:
             if kind in ("copy", "put", "get", "switch_broadcast", "put_with_signal"):
                 out.append(_op_words("put", srcs=srcs, dsts=dst))
                 if kind == "put_with_signal":
-                    out.append(signal_words([op["channel"]]))
+                    chans = [op["channel"]]
+                    out.append(_op_words("signal", channels=chans, ordinals=_next_ordinals(sent, chans)))
             elif kind in ("multi_put", "multi_get", "multi_copy"):  # several sources: pairs
                 out.append(_op_words("put", srcs=srcs, dsts=op["dsts"]))
             elif kind == "multi_put_packets":
@@ -210,14 +213,11 @@ def pack_plan(plan: Plan, rank: int) -> dict:
             elif kind in ("unpack", "put_packets", "switch_reduce"):
                 out.append(_op_words(kind, red, srcs=srcs, dsts=dst))
             elif kind in ("signal", "multi_signal"):
-                out.append(signal_words(op.get("channels") or [op["channel"]]))
+                chans = op.get("channels") or [op["channel"]]
+                out.append(_op_words("signal", channels=chans, ordinals=_next_ordinals(sent, chans)))
             elif kind in ("wait", "multi_wait"):
                 chans = op.get("channels") or [op["channel"]]
-                ords = []
-                for c in chans:
-                    waits[c] += 1
-                    ords.append(waits[c])
-                out.append(_op_words("wait", channels=chans, ordinals=ords))
+                out.append(_op_words("wait", channels=chans, ordinals=_next_ordinals(waits, chans)))
             elif kind == "barrier":
                 key = tuple(op["tbs"])
                 barriers[key] += 1

@@ -224,17 +224,15 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
         prev.dsts = list(getattr(prev, "dsts", []) or []) + [op.dst]
         prev.channels = list(getattr(prev, "channels", []) or []) + [op.channel]
         return True
-    if (prev.kind == "reduce_put" and op.kind == "copy" and prev.tb_group is None and op.tb_group is None
-            and op.srcs[0] == prev.srcs[0] and op.dst.rank == prev.rank
-            and 1 + len(getattr(prev, "dsts", []) or []) < MAX_OPERANDS
-            and not any(op.dst.overlaps(c) for c in [prev.srcs[0], *prev.srcs])):
-        prev.copy_to.append(op.dst)
-        return True
-    if (prev.kind in ("reduce", "channel_reduce", "multi_reduce") and op.kind == "copy" and prev.tb_group is None
-            and op.tb_group is None and op.srcs[0] == prev.dst and op.dst.rank == prev.rank
-            and not any(op.dst.overlaps(c) for c in [prev.dst, *prev.srcs])):
-        prev.copy_to.append(op.dst)
-        return True
+    if (prev.kind in ("reduce", "channel_reduce", "multi_reduce", "reduce_put") and op.kind == "copy"
+            and prev.tb_group is None and op.tb_group is None):
+        # reduce_put keeps its result in srcs[0] and stores it to dst and dsts too.
+        result = prev.srcs[0] if prev.kind == "reduce_put" else prev.dst
+        room = prev.kind != "reduce_put" or 1 + len(getattr(prev, "dsts", []) or []) < MAX_OPERANDS
+        if (room and op.srcs[0] == result and op.dst.rank == prev.rank
+                and not any(op.dst.overlaps(c) for c in [result, *prev.srcs])):
+            prev.copy_to.append(op.dst)
+            return True
     if (prev.kind == "copy" and op.kind == "reduce_packets" and prev.dst == op.dst and prev.tb_group is None
             and op.tb_group is None and not prev.srcs[0].overlaps(prev.dst)):
         out[-1] = Op("reduce_packets", op.rank, op.tb, dst=op.dst, srcs=list(op.srcs), reduce_op=op.reduce_op,

@@ -356,12 +356,8 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     if kind in _PUTS or kind == "reduce_put":
         if dst[0] != channels[op["channel"]]["dst"] or any(c[0] != rank for c in srcs):
             _fail(where, f"{kind} must read rank {rank}'s chunks and write the channel's destination")
-    if kind == "reduce_put":
-        for cid, d in zip(op.get("channels", []), op.get("dsts", [])):
-            if channels[cid]["type"] != "memory" or d[0] != channels[cid]["dst"]:
-                _fail(where, f"{kind} destination {d} does not match memory channel {cid}")
-        if channels[op["channel"]]["type"] != "memory":
-            _fail(where, f"{kind} needs a memory channel")
+    if kind == "reduce_put" and channels[op["channel"]]["type"] != "memory":
+        _fail(where, f"{kind} needs a memory channel")
     if kind in ("channel_reduce", "get"):
         if dst[0] != rank or srcs[0][0] != channels[op["channel"]]["dst"]:
             _fail(where, f"{kind} must write this rank's chunks and read the channel's destination")
@@ -381,13 +377,13 @@ def _validate_endpoints(op, where: str, channels: list, rank: int) -> None:
     if kind == "reduce_put_packets":
         if any(c[0] != rank or c[1] != "scratch" for c in srcs) or dst[0] != rank:
             _fail(where, f"{kind} must reduce packets in rank {rank}'s scratch into rank {rank}'s chunks")
-    if kind in ("multi_put", "multi_put_packets", "reduce_put_packets"):
+    if kind in ("multi_put", "multi_put_packets", "reduce_put_packets", "reduce_put"):
         if any(c[0] != rank for c in srcs):
             _fail(where, f"{kind} must read this rank's chunks")
-        for cid, d in zip(op["channels"], op["dsts"]):
+        for cid, d in zip(op.get("channels", []), op.get("dsts", [])):
             if channels[cid]["type"] != "memory" or d[0] != channels[cid]["dst"]:
                 _fail(where, f"{kind} destination {d} does not match memory channel {cid}")
-            if kind != "multi_put" and d[1] != "scratch":
+            if kind not in ("multi_put", "reduce_put") and d[1] != "scratch":
                 _fail(where, f"{kind} lands in scratch buffers, got {d}")
     if kind == "put_packets" and dst[1] != "scratch":
         _fail(where, f"{kind} lands in scratch buffers, got {dst}")
