@@ -443,3 +443,29 @@ def tuned_plans(rank, world, store, on_gpu, seed):
         bad.append(("cases do not cover plans and kernels", expected_plans))
     comm.close()
     return bad
+
+
+def call_threads(rank, world, store):
+    """PlanRunner.threads_for of library plans at several sizes and thread
+    limits: {(plan, instances, limit, nbytes): threads}, and the error of a bad size."""
+    comm, _ = _setup(store, rank, world, False)
+    got = {}
+    cases = (("allreduce_allpairs_ll", 1, 512, (256, 1024, 4096, 64 << 10)),
+             ("allreduce_allpairs_ll", 2, 512, (1024,)),
+             ("allreduce_allpairs_ll", 1, 1024, (64 << 10,)),
+             ("allreduce_allpairs_hb", 1, 512, (256, 1 << 20)),
+             ("allreduce_allpairs_ll2", 4, 256, (1 << 20, 96)))
+    for name, instances, limit, sizes in cases:
+        runner = PlanRunner(algorithms.LIBRARY[name](world, instances=instances).lower(), comm,
+                            max_bytes=max(sizes), threads=limit)
+        for n in sizes:
+            got[(name, instances, limit, n)] = runner.threads_for(n)
+        if name == "allreduce_allpairs_ll" and instances == 1 and limit == 512:
+            try:
+                runner.threads_for(0)
+                got["error"] = None
+            except pyccl.PycclError as e:
+                got["error"] = str(e)
+        runner.close()
+    comm.close()
+    return got

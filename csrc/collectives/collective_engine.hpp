@@ -161,6 +161,10 @@ class CollectiveEngine {
   uint32_t fusedMostSegments() const;
   /// The context of an LL call moving `llPackets` per (source, destination) pair.
   CollectiveContext contextFor(uint64_t llPackets) const;
+  /// Threads per block of an LL call moving `llPackets` per pair on `ctx`'s
+  /// blocks: whole warps for a block's share of the packets where that share
+  /// is under a quarter of llThreads, else llThreads.
+  uint32_t llThreadsFor(const CollectiveContext& ctx, uint64_t llPackets) const;
 
   CollectiveOptions options_;
   CollectiveContext context_{};

@@ -15,6 +15,7 @@
 #include "core/transport_rdma.hpp"
 #include "core/transport_socket.hpp"
 #include "executor/interpreter.hpp"
+#include "executor/plan_threads.hpp"
 
 namespace pyccl {
 namespace {
@@ -469,7 +470,8 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   const int tbs = numThreadBlocks();
 #ifdef PYCCL_WITH_CUDA
   if (!comm_.hostMode()) {
-    runPlanDevice(ctx, tbs, threads_, maxOpsPerBlock_, roomyKernel_, lean_, programmatic_, dtype, op, stream);
+    const uint32_t threads = callThreads(chunk, ctx.copiesInput ? inputBytes : 0, ctx.outputStaged ? outputBytes : 0);
+    runPlanDevice(ctx, tbs, threads, maxOpsPerBlock_, roomyKernel_, lean_, programmatic_, dtype, op, stream);
     return;
   }
 #endif
@@ -492,6 +494,20 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
     for (auto& th : threads) th.join();
   });
   comm_.checkCompleted("plan");
+}
+
+uint32_t PlanExecutor::callThreads(uint64_t chunkBytes, uint64_t copiedIn, uint64_t copiedOut) const {
+  const uint64_t tbs = static_cast<uint64_t>(numThreadBlocks());
+  const uint64_t stagingPerBlock = (std::max(copiedIn, copiedOut) + tbs - 1) / tbs;
+  return planCallThreads(program_.ops, chunkBytes, stagingPerBlock, threads_);
+}
+
+uint32_t PlanExecutor::threadsFor(uint64_t inputBytes) const {
+  const uint64_t chunk = inputBytes / std::max(program_.inputChunks, 1);
+  const uint64_t outputBytes = (program_.inPlace ? program_.inputChunks : program_.outputChunks) * chunk;
+  const bool copiesIn = program_.stageInput || program_.inPlace;
+  const bool copiesOut = program_.inPlace ? program_.stageInput : program_.stageOutput;
+  return callThreads(chunk, copiesIn ? inputBytes : 0, copiesOut ? outputBytes : 0);
 }
 
 #ifndef PYCCL_WITH_CUDA

@@ -56,6 +56,10 @@ class PlanExecutor {
   void run(const void* input, uint64_t inputBytes, void* output, uint64_t outputBytes, DataType dtype,
            uint64_t elementSize, ReduceOp op, void* stream);
   uint64_t maxChunkBytes() const { return maxChunkBytes_; }
+  /// Threads per block that a GPU call with `inputBytes` of input runs on
+  /// (plan_threads.hpp: whole warps for its largest op, at most the
+  /// executor's threads), for tensors that do not overlap.
+  uint32_t threadsFor(uint64_t inputBytes) const;
   int numThreadBlocks() const { return static_cast<int>(program_.tbOffsets.size()) - 1; }
   void close();
 
@@ -63,6 +67,9 @@ class PlanExecutor {
   /// A socket connection per rank on another node, served by the proxy, and
   /// the host staging its puts and signals pass through.
   void connectRemoteRanks(uint64_t regionBytes, uint64_t counterCount);
+  /// planCallThreads for a call with chunks of `chunkBytes` that copies
+  /// `copiedIn` bytes into staging and `copiedOut` bytes out of it.
+  uint32_t callThreads(uint64_t chunkBytes, uint64_t copiedIn, uint64_t copiedOut) const;
 
   Communicator& comm_;
   PlanProgram program_;

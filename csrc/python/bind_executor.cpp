@@ -61,6 +61,9 @@ void bindExecutor(py::module_& m) {
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum", py::arg("reduces") = true)
       .def_property_readonly("max_chunk_bytes", &PlanExecutor::maxChunkBytes)
       .def_property_readonly("num_thread_blocks", &PlanExecutor::numThreadBlocks)
+      .def("threads_for", &PlanExecutor::threadsFor, py::arg("input_bytes"),
+           "Threads per block that a GPU call with this many input bytes runs on (whole warps for its "
+           "largest op, at most the executor's threads).")
       .def("close", &PlanExecutor::close);
 }
 

@@ -251,7 +251,10 @@ def pack_plan(plan: Plan, rank: int) -> dict:
 
 class PlanRunner:
     """A plan set up on a communicator (collective: every rank, the same plan
-    and max_bytes), callable on tensors."""
+    and max_bytes), callable on tensors.
+
+    `threads` is the most threads per block: a call runs on as many whole
+    warps as its largest op has work for, up to it (see :meth:`threads_for`)."""
 
     def __init__(self, plan: Plan, comm: Communicator, max_bytes: int, threads: int = 512) -> None:
         if not isinstance(plan, Plan):
@@ -279,6 +282,14 @@ class PlanRunner:
         self._executor.run(self.comm._comm, tensor, out, op, self._reduces)
         self.calls += 1
         return out
+
+    def threads_for(self, nbytes: int) -> int:
+        """Threads per block that a GPU call with `nbytes` of input runs on:
+        whole warps for the largest op's work items (LL packets, 16-byte
+        vectors), at most the runner's `threads`."""
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise InvalidArgumentError(f"invalid argument 'nbytes': a positive byte count, got {nbytes!r}")
+        return self._executor.threads_for(nbytes)
 
     def close(self) -> None:
         self._executor.close()
