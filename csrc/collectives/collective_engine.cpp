@@ -287,9 +287,7 @@ uint32_t CollectiveEngine::llThreadsFor(const CollectiveContext& ctx, uint64_t l
   // 5.22 on 512.
   const uint64_t blocks = std::max<uint64_t>(ctx.llActiveBlocks, 1);
   const uint64_t perBlock = (llPackets + blocks - 1) / blocks;
-  if (4 * perBlock >= options_.llThreads) return options_.llThreads;
-  const uint64_t warps = std::max<uint64_t>((perBlock + 31) / 32, 1);
-  return static_cast<uint32_t>(std::min<uint64_t>(warps * 32, options_.llThreads));
+  return 4 * perBlock >= options_.llThreads ? options_.llThreads : wholeWarpsFor(perBlock, options_.llThreads);
 }
 
 void CollectiveEngine::checkUsable(const char* op) const {
@@ -350,9 +348,11 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     const uint64_t pairPackets = packetsFor<LL16Packet>(pairBytes);
     CollectiveContext ctx = contextFor(pairPackets);
     ctx.abort.call = tag;
-    uint32_t threads = llThreadsFor(ctx, pairPackets);
+    uint32_t threads = 0;
     if (algo == AllReduceAlgorithm::kTwoPhaseHB) {
       threads = bytes >= options_.hbPieceBytes ? options_.hbLargeThreads : options_.hbThreads;
+    } else {
+      threads = llThreadsFor(ctx, pairPackets);
     }
     launchAllReduce(ctx, call, threads, stream);
   }
@@ -516,11 +516,11 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
   // Pieces of whole 16-byte units, so that every piece but the last keeps the
   // LL/HB layout full. An HB kernel runs all the rounds of its piece.
   uint64_t piece = options_.llMaxBytes / 16 * 16;
-  uint32_t threads = options_.llThreads;
+  uint32_t hbCallThreads = 0;  // LL calls run on llThreadsFor
   if (proto == Protocol::kHB) {
     piece = options_.hbRoundsPerLaunch == 0 ? chunkBytes
                                             : exchangeHBMaxChunk(context_) / 16 * 16 * options_.hbRoundsPerLaunch;
-    threads = wholeBytes >= options_.hbPieceBytes ? options_.hbLargeThreads : options_.hbThreads;
+    hbCallThreads = wholeBytes >= options_.hbPieceBytes ? options_.hbLargeThreads : options_.hbThreads;
   }
   for (uint64_t done = 0; done < chunkBytes; done += piece) {
     ExchangeCall call{kind, proto,
@@ -532,13 +532,13 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
     ctx.abort.call = tag;
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
-      const uint32_t callThreads = proto == Protocol::kLL ? llThreadsFor(ctx, pairPackets) : threads;
-      exchangeDevice(ctx, call, stream, {callThreads, options_.programmaticLaunch});
+      const uint32_t threads = proto == Protocol::kLL ? llThreadsFor(ctx, pairPackets) : hbCallThreads;
+      exchangeDevice(ctx, call, stream, {threads, options_.programmaticLaunch});
       continue;
     }
 #endif
     (void)stream;
-    (void)threads;
+    (void)hbCallThreads;
     Communicator::HostKernelScope active(comm_);
     exchangeHost(ctx, call);
     comm_.checkCompleted(name);

@@ -56,6 +56,13 @@ struct ExchangeCall {
   ReduceOp op;        ///< reduce-scatter only
 };
 
+/// Threads per block for `items` work items, one per thread: whole warps,
+/// at least one, at most `maxThreads` (a multiple of 32).
+inline uint32_t wholeWarpsFor(uint64_t items, uint32_t maxThreads) {
+  const uint64_t threads = items <= 32 ? 32 : (items + 31) / 32 * 32;
+  return threads < maxThreads ? static_cast<uint32_t>(threads) : maxThreads;
+}
+
 /// How a collective kernel is launched (kernel_launch.cuh).
 struct KernelLaunch {
   uint32_t threadsPerBlock;

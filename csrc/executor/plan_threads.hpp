@@ -14,7 +14,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "channels/packet_device.hpp"  // packetsFor, LL16Packet
+#include "channels/packet_device.hpp"          // packetsFor, LL16Packet
+#include "collectives/collective_launch.hpp"  // wholeWarpsFor
 #include "executor/plan_format.hpp"
 
 namespace pyccl {
@@ -64,8 +65,7 @@ inline uint32_t planCallThreads(const std::vector<PlanOp>& ops, uint64_t chunkBy
     items = std::max(items, planOpWorkItems(op, chunkBytes));
     if (items >= maxThreads) return maxThreads;
   }
-  const uint64_t warps = std::max<uint64_t>((items + 31) / 32, 1);
-  return static_cast<uint32_t>(std::min<uint64_t>(warps * 32, maxThreads));
+  return wholeWarpsFor(items, maxThreads);
 }
 
 }  // namespace pyccl

@@ -183,7 +183,6 @@ def pack_plan(plan: Plan, rank: int) -> dict:
         waits: Dict[int, int] = defaultdict(int)
         sent: Dict[int, int] = defaultdict(int)
         barriers: Dict[tuple, int] = defaultdict(int)
-
         count = 0
         for op in tb["ops"]:
             kind = op["op"]

@@ -197,15 +197,20 @@ def _fused_reduce_put_packets(prev: Op, op: Op, channel_types: List[str], out: L
         return False
     if op.tb_group is not None or op.srcs != [prev.dst] or any(channel_types[c] != "memory" for c in chans):
         return False
-    have = list(getattr(prev, "dsts", []) or [])
+    have = _fused_list(prev, "dsts")
     if len(prev.srcs) > MAX_OPERANDS - 1 or len(have) + len(dsts) > MAX_OPERANDS - 1:
         return False
     fused = Op("reduce_put_packets", prev.rank, prev.tb, dst=prev.dst, srcs=list(prev.srcs), reduce_op=prev.reduce_op,
                line=prev.line, init=prev.init)
-    fused.channels = list(getattr(prev, "channels", []) or []) + chans
+    fused.channels = _fused_list(prev, "channels") + chans
     fused.dsts = have + dsts
     out[-1] = fused
     return True
+
+
+def _fused_list(op: Op, name: str) -> list:
+    """A copy of the "dsts" or "channels" list that fusion gave `op`, empty where it gave none."""
+    return list(getattr(op, name, None) or [])
 
 
 def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
@@ -219,16 +224,16 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
         return True
     if (prev.kind == "reduce_put" and op.kind == "put" and channel_types[op.channel] == "memory"
             and prev.tb_group is None and op.tb_group is None and op.srcs[0] == prev.srcs[0]
-            and 1 + len(getattr(prev, "dsts", []) or []) < MAX_OPERANDS):
+            and 1 + len(_fused_list(prev, "dsts")) < MAX_OPERANDS):
         # One more peer for the result, stored from registers in the same pass.
-        prev.dsts = list(getattr(prev, "dsts", []) or []) + [op.dst]
-        prev.channels = list(getattr(prev, "channels", []) or []) + [op.channel]
+        prev.dsts = _fused_list(prev, "dsts") + [op.dst]
+        prev.channels = _fused_list(prev, "channels") + [op.channel]
         return True
     if (prev.kind in ("reduce", "channel_reduce", "multi_reduce", "reduce_put") and op.kind == "copy"
             and prev.tb_group is None and op.tb_group is None):
         # reduce_put keeps its result in srcs[0] and stores it to dst and dsts too.
         result = prev.srcs[0] if prev.kind == "reduce_put" else prev.dst
-        room = prev.kind != "reduce_put" or 1 + len(getattr(prev, "dsts", []) or []) < MAX_OPERANDS
+        room = prev.kind != "reduce_put" or 1 + len(_fused_list(prev, "dsts")) < MAX_OPERANDS
         if (room and op.srcs[0] == result and op.dst.rank == prev.rank
                 and not any(op.dst.overlaps(c) for c in [result, *prev.srcs])):
             prev.copy_to.append(op.dst)
@@ -290,7 +295,7 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
 
 def _chunks_of(op: Op) -> Tuple[List[ChunkRange], List[ChunkRange]]:
     reads = op.reads()
-    writes = op.writes() + list(getattr(op, "dsts", []) or [])
+    writes = op.writes() + _fused_list(op, "dsts")
     if op.kind == "reduce_put":
         writes.append(op.srcs[0])  # the local result is stored too
     return reads, writes
