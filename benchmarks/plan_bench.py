@@ -8,8 +8,9 @@ algorithm: all-reduce, bf16, CUDA graph of 20 calls, median of 7, on 4 GPUs.
    the medians of the rounds. The kernel's own time drifts by up to a
    microsecond between phases of one run, so only times taken side by side
    are compared. Plans with packet ops are also timed with their any-shape
-   form forced (PYCCL_PLAN_GENERIC_PACKETS=1), and plans with
-   reduce_put_packets with that fusion undone.
+   form forced (PYCCL_PLAN_GENERIC_PACKETS=1), plans with
+   reduce_put_packets with that fusion undone, and plans whose HB reductions
+   start from an init with the copy that lowering folded into them put back.
 
     python benchmarks/plan_bench.py [--world 4] [--plans NAME,...] [--json rows.json]
 """
@@ -64,6 +65,35 @@ def _without_reduce_put_packets(plan: Plan) -> Plan:
                                  "dsts": op["dsts"], "line": op["line"]}]
             tb["ops"] = ops
     return Plan.from_dict(d)
+
+
+# Reductions of 16-byte vectors that lowering may start from an init chunk.
+HB_REDUCTIONS = ("reduce", "channel_reduce", "multi_reduce", "reduce_put")
+
+
+def _without_reduction_init(plan: Plan) -> Plan:
+    """`plan` with the copy that lowering folded into each HB reduction as its
+    init put back: the copy into the chunk the reduction's result goes to, a
+    block sync, then the reduction from there. The fold's worth, side by side."""
+    d = plan.to_dict()
+    for r in d["ranks"]:
+        for tb in r["threadblocks"]:
+            ops = []
+            for op in tb["ops"]:
+                if op["op"] not in HB_REDUCTIONS or "init" not in op:
+                    ops.append(op)
+                    continue
+                result = op["srcs"][0] if op["op"] == "reduce_put" else op["dst"]
+                ops += [{"op": "copy", "dst": result, "srcs": [op["init"]], "line": op["line"]},
+                        {"op": "sync", "line": op["line"]},
+                        {k: v for k, v in op.items() if k != "init"}]
+            tb["ops"] = ops
+    return Plan.from_dict(d)
+
+
+def _has_reduction_init(plan: Plan) -> bool:
+    return any(op["op"] in HB_REDUCTIONS and "init" in op
+               for r in plan.to_dict()["ranks"] for tb in r["threadblocks"] for op in tb["ops"])
 
 
 PACKET_OPS = ("multi_put_packets", "put_packets", "unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
@@ -134,6 +164,8 @@ def body(rank, world, store, plans):
             unfused = None
             if plan.count_ops("reduce_put_packets"):
                 unfused = PlanRunner(_without_reduce_put_packets(plan), comm, max_bytes=n, threads=threads)
+            elif _has_reduction_init(plan):
+                unfused = PlanRunner(_without_reduction_init(plan), comm, max_bytes=n, threads=threads)
             any_shape = None
             if any(plan.count_ops(kind) for kind in PACKET_OPS):
                 any_shape = _any_shape_runner(plan, comm, n, threads)
@@ -189,7 +221,8 @@ def main() -> None:
               f"({r['instances']} x {r['threads']}) | {ratio:.2f} |")
     for r in head_to_head:
         if r.get("unfused_us"):
-            print(f"{r['plan']} {_size(r['bytes'])}: without the reduce_put_packets fusion {r['unfused_us']:.2f} µs "
+            what = "the reduce_put_packets fusion" if "ll" in r["kernel"] else "the reduction's init (the copy made)"
+            print(f"{r['plan']} {_size(r['bytes'])}: without {what} {r['unfused_us']:.2f} µs "
                   f"(fused {r['plan_us']:.2f})")
     for r in head_to_head:
         if r.get("any_shape_us"):

@@ -14,9 +14,10 @@ from pyccl.plans import PlanRunner
 from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-# Words of a packed op before its destination chunks (plan_format.hpp: 5
-# counts, ordinals, channels, peers and per-call counts, then the sources).
-_OP_DSTS = 5 + 4 * 8 + 4 * 8
+# Words of a packed op before its source chunks (plan_format.hpp: 5 counts,
+# ordinals, channels, peers and per-call counts), and before its destination chunks.
+_OP_SRCS = 5 + 4 * 8
+_OP_DSTS = _OP_SRCS + 4 * 8
 
 
 def _expected(collective, inputs, op: str, rank: int) -> torch.Tensor:
@@ -192,7 +193,7 @@ def plan_errors(rank, world, store):
     comm, device = _setup(store, rank, world, False)
     plan = algorithms.allreduce_allpairs_hb(world).lower()
     runner = PlanRunner(plan, comm, max_bytes=4096)
-    messages = {}
+    messages = {"rank": rank}
     for key, call in (("size", lambda: runner(torch.ones(world * 2 + 1))),
                       ("too big", lambda: runner(torch.ones(world * 4096))),
                       ("avg", lambda: runner(torch.ones(world * 4), op="avg")),
@@ -243,6 +244,22 @@ def plan_errors(rank, world, store):
         _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
     except pyccl.InvalidArgumentError as e:
         messages["ordinal"] = str(e)
+    # A reduction that starts from an init stores only: the interpreter's op
+    # starts from srcs[0] (the init) and stores the result to every dst
+    # (srcs[0] of the DSL's reduce_put first); without a source it is refused.
+    args = pack_plan(algorithms.allreduce_allpairs_hb_push(world).lower(), rank)
+    args.pop("reduces")
+    ops = args["ops"].clone()
+    row = int((ops[:, 0] == 15).nonzero()[0])
+    messages["reduce_to"] = {"srcs": int(ops[row, 2]), "dsts": int(ops[row, 3]),
+                             "start": ops[row, _OP_SRCS:_OP_SRCS + 4].tolist(),
+                             "first_dst": ops[row, _OP_DSTS:_OP_DSTS + 4].tolist()}
+    ops[row, 2] = 0
+    args["ops"] = ops
+    try:
+        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
+    except pyccl.InvalidArgumentError as e:
+        messages["no start"] = str(e)
     # A channel signalled from two thread blocks (a hand-edited plan) is refused when packed.
     d = algorithms.allreduce_allpairs_hb(world, instances=2).lower().to_dict()
     tbs = d["ranks"][0]["threadblocks"]

@@ -9,7 +9,8 @@ import pytest
 
 import pyccl.algorithms as algorithms
 from pyccl.dsl import (AllGather, AllReduce, DSLError, MemoryChannel, Plan, PlanError, PortChannel, Program,
-                       ReduceScatter, SendRecv, SimulationError, load_plan, simulate, verify)
+                       ReduceScatter, SendRecv, SimulationError, all_pairs_memory_channels, load_plan, signal_and_wait,
+                       simulate, verify)
 
 
 @pytest.mark.parametrize("name", sorted(algorithms.LIBRARY))
@@ -146,17 +147,21 @@ def test_fusion_and_synchronization():
     push = _push_allreduce(4).lower()
     verify(push, interleavings=4)
     assert "reduce_put" in _kinds(push) and "multi_put" in _kinds(push)
-    # The library's pushing 2PA HB: the reduction, the puts of its result to
-    # every peer and its copy into the output are one reduce_put, one pass.
+    # The library's pushing 2PA HB: the copy of the own input chunk into the
+    # output is the reduction's init (never made), and the reduction and the
+    # puts of its result to every peer are one reduce_put, one pass, as the
+    # pushing kernel does it.
     hb_push = algorithms.allreduce_allpairs_hb_push(4).lower()
-    assert _kinds(hb_push) == ["multi_put", "copy", "multi_signal", "multi_wait", "reduce_put", "multi_signal",
+    assert _kinds(hb_push) == ["multi_put", "multi_signal", "multi_wait", "reduce_put", "multi_signal",
                                "multi_wait", "multi_copy"]
-    rp = hb_push.threadblocks(2)[0]["ops"][4]
-    assert rp["srcs"][0] == [2, "scratch", 2, 1] and rp["copy_to"] == [[2, "output", 2, 1]]
+    rp = hb_push.threadblocks(2)[0]["ops"][3]
+    assert rp["init"] == [2, "input", 2, 1] and rp["srcs"][0] == [2, "output", 2, 1] and "copy_to" not in rp
+    assert sorted(s[2] for s in rp["srcs"][1:]) == [0, 1, 3]
     assert sorted(d[0] for d in [rp["dst"], *rp["dsts"]]) == [0, 1, 3] and len(rp["channels"]) == 2
     verify(hb_push, interleavings=4)
-    # Seven peers and the copy are the interpreter's eight destinations: at
-    # world 8 it all still fits one op.
+    # Seven peers and the output chunk are the interpreter's eight
+    # destinations, the init and seven slots its eight sources: at world 8 it
+    # all still fits one op.
     assert _kinds(algorithms.allreduce_allpairs_hb_push(8).lower()).count("reduce_put") == 1
     ring = algorithms.allgather_ring(4).lower()
     assert "put_with_signal" in _kinds(ring) and "signal" not in _kinds(ring)
@@ -242,6 +247,83 @@ def test_fusion_and_synchronization():
                 for a, b in zip(ks, ks[1:]):
                     assert not (a == "sync" and b in ("sync", "signal", "multi_signal", "barrier")), ks
                     assert not (a in ("wait", "multi_wait", "barrier") and b == "sync"), ks
+
+
+def test_a_copy_into_a_reduction_becomes_its_init():
+    # A local reduce: the copy is never made; the reduction starts from its source.
+    with Program("local", AllReduce(2, chunks=2, in_place=False), protocol="hb") as p:
+        chans = all_pairs_memory_channels(2)
+        for r in range(2):
+            q = 1 - r
+            chans[(q, r)].put(p.scratch(q, 2)[0], p.input(r)[q], tb=0)
+            signal_and_wait(chans, r, [q], tb=0)
+            p.output(r)[r].copy(p.input(r)[r], tb=0)
+            p.output(r)[r].reduce(p.scratch(r, 2)[0], tb=0)
+            chans[(q, r)].put(p.scratch(q, 2)[1], p.output(r)[r], tb=0)
+            signal_and_wait(chans, r, [q], tb=0)
+            p.output(r)[q].copy(p.scratch(r, 2)[1], tb=0)
+    plan = p.lower()
+    assert _kinds(plan) == ["put", "signal", "wait", "reduce_put", "signal", "wait", "copy"]
+    assert plan.threadblocks(1)[0]["ops"][3]["init"] == [1, "input", 1, 1]
+    verify(plan, interleavings=8)
+    for reduce_op in ("max", "prod"):
+        verify(plan, interleavings=2, reduce_op=reduce_op)
+    # MemoryChannel reductions from several peers: one multi_reduce that starts from the copy's source.
+    with Program("pull", AllReduce(3, chunks=1, in_place=False), protocol="hb") as p:
+        chans = all_pairs_memory_channels(3)
+        for r in range(3):
+            peers = [(r + k) % 3 for k in (1, 2)]
+            signal_and_wait(chans, r, peers, tb=0)
+            p.output(r)[0].copy(p.input(r)[0], tb=0)
+            for q in peers:
+                chans[(q, r)].reduce(p.output(r)[0], p.input(q)[0], tb=0)
+            signal_and_wait(chans, r, peers, tb=0)
+    plan = p.lower()
+    assert _kinds(plan) == ["multi_signal", "multi_wait", "multi_reduce", "multi_signal", "multi_wait"]
+    reduced = plan.threadblocks(0)[0]["ops"][2]
+    assert reduced["init"] == [0, "input", 0, 1] and len(reduced["srcs"]) == 2
+    verify(plan, interleavings=8)
+    # A copy whose source is its destination's neighbour in one range, or an op
+    # between the copy and the reduction, keeps the copy.
+    with Program("kept", AllReduce(2, chunks=2, in_place=True), protocol="hb") as p:
+        for r in range(2):
+            p.scratch(r, 3)[0].copy(p.input(r)[0], tb=0)
+            p.scratch(r, 3)[2].copy(p.input(r)[1], tb=0)
+            p.scratch(r, 3)[0].reduce(p.scratch(r, 3)[2], tb=0)
+    assert all("init" not in op for op in p.lower().threadblocks(0)[0]["ops"])
+
+
+def test_reduce_put_with_init_keeps_to_the_interpreters_operands():
+    # World 8 and a further local copy of the result: srcs[0], the seven
+    # peers and the copy would be nine destinations, so the copy stays an op.
+    n = 8
+    with Program("full", AllReduce(n, chunks=n, in_place=False), protocol="hb") as p:
+        chans = all_pairs_memory_channels(n)
+        for r in range(n):
+            peers = [(r + k) % n for k in range(1, n)]
+            for q in peers:
+                chans[(q, r)].put(p.scratch(q, 2 * n + 1)[r], p.input(r)[q], tb=0)
+            signal_and_wait(chans, r, peers, tb=0)
+            p.output(r)[r].copy(p.input(r)[r], tb=0)
+            p.output(r)[r].reduce(*[p.scratch(r, 2 * n + 1)[q] for q in peers], tb=0)
+            for q in peers:
+                chans[(q, r)].put(p.scratch(q, 2 * n + 1)[n + r], p.output(r)[r], tb=0)
+            p.scratch(r, 2 * n + 1)[2 * n].copy(p.output(r)[r], tb=0)
+            signal_and_wait(chans, r, peers, tb=0)
+            for q in peers:
+                p.output(r)[q].copy(p.scratch(r, 2 * n + 1)[n + q], tb=0)
+    plan = p.lower()
+    ops = plan.threadblocks(0)[0]["ops"]
+    rp = next(op for op in ops if op["op"] == "reduce_put")
+    assert "init" in rp and "copy_to" not in rp and 1 + len(rp["dsts"]) == 7
+    assert "copy" in _kinds(plan) and "sync" in _kinds(plan)
+    verify(plan, interleavings=2)
+    # The same limit holds for a hand-edited plan.
+    d = plan.to_dict()
+    edited = next(op for op in d["ranks"][0]["threadblocks"][0]["ops"] if op["op"] == "reduce_put")
+    edited["copy_to"] = [[0, "scratch", 2 * n, 1]]
+    with pytest.raises(PlanError, match="at most 8 chunks"):
+        Plan.from_dict(d)
 
 
 def test_buffer_placement():
@@ -407,9 +489,11 @@ def _mutate(d, rng):
 
 
 def test_fuzzed_plan_files_give_clear_errors(tmp_path):
-    # 2PA HB has copy_to and multi_get, 1PA LL init, 2PA LL pairs of packet
+    # 2PA HB has copy_to and multi_get, its pushing form reduce_put with an
+    # init, 1PA LL init on packets, 2PA LL pairs of packet
     # puts and multi_unpack: those fields get mutated too.
     good = [algorithms.allreduce_allpairs_hb(3).lower().to_dict(),
+            algorithms.allreduce_allpairs_hb_push(3).lower().to_dict(),
             algorithms.allreduce_allpairs_ll(3).lower().to_dict(),
             algorithms.allreduce_allpairs_ll2(3).lower().to_dict()]
     rng = random.Random(random.randrange(1 << 20))
@@ -451,7 +535,7 @@ def test_plan_checks_reduction_init():
         (lambda op, ops: op.update(init=[1, "input", 0, 1]), "must be rank 0's"),
         (lambda op, ops: op.update(init=[0, "input", 0, 2]), "init chunk|fit|range"),
         (lambda op, ops: op.update(init="input"), "chunk"),
-        (lambda op, ops: ops[0].update(init=[0, "input", 0, 1]), "init belongs to reduce_packets"),
+        (lambda op, ops: ops[0].update(init=[0, "input", 0, 1]), "init belongs to reduce, "),
     ]
     for change, message in cases:
         with pytest.raises(PlanError, match=message):
@@ -504,8 +588,11 @@ def test_plan_checks_pairs():
         (push, "reduce_put", lambda op: op["dsts"].__setitem__(0, [1, "scratch", 5, 1]), "channel"),
         (push, "reduce_put", lambda op: op.update(channels=[op["channel"]]), "twice"),
         (push, "reduce_put", lambda op: op["dsts"].__setitem__(0, [2, "scratch", 4, 2]), "sizes|fit|range"),
-        (push, "reduce_put", lambda op: op["copy_to"].__setitem__(0, [1, "output", 0, 1]), "rank 0's"),
+        (push, "reduce_put", lambda op: op.update(copy_to=[[1, "output", 0, 1]]), "rank 0's"),
         (push, "reduce_put", lambda op: op.update(copy_to=[[0, "output", 0, 1]] * 8), "copy_to|at most"),
+        # The pushing plan's reduce_put starts from an init, a chunk of this rank of the result's size.
+        (push, "reduce_put", lambda op: op.update(init=[0, "output", 0, 2]), "init chunk|size"),
+        (push, "reduce_put", lambda op: op.update(init=[1, "input", 0, 1]), "rank 0's"),
     ]
     for plan, kind, change, message in cases:
         with pytest.raises(PlanError, match=message):

@@ -85,6 +85,12 @@ def test_plan_calls_reject_bad_arguments():
         assert "'plan'" in m["packets"] and "writes packets outside the scratch buffer" in m["packets"], m["packets"]
         assert "'plan'" in m["ordinal"] and "ordinal 99" in m["ordinal"], m["ordinal"]
         assert "'plan'" in m["two signallers"] and "one thread block" in m["two signallers"], m["two signallers"]
+        # The pushing 2PA HB's reduce_put packs as a reduction from the input chunk (buffer 0) into the
+        # output chunk (buffer 1) and the peer: 2 ranks, so one slot beside the init, two destinations.
+        rank = m["rank"]
+        assert m["reduce_to"] == {"srcs": 2, "dsts": 2, "start": [rank, 0, rank, 1],
+                                  "first_dst": [rank, 1, rank, 1]}, m["reduce_to"]
+        assert "'plan'" in m["no start"] and "needs a source and a destination" in m["no start"], m["no start"]
         assert m["sum_ok"]
 
 

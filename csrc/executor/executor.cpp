@@ -76,6 +76,10 @@ void checkProgram(const PlanProgram& p, int world) {
                       "plan", "op ", i, " has ", op.numSrcs, " sources and ", op.numDsts, " destinations");
       PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, " reduces chunks of different sizes");
     }
+    if (kind == PlanOpKind::kReduceTo) {
+      PYCCL_CHECK_ARG(op.numSrcs >= 1 && op.numDsts >= 1, "plan", "op ", i, " needs a source and a destination");
+      PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, " reduces chunks of different sizes");
+    }
     // Packet chunks live in the packet region, which has one slot per scratch chunk.
     auto packetChunk = [&](bool isSource, int k) {
       switch (kind) {

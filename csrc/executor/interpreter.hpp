@@ -315,10 +315,13 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
                                      tid, numThreads);
       }
       return true;
-    case PlanOpKind::kSwitchReduce:
+    case PlanOpKind::kSwitchReduce:  // one destination; in host mode and here, loads like any reduction
+    case PlanOpKind::kReduceTo:
       if constexpr (!Lean) {
-        reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.dsts[0], call), nullptr, 0, tid,
-                                     numThreads);
+        char* extra[kPlanMaxOperands];
+        for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
+        reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.dsts[0], call), extra, op.numDsts - 1,
+                                     tid, numThreads);
       }
       return true;
     case PlanOpKind::kReducePut:

@@ -37,6 +37,9 @@ enum class PlanOpKind : int32_t {
   /// srcs[0] (where the reduction starts) reduced with the packets of
   /// srcs[1..]; the result to dsts[0] and as packets to every dsts[1..]
   kReducePutPackets,
+  /// Every dst = reduce(srcs), srcs[0] where the reduction starts; no dst is
+  /// read (a reduce or reduce_put with an `init`: the copy it replaced is never made)
+  kReduceTo,
   kCount
 };
 

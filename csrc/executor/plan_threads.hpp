@@ -44,6 +44,7 @@ inline uint64_t planOpWorkItems(const PlanOp& op, uint64_t chunkBytes) {
     case PlanOpKind::kReduce:
     case PlanOpKind::kReducePut:
     case PlanOpKind::kSwitchReduce:
+    case PlanOpKind::kReduceTo:
     case PlanOpKind::kChannelReduce:
       return (bytes + 15) / 16;
     case PlanOpKind::kSignal:

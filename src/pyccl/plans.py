@@ -30,7 +30,7 @@ __all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
 
 _KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "put_packets": 5,
           "channel_reduce": 6, "reduce_put": 7, "signal": 8, "wait": 9, "flush": 10, "switch_reduce": 11,
-          "barrier": 12, "sync": 13, "reduce_put_packets": 14}
+          "barrier": 12, "sync": 13, "reduce_put_packets": 14, "reduce_to": 15}
 _BUFFERS = {"input": 0, "output": 1, "scratch": 2}
 _REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 _REDUCING = ("reduce", "reduce_packets", "reduce_put_packets", "channel_reduce", "multi_reduce", "reduce_put",
@@ -67,6 +67,7 @@ def _chunks_touched(op: dict) -> List[Tuple[list, bool]]:
     out += [(named(c, packet_dsts), True) for c in op.get("dsts", [])]
     out += [(c, True) for c in op.get("copy_to", [])]
     for i, c in enumerate(op.get("srcs", [])):
+        # reduce_put's srcs[0] gets the result (and, with an init, is not read).
         out.append((named(c, kind in PACKET_READS), kind == "reduce_put" and i == 0))
     if "init" in op:
         out.append((op["init"], False))
@@ -201,6 +202,11 @@ def pack_plan(plan: Plan, rank: int) -> dict:
                 out.append(_op_words("put_packets", srcs=srcs, dsts=op["dsts"]))
             elif kind == "multi_unpack":
                 out.append(_op_words("unpack", srcs=srcs, dsts=op["dsts"]))
+            elif kind in ("reduce", "channel_reduce", "multi_reduce", "reduce_put") and "init" in op:
+                # Starts from init, stores only: the local result (reduce_put: srcs[0]) first, then the rest.
+                local, sources = (srcs[:1], srcs[1:]) if kind == "reduce_put" else ([], srcs)
+                out.append(_op_words("reduce_to", red, srcs=[op["init"]] + sources,
+                                     dsts=local + dst + op.get("dsts", []) + op.get("copy_to", [])))
             elif kind in ("reduce", "channel_reduce", "multi_reduce"):  # copy_to: more destinations
                 out.append(_op_words("reduce", red, srcs=srcs, dsts=dst + op.get("copy_to", [])))
             elif kind == "reduce_packets":  # init: a second entry, where the reduction starts

@@ -56,28 +56,28 @@ def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
 def allreduce_allpairs_hb_push(num_ranks: int, instances: int = 1) -> Program:
     """2PA HB, as the hand-written kernel pushes (``hb_push=True``, its
     default): every rank puts chunk q of its input into slot r of rank q's
-    scratch, stages its own chunk in slot r of its own, and tells its peers;
-    rank r reduces its slots (local reads only) and sends the result to its
-    output and into slot n + r of every peer's scratch in the same pass
-    (lowering fuses the reduction, the puts and the copy into one
-    ``reduce_put``), and tells them; every rank then copies each other chunk
-    from its own scratch. Only stores cross the links. ``reduce_put`` stores
-    into peer memory: the plan runs within a node."""
+    scratch and tells its peers; rank r reduces its own input chunk with its
+    slots (local reads only) into its output and into slot n + r of every
+    peer's scratch in the same pass, and tells them; every rank then copies
+    each other chunk from its own scratch. Lowering makes the copy of the
+    input chunk the reduction's start (``init``: never copied) and fuses the
+    reduction and the puts of its result into one ``reduce_put``. Only stores
+    cross the links. ``reduce_put`` stores into peer memory: the plan runs
+    within a node."""
     n = num_ranks
     with Program("allreduce_allpairs_hb_push", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
         chans = all_pairs_memory_channels(n)
         for r in range(n):
             peers = [(r + k) % n for k in range(1, n)]
-            mine = p.scratch(r, 2 * n)
+            mine = p.scratch(r, 2 * n)  # slot q: chunk r of rank q; slot n + q: rank q's result
             for q in peers:  # reduce-scatter: chunk q to its owner
                 chans[(q, r)].put(p.scratch(q, 2 * n)[r], p.input(r)[q], tb=0)
-            mine[r].copy(p.input(r)[r], tb=0)
             signal_and_wait(chans, r, peers, tb=0)  # pushed
-            mine[r].reduce(*[mine[q] for q in peers], tb=0)
+            p.output(r)[r].copy(p.input(r)[r], tb=0)
+            p.output(r)[r].reduce(*[mine[q] for q in peers], tb=0)
             for q in peers:  # all-gather: the reduced chunk to every peer
-                chans[(q, r)].put(p.scratch(q, 2 * n)[n + r], mine[r], tb=0)
-            p.output(r)[r].copy(mine[r], tb=0)
+                chans[(q, r)].put(p.scratch(q, 2 * n)[n + r], p.output(r)[r], tb=0)
             signal_and_wait(chans, r, peers, tb=0)  # reduced
             for q in peers:
                 p.output(r)[q].copy(mine[n + q], tb=0)

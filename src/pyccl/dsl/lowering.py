@@ -25,9 +25,11 @@ The passes, in order:
    peers' packets) become one op that reads every source at once; a local
    copy of a reduction's result right after it becomes a second destination
    of the reduction (``copy_to``: the result is stored twice from registers);
-   a local copy into chunks followed by ``reduce_packets`` into them becomes
-   the reduction's ``init`` (it starts from the copy's source: one pass and
-   one block sync fewer, as 1PA reduces from its input); packet puts of a
+   a local copy into chunks followed by a reduction into them (``reduce``,
+   MemoryChannel ``reduce``, ``reduce_packets``) becomes the reduction's
+   ``init``: it starts from the copy's source, so the copy is never made (one
+   pass and one block sync fewer, as 1PA reduces from its input and the 2PA HB
+   push kernel from its own chunk of the input); packet puts of a
    ``reduce_packets`` result right after it become ``reduce_put_packets``
    (the result goes to the peers from registers, with no store and reload
    in between, as in 2PA LL's kernel).
@@ -208,6 +210,13 @@ def _fused_reduce_put_packets(prev: Op, op: Op, channel_types: List[str], out: L
     return True
 
 
+def _result_slots(op: Op) -> int:
+    """The chunks a ``reduce_put`` stores its result to, as the interpreter holds
+    them: dst, dsts and copy_to, and srcs[0] apart from the sources where the
+    reduction starts from an init (packed with its destinations)."""
+    return 1 + len(_fused_list(op, "dsts")) + len(op.copy_to) + (op.init is not None)
+
+
 def _fused_list(op: Op, name: str) -> list:
     """A copy of the "dsts" or "channels" list that fusion gave `op`, empty where it gave none."""
     return list(getattr(op, name, None) or [])
@@ -220,11 +229,11 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
     if (prev.kind == "reduce" and op.kind == "put" and channel_types[op.channel] == "memory"
             and op.srcs[0] == prev.dst and op.tb_group is None):
         out[-1] = Op("reduce_put", op.rank, op.tb, dst=op.dst, srcs=[prev.dst, *prev.srcs], channel=op.channel,
-                     reduce_op=prev.reduce_op, line=op.line)
+                     reduce_op=prev.reduce_op, line=op.line, init=prev.init)
         return True
     if (prev.kind == "reduce_put" and op.kind == "put" and channel_types[op.channel] == "memory"
             and prev.tb_group is None and op.tb_group is None and op.srcs[0] == prev.srcs[0]
-            and 1 + len(_fused_list(prev, "dsts")) < MAX_OPERANDS):
+            and _result_slots(prev) < MAX_OPERANDS):
         # One more peer for the result, stored from registers in the same pass.
         prev.dsts = _fused_list(prev, "dsts") + [op.dst]
         prev.channels = _fused_list(prev, "channels") + [op.channel]
@@ -233,15 +242,16 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
             and prev.tb_group is None and op.tb_group is None):
         # reduce_put keeps its result in srcs[0] and stores it to dst and dsts too.
         result = prev.srcs[0] if prev.kind == "reduce_put" else prev.dst
-        room = prev.kind != "reduce_put" or 1 + len(_fused_list(prev, "dsts")) < MAX_OPERANDS
+        room = prev.kind != "reduce_put" or _result_slots(prev) < MAX_OPERANDS
         if (room and op.srcs[0] == result and op.dst.rank == prev.rank
                 and not any(op.dst.overlaps(c) for c in [result, *prev.srcs])):
             prev.copy_to.append(op.dst)
             return True
-    if (prev.kind == "copy" and op.kind == "reduce_packets" and prev.dst == op.dst and prev.tb_group is None
-            and op.tb_group is None and not prev.srcs[0].overlaps(prev.dst)):
-        out[-1] = Op("reduce_packets", op.rank, op.tb, dst=op.dst, srcs=list(op.srcs), reduce_op=op.reduce_op,
-                     line=op.line, init=prev.srcs[0])
+    if (prev.kind == "copy" and op.kind in ("reduce_packets", "reduce", "channel_reduce") and prev.dst == op.dst
+            and prev.tb_group is None and op.tb_group is None and not prev.srcs[0].overlaps(prev.dst)
+            and len(op.srcs) < MAX_OPERANDS):
+        out[-1] = Op(op.kind, op.rank, op.tb, dst=op.dst, srcs=list(op.srcs), channel=op.channel,
+                     reduce_op=op.reduce_op, line=op.line, init=prev.srcs[0])
         return True
     if _fused_reduce_put_packets(prev, op, channel_types, out):
         return True
@@ -265,11 +275,11 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
         return True
     if (op.kind == "channel_reduce" and channel_types[op.channel] == "memory" and op.tb_group is None
             and prev.kind in ("channel_reduce", "multi_reduce") and prev.tb_group is None and prev.dst == op.dst
-            and prev.reduce_op == op.reduce_op
+            and prev.reduce_op == op.reduce_op and len(prev.srcs) + (prev.init is not None) < MAX_OPERANDS
             and (prev.kind == "multi_reduce" or channel_types[prev.channel] == "memory")):
         if prev.kind == "channel_reduce":
             prev = Op("multi_reduce", prev.rank, prev.tb, dst=prev.dst, srcs=list(prev.srcs), reduce_op=prev.reduce_op,
-                      line=prev.line)
+                      line=prev.line, init=prev.init)
             prev.channels = [out[-1].channel]
             out[-1] = prev
         prev.channels.append(op.channel)

@@ -232,6 +232,8 @@ def _validate(d: Any, where: str) -> None:
 _LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "multi_copy", "reduce_packets")
 _PUTS = ("put", "put_packets", "put_with_signal")
 _MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack", "multi_copy")
+# Reductions that may start from an `init` chunk instead of their destination (reduce_put: srcs[0]).
+_INIT_KINDS = ("reduce", "channel_reduce", "multi_reduce", "reduce_put", "reduce_packets", "reduce_put_packets")
 
 
 def _chunks_overlap(a: list, b: list) -> bool:
@@ -310,12 +312,20 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         for c in op["dsts"]:
             _chunk(c, where, buffers, num_ranks)
     if "init" in op:
-        if op["op"] not in ("reduce_packets", "reduce_put_packets"):
-            _fail(where, f"init belongs to reduce_packets and reduce_put_packets, got it on {op['op']}")
-        init, dst = op["init"], op["dst"]
+        if op["op"] not in _INIT_KINDS:
+            _fail(where, f"init belongs to {', '.join(_INIT_KINDS)}, got it on {op['op']}")
+        init = op["init"]
         _destination_sized_local_chunk(init, "init", op, where, buffers, num_ranks, rank)
-        if init != dst and _chunks_overlap(init, dst):
-            _fail(where, f"init chunk {init} partly overlaps the destination {dst}")
+        # Where the result is stored on this rank (reduce_put: srcs[0]); an init
+        # that partly overlaps it would race with its stores.
+        result = srcs[0] if op["op"] == "reduce_put" else op["dst"]
+        if init != result and _chunks_overlap(init, result):
+            _fail(where, f"init chunk {init} partly overlaps the result's chunk {result}")
+        if op["op"] in _INIT_KINDS[:3] and len(srcs) > MAX_OPERANDS - 1:
+            _fail(where, f"{op['op']} with an init reduces up to {MAX_OPERANDS - 1} source chunks")
+        if op["op"] == "reduce_put" and 2 + len(op.get("dsts", [])) + len(op.get("copy_to", [])) > MAX_OPERANDS:
+            _fail(where, f"reduce_put with an init stores its result to at most {MAX_OPERANDS} chunks (srcs[0], dst, "
+                         "dsts and copy_to)")
     if op["op"] == "barrier":
         tbs = _int_list(op.get("tbs"), where, "barrier thread blocks", num_tbs, 2)
         if tb not in tbs:

@@ -144,9 +144,8 @@ class Op:
     line: str = "?"
     # Local chunks that also get a reduction's result (fusion of a copy of it).
     copy_to: List[ChunkRange] = field(default_factory=list)
-    # reduce_packets and reduce_put_packets only: the local chunk the reduction
-    # starts from instead of its destination (fusion of a copy into the
-    # destination before it).
+    # Reductions only: the local chunk the reduction starts from instead of its
+    # destination (reduce_put: srcs[0]), from fusion of a copy into it before.
     init: Optional[ChunkRange] = None
 
     def reads(self) -> List[ChunkRange]:

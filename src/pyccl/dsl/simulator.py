@@ -203,7 +203,8 @@ class _Sim:
         if kind == "copy":
             self._write(i, op["dst"], self._read(i, op["srcs"][0], where), where)
         elif kind in ("reduce", "channel_reduce", "multi_reduce", "switch_reduce"):
-            acc = None if kind == "switch_reduce" else self._read(i, op["dst"], where)
+            start = op.get("init", op["dst"])  # an init: where the reduction starts instead of the destination
+            acc = None if kind == "switch_reduce" else self._read(i, start, where)
             for s in op["srcs"]:
                 v = self._read(i, s, where)
                 acc = v if acc is None else red(acc, v)
@@ -252,7 +253,8 @@ class _Sim:
                         self.packets[s] = self.clock[i].copy()
         elif kind == "reduce_put":
             acc = None
-            for s in op["srcs"]:
+            # srcs[0] gets the result; with an init the reduction starts there instead of reading srcs[0].
+            for s in ([op["init"], *op["srcs"][1:]] if "init" in op else op["srcs"]):
                 v = self._read(i, s, where)
                 acc = v if acc is None else red(acc, v)
             self._write(i, op["srcs"][0], acc, where)
