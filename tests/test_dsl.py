@@ -283,6 +283,15 @@ def test_a_copy_into_a_reduction_becomes_its_init():
     reduced = plan.threadblocks(0)[0]["ops"][2]
     assert reduced["init"] == [0, "input", 0, 1] and len(reduced["srcs"]) == 2
     verify(plan, interleavings=8)
+    # A copy of the result into chunks that the init's overlap stays an op:
+    # lowering adds no destination that touches what the reduction reads.
+    with Program("back_into_init", AllReduce(2, chunks=2, in_place=False), protocol="hb") as p:
+        for r in range(2):
+            p.output(r)[0].copy(p.input(r)[0], tb=0)
+            p.output(r)[0].reduce(p.input(r)[1], tb=0)
+            p.input(r)[0].copy(p.output(r)[0], tb=0)
+    ops = p.lower().threadblocks(0)[0]["ops"]
+    assert ops[0]["init"] == [0, "input", 0, 1] and "copy_to" not in ops[0] and _kinds(p.lower())[-1] == "copy"
     # A copy whose source is its destination's neighbour in one range, or an op
     # between the copy and the reduction, keeps the copy.
     with Program("kept", AllReduce(2, chunks=2, in_place=True), protocol="hb") as p:

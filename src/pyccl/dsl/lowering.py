@@ -243,8 +243,8 @@ def _fused(prev: Op, op: Op, channel_types: List[str], out: List[Op]) -> bool:
         # reduce_put keeps its result in srcs[0] and stores it to dst and dsts too.
         result = prev.srcs[0] if prev.kind == "reduce_put" else prev.dst
         room = prev.kind != "reduce_put" or _result_slots(prev) < MAX_OPERANDS
-        if (room and op.srcs[0] == result and op.dst.rank == prev.rank
-                and not any(op.dst.overlaps(c) for c in [result, *prev.srcs])):
+        read = [result, *prev.srcs] + ([prev.init] if prev.init is not None else [])
+        if room and op.srcs[0] == result and op.dst.rank == prev.rank and not any(op.dst.overlaps(c) for c in read):
             prev.copy_to.append(op.dst)
             return True
     if (prev.kind == "copy" and op.kind in ("reduce_packets", "reduce", "channel_reduce") and prev.dst == op.dst
