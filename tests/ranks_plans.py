@@ -214,52 +214,46 @@ def plan_errors(rank, world, store):
     except pyccl.InvalidArgumentError as e:
         messages["overlap"] = str(e)
     ring.close()
-    # The executor checks the packed op table too: pairs must come whole.
+    # The executor checks the packed op table too.
     from pyccl import _C
     from pyccl.plans import pack_plan
-    args = pack_plan(algorithms.allreduce_allpairs_ll2(world).lower(), rank)
-    ops = args["ops"].clone()
+
+    def packed(program):
+        """The executor's arguments for this rank's part of `program`, and a copy of its op table to edit."""
+        args = pack_plan(program.lower(), rank)
+        args.pop("reduces")
+        return args, args["ops"].clone()
+
+    def refusal(args, ops):
+        """The executor's error for `args` with the op table `ops` (None if it took them)."""
+        try:
+            _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **dict(args, ops=ops))
+        except pyccl.InvalidArgumentError as e:
+            return str(e)
+        return None
+
+    # Pairs must come whole.
+    args, ops = packed(algorithms.allreduce_allpairs_ll2(world))
     ops[0, 2] = ops[0, 3] + 1  # one more source than destinations
-    args["ops"] = ops
-    args.pop("reduces")
-    try:
-        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
-    except pyccl.InvalidArgumentError as e:
-        messages["pairs"] = str(e)
+    messages["pairs"] = refusal(args, ops)
     # Packets land only in the packet region, which has a slot per scratch chunk.
-    ops = pack_plan(algorithms.allreduce_allpairs_ll2(world).lower(), rank)["ops"].clone()
+    args, ops = packed(algorithms.allreduce_allpairs_ll2(world))
     ops[1, _OP_DSTS + 4 + 1] = 1  # reduce_put_packets' first packet destination into an output chunk
-    args["ops"] = ops
-    try:
-        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
-    except pyccl.InvalidArgumentError as e:
-        messages["packets"] = str(e)
+    messages["packets"] = refusal(args, ops)
     # Signals store the count their waits expect: an ordinal past the channel's signals a call is refused.
-    args = pack_plan(algorithms.allreduce_allpairs_hb(world).lower(), rank)
-    args.pop("reduces")
-    ops = args["ops"].clone()
+    args, ops = packed(algorithms.allreduce_allpairs_hb(world))
     ops[int((ops[:, 0] == 8).nonzero()[0]), 5] = 99  # the first signal's first ordinal
-    args["ops"] = ops
-    try:
-        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
-    except pyccl.InvalidArgumentError as e:
-        messages["ordinal"] = str(e)
+    messages["ordinal"] = refusal(args, ops)
     # A reduction that starts from an init stores only: the interpreter's op
     # starts from srcs[0] (the init) and stores the result to every dst
     # (srcs[0] of the DSL's reduce_put first); without a source it is refused.
-    args = pack_plan(algorithms.allreduce_allpairs_hb_push(world).lower(), rank)
-    args.pop("reduces")
-    ops = args["ops"].clone()
+    args, ops = packed(algorithms.allreduce_allpairs_hb_push(world))
     row = int((ops[:, 0] == 15).nonzero()[0])
     messages["reduce_to"] = {"srcs": int(ops[row, 2]), "dsts": int(ops[row, 3]),
                              "start": ops[row, _OP_SRCS:_OP_SRCS + 4].tolist(),
                              "first_dst": ops[row, _OP_DSTS:_OP_DSTS + 4].tolist()}
     ops[row, 2] = 0
-    args["ops"] = ops
-    try:
-        _C.PlanExecutor(comm._comm, max_chunk_bytes=1024, threads=64, **args)
-    except pyccl.InvalidArgumentError as e:
-        messages["no start"] = str(e)
+    messages["no start"] = refusal(args, ops)
     # A channel signalled from two thread blocks (a hand-edited plan) is refused when packed.
     d = algorithms.allreduce_allpairs_hb(world, instances=2).lower().to_dict()
     tbs = d["ranks"][0]["threadblocks"]

@@ -61,12 +61,13 @@ void checkProgram(const PlanProgram& p, int world) {
     // What each kind reads of srcs[0] and dsts[0] must be there; pairs come whole.
     const auto kind = static_cast<PlanOpKind>(op.kind);
     const bool moves = kind == PlanOpKind::kCopy || kind == PlanOpKind::kPut || kind == PlanOpKind::kPutPackets;
-    if (moves || kind == PlanOpKind::kUnpack) {
+    const bool paired = moves || kind == PlanOpKind::kUnpack;
+    if (paired || kind == PlanOpKind::kReduceTo) {
       PYCCL_CHECK_ARG(op.numSrcs >= 1 && op.numDsts >= 1, "plan", "op ", i, " needs a source and a destination");
       // One source for every destination (moves only), or one per destination (pairs).
-      PYCCL_CHECK_ARG(op.numSrcs == op.numDsts || (moves && op.numSrcs == 1), "plan", "op ", i, " pairs ", op.numSrcs,
-                      " sources with ", op.numDsts, " destinations");
-      PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, " moves chunks of different sizes");
+      PYCCL_CHECK_ARG(!paired || op.numSrcs == op.numDsts || (moves && op.numSrcs == 1), "plan", "op ", i, " pairs ",
+                      op.numSrcs, " sources with ", op.numDsts, " destinations");
+      PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, paired ? " moves" : " reduces", " chunks of different sizes");
     }
     if (kind == PlanOpKind::kReducePackets || kind == PlanOpKind::kReducePutPackets) {
       // reduce_packets: the packet sources, and the destination (then where it starts);
@@ -74,10 +75,6 @@ void checkProgram(const PlanProgram& p, int world) {
       const bool puts = kind == PlanOpKind::kReducePutPackets;
       PYCCL_CHECK_ARG(puts ? op.numSrcs >= 2 && op.numDsts >= 2 : op.numSrcs >= 1 && op.numDsts >= 1 && op.numDsts <= 2,
                       "plan", "op ", i, " has ", op.numSrcs, " sources and ", op.numDsts, " destinations");
-      PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, " reduces chunks of different sizes");
-    }
-    if (kind == PlanOpKind::kReduceTo) {
-      PYCCL_CHECK_ARG(op.numSrcs >= 1 && op.numDsts >= 1, "plan", "op ", i, " needs a source and a destination");
       PYCCL_CHECK_ARG(oneChunkSize(op), "plan", "op ", i, " reduces chunks of different sizes");
     }
     // Packet chunks live in the packet region, which has one slot per scratch chunk.

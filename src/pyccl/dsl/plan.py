@@ -232,8 +232,10 @@ def _validate(d: Any, where: str) -> None:
 _LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "multi_copy", "reduce_packets")
 _PUTS = ("put", "put_packets", "put_with_signal")
 _MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack", "multi_copy")
+# Reductions of 16-byte vectors into their destination.
+_VECTOR_REDUCTIONS = ("reduce", "channel_reduce", "multi_reduce")
 # Reductions that may start from an `init` chunk instead of their destination (reduce_put: srcs[0]).
-_INIT_KINDS = ("reduce", "channel_reduce", "multi_reduce", "reduce_put", "reduce_packets", "reduce_put_packets")
+_INIT_KINDS = _VECTOR_REDUCTIONS + ("reduce_put", "reduce_packets", "reduce_put_packets")
 
 
 def _chunks_overlap(a: list, b: list) -> bool:
@@ -273,8 +275,6 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
             _fail(where, "reduce_put needs one dst per channel")
         for c in dsts:
             _chunk(c, where, buffers, num_ranks)
-        if 1 + len(dsts) + len(op.get("copy_to", [])) > MAX_OPERANDS:
-            _fail(where, f"reduce_put stores its result to at most {MAX_OPERANDS} chunks (dst, dsts and copy_to)")
     if op["op"] in ("multi_put", "multi_put_packets", "multi_get", "multi_signal", "multi_wait", "multi_reduce",
                     "reduce_put_packets"):
         chans = _int_list(op.get("channels"), where, f"{op['op']} channels", num_channels, 1)
@@ -321,11 +321,12 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         result = srcs[0] if op["op"] == "reduce_put" else op["dst"]
         if init != result and _chunks_overlap(init, result):
             _fail(where, f"init chunk {init} partly overlaps the result's chunk {result}")
-        if op["op"] in _INIT_KINDS[:3] and len(srcs) > MAX_OPERANDS - 1:
+        if op["op"] in _VECTOR_REDUCTIONS and len(srcs) > MAX_OPERANDS - 1:
             _fail(where, f"{op['op']} with an init reduces up to {MAX_OPERANDS - 1} source chunks")
-        if op["op"] == "reduce_put" and 2 + len(op.get("dsts", [])) + len(op.get("copy_to", [])) > MAX_OPERANDS:
-            _fail(where, f"reduce_put with an init stores its result to at most {MAX_OPERANDS} chunks (srcs[0], dst, "
-                         "dsts and copy_to)")
+    if op["op"] == "reduce_put":  # the interpreter's op holds srcs[0] among the result's chunks beside an init
+        if 1 + len(op.get("dsts", [])) + len(op.get("copy_to", [])) + ("init" in op) > MAX_OPERANDS:
+            _fail(where, f"reduce_put stores its result to at most {MAX_OPERANDS} chunks (dst, dsts and copy_to, "
+                         "and srcs[0] beside an init)")
     if op["op"] == "barrier":
         tbs = _int_list(op.get("tbs"), where, "barrier thread blocks", num_tbs, 2)
         if tb not in tbs:
