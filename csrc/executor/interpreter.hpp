@@ -32,10 +32,12 @@ namespace plan_detail {
 
 /// dst[i] = reduce(dst[i] if withDst, srcs...) for the op's elements; also
 /// stores the result into extra destinations. `LoadBatch` inputs are loaded
-/// before any is reduced (more of them take more registers).
-template <typename T, int LoadBatch>
-PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, uint64_t call, int redOp, bool withDst,
-                                      char* dst, char* const* extra, int numExtra, uint32_t tid, uint32_t numThreads) {
+/// before any is reduced (more of them take more registers). `reduce`:
+/// SumReduction or AnyReduction (withReduction).
+template <typename T, int LoadBatch, typename Reduce>
+PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, uint64_t call, Reduce reduce,
+                                      bool withDst, char* dst, char* const* extra, int numExtra, uint32_t tid,
+                                      uint32_t numThreads) {
   constexpr uint32_t kVec = 16 / sizeof(T);
   const uint64_t n = static_cast<uint64_t>(op.srcs[0].count) * c.chunkBytes / sizeof(T);
   // What is reduced, in order: dst (where read), then every source.
@@ -59,25 +61,20 @@ PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, ui
         if (k0 + b < numInputs) raw[b] = loadVec(inputs[k0 + b], v);
       }
       for (int b = 0; b < LoadBatch && k0 + b < numInputs; ++b) {
+        PYCCL_UNROLL
         for (uint32_t l = 0; l < kVec; ++l) {
-          // Byte copies, not a cast: reading the vector's ints as T breaks strict aliasing.
-          const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(&raw[b]), l));
-          acc[l] = k0 + b == 0 ? x : applyReduce(redOp, acc[l], x);
+          const float x = laneOfVector<T>(raw[b], l);
+          acc[l] = k0 + b == 0 ? x : reduce(acc[l], x);
         }
       }
     }
-    detail::Vec16 packed;
-    for (uint32_t l = 0; l < kVec; ++l) {
-      setElementAt<T>(reinterpret_cast<char*>(&packed), l, ElementTraits<T>::fromFloat(acc[l]));
-    }
+    const detail::Vec16 packed = vectorOfLanes<T>(acc);
     storeVec(dst, v, packed);
     for (int e = 0; e < numExtra; ++e) storeVec(extra[e], v, packed);
   }
   for (uint64_t i = vectors * kVec + tid; i < n; i += numThreads) {
     float acc = ElementTraits<T>::toFloat(elementAt<T>(inputs[0], i));
-    for (int k = 1; k < numInputs; ++k) {
-      acc = applyReduce(redOp, acc, ElementTraits<T>::toFloat(elementAt<T>(inputs[k], i)));
-    }
+    for (int k = 1; k < numInputs; ++k) acc = reduce(acc, ElementTraits<T>::toFloat(elementAt<T>(inputs[k], i)));
     const T r = ElementTraits<T>::fromFloat(acc);
     reinterpret_cast<T*>(dst)[i] = r;
     for (int e = 0; e < numExtra; ++e) reinterpret_cast<T*>(extra[e])[i] = r;
@@ -311,8 +308,10 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         // dsts[0] is reduced into; the others get the result too (the DSL's copy_to).
         char* extra[kPlanMaxOperands];
         for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
-        reduceElements<T, LoadBatch>(c, op, call, redOp, true, chunkPtr(c, op.dsts[0], call), extra, op.numDsts - 1,
-                                     tid, numThreads);
+        withReduction(redOp, [&](auto reduce) {
+          reduceElements<T, LoadBatch>(c, op, call, reduce, true, chunkPtr(c, op.dsts[0], call), extra,
+                                       op.numDsts - 1, tid, numThreads);
+        });
       }
       return true;
     case PlanOpKind::kSwitchReduce:  // one destination; in host mode and here, loads like any reduction
@@ -320,16 +319,20 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
       if constexpr (!Lean) {
         char* extra[kPlanMaxOperands];
         for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
-        reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.dsts[0], call), extra, op.numDsts - 1,
-                                     tid, numThreads);
+        withReduction(redOp, [&](auto reduce) {
+          reduceElements<T, LoadBatch>(c, op, call, reduce, false, chunkPtr(c, op.dsts[0], call), extra,
+                                       op.numDsts - 1, tid, numThreads);
+        });
       }
       return true;
     case PlanOpKind::kReducePut:
       if constexpr (!Lean) {
         char* extra[kPlanMaxOperands];
         for (int d = 0; d < op.numDsts; ++d) extra[d] = chunkPtr(c, op.dsts[d], call);
-        reduceElements<T, LoadBatch>(c, op, call, redOp, false, chunkPtr(c, op.srcs[0], call), extra, op.numDsts,
-                                     tid, numThreads);
+        withReduction(redOp, [&](auto reduce) {
+          reduceElements<T, LoadBatch>(c, op, call, reduce, false, chunkPtr(c, op.srcs[0], call), extra, op.numDsts,
+                                       tid, numThreads);
+        });
       }
       return true;
     case PlanOpKind::kPutPackets:

@@ -113,6 +113,31 @@ PYCCL_HOST_DEVICE float applyReduce(int op, float a, float b) {
   }
 }
 
+/// The sum (and avg, which sums), known at compile time: a reduction loop
+/// over it has no branch per element.
+struct SumReduction {
+  PYCCL_HOST_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+/// Any reduce op, chosen per element (applyReduce): through a jump table on
+/// GPUs, a dozen instructions and an indirect branch per element and source.
+struct AnyReduction {
+  int op;
+  PYCCL_HOST_DEVICE float operator()(float a, float b) const { return applyReduce(op, a, b); }
+};
+
+/// fn(reduction) with the sum as a constant where `op` sums, AnyReduction
+/// otherwise: two copies of a reduction loop, not one per reduce op.
+template <typename Fn>
+PYCCL_HOST_DEVICE void withReduction(int op, Fn&& fn) {
+  const auto kind = static_cast<ReduceOp>(op);
+  if (kind == ReduceOp::kSum || kind == ReduceOp::kAvg) {
+    fn(SumReduction{});
+  } else {
+    fn(AnyReduction{op});
+  }
+}
+
 template <typename T>
 PYCCL_HOST_DEVICE T elementAt(const char* base, uint64_t i) {
   T v;
@@ -150,6 +175,53 @@ PYCCL_HOST_DEVICE void storeVec(char* base, uint64_t v, const detail::Vec16& x) 
 #else
   std::memcpy(base + v * 16, &x, 16);
 #endif
+}
+
+/// Word `w` of a vector, read by field (no cast, so no aliasing question).
+PYCCL_HOST_DEVICE uint32_t wordOf(const detail::Vec16& x, uint32_t w) {
+  return static_cast<uint32_t>(w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w);
+}
+
+/// Lane `l` of a vector of T (the lane's word given), as fp32: shifts of the
+/// word, where byte copies (elementAt) compile to several byte extractions
+/// per lane. Lanes are in memory order (little-endian: lane 0 is the low half).
+template <typename T>
+PYCCL_HOST_DEVICE float laneOfWord(uint32_t word, uint32_t l) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "reductions are over 32- or 16-bit elements");
+  if constexpr (sizeof(T) == 4) {
+    return detail::bitsToFloat(word);
+  } else {
+    return ElementTraits<T>::toFloat(T{static_cast<uint16_t>(word >> (16 * (l % 2)))});
+  }
+}
+
+/// The word of T lanes[0, 4 / sizeof(T)) (fp32), rounded as fromFloat rounds; laneOfWord's inverse.
+template <typename T>
+PYCCL_HOST_DEVICE uint32_t wordOfLanes(const float* lanes) {
+  if constexpr (sizeof(T) == 4) {
+    return detail::floatToBits(lanes[0]);
+  } else {
+    return static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[0]).bits) |
+           static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[1]).bits) << 16;
+  }
+}
+
+/// Lane `l` of a 16-byte vector of T, as fp32.
+template <typename T>
+PYCCL_HOST_DEVICE float laneOfVector(const detail::Vec16& x, uint32_t l) {
+  return laneOfWord<T>(wordOf(x, l / (4 / sizeof(T))), l);
+}
+
+/// The 16-byte vector of T holding `acc` (fp32 lanes, in memory order).
+template <typename T>
+PYCCL_HOST_DEVICE detail::Vec16 vectorOfLanes(const float (&acc)[16 / sizeof(T)]) {
+  constexpr uint32_t kPerWord = 4 / sizeof(T);
+  detail::Vec16 x;
+  x.x = static_cast<int>(wordOfLanes<T>(acc));
+  x.y = static_cast<int>(wordOfLanes<T>(acc + kPerWord));
+  x.z = static_cast<int>(wordOfLanes<T>(acc + 2 * kPerWord));
+  x.w = static_cast<int>(wordOfLanes<T>(acc + 3 * kPerWord));
+  return x;
 }
 
 }  // namespace plan_detail

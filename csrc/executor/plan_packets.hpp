@@ -106,7 +106,7 @@ struct ResolvedPacketSources {
 /// The payload's lane `l` as fp32.
 template <typename T>
 PYCCL_HOST_DEVICE float laneAt(const uint32_t (&words)[2], uint32_t l) {
-  return ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(words), l));
+  return laneOfWord<T>(words[l / (4 / sizeof(T))], l);
 }
 
 /// One batch: `out` = `start` reduced (`reduce`) with the packets of
@@ -147,9 +147,7 @@ PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const PlanContext& c, const PlanChu
     }
     uint32_t result[2];
     PYCCL_UNROLL
-    for (uint32_t l = 0; l < kLanes; ++l) {
-      setElementAt<T>(reinterpret_cast<char*>(result), l, ElementTraits<T>::fromFloat(acc[l]));
-    }
+    for (uint32_t w = 0; w < 2; ++w) result[w] = wordOfLanes<T>(acc + w * (4 / sizeof(T)));
     unpackPayload<LL16Packet>(outBase, i, bytes, result);
     PYCCL_UNROLL
     for (int d = 0; d < kResolvedOperands; ++d) {
@@ -161,7 +159,7 @@ PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const PlanContext& c, const PlanChu
 
 /// reduce_packets (a second destination is where the reduction starts, the
 /// plan's init) and reduce_put_packets (srcs[0] is; dsts[1..] get the result
-/// as packets). The sum, the common op, has a one-batch form of its own.
+/// as packets). The one-batch form has the sum as a constant (withReduction).
 template <typename T>
 PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanOp& op, int redOp, uint64_t call, uint32_t tid,
                                      uint32_t numThreads) {
@@ -170,13 +168,12 @@ PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanOp& op, int
   const PlanChunk* srcs = op.srcs + puts;
   const int numSrcs = op.numSrcs - puts, numDsts = puts ? op.numDsts - 1 : 0;
   if (takesOneBatch(c, op.dsts[0].count, numSrcs, numDsts)) {
-    if (static_cast<ReduceOp>(redOp) == ReduceOp::kSum) {
-      return reducePacketsOneBatch<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts,
-                                      [](float a, float b) { return a + b; }, call, tid, numThreads);
-    }
-    return reducePacketsOneBatch<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts,
-                                    [redOp](float a, float b) { return applyReduce(redOp, a, b); }, call, tid,
+    bool ok = true;
+    withReduction(redOp, [&](auto reduce) {
+      ok = reducePacketsOneBatch<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts, reduce, call, tid,
                                     numThreads);
+    });
+    return ok;
   }
   return reducePacketsAnyShape<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts, redOp, call, tid,
                                   numThreads);
