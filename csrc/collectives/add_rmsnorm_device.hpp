@@ -60,7 +60,11 @@ namespace detail {
 /// Lane l of a unit (a 16-byte vector or one element) as float.
 template <typename T, typename Unit>
 PYCCL_HOST_DEVICE float unitLane(const Unit& u, uint32_t l) {
-  return ElementTraits<T>::toFloat(laneOf<T>(reinterpret_cast<const uint32_t*>(&u), l));
+  if constexpr (std::is_same_v<Unit, T>) {
+    return ElementTraits<T>::toFloat(u);  // one element: no words to read it through
+  } else {
+    return ElementTraits<T>::toFloat(laneOf<T>(reinterpret_cast<const uint32_t*>(&u), l));
+  }
 }
 
 /// T(sum + residual), lane by lane; adds the squares of the rounded lanes to

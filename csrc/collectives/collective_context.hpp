@@ -129,15 +129,6 @@ PYCCL_HOST_DEVICE void blockShare(uint64_t packets, uint32_t blocks, uint32_t bl
   *hi = *lo + per < packets ? *lo + per : packets;
 }
 
-template <typename T>
-PYCCL_HOST_DEVICE T laneOf(const uint32_t* words, uint32_t lane) {
-  T v;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(words) + lane * sizeof(T);
-  auto* dst = reinterpret_cast<unsigned char*>(&v);
-  for (uint32_t k = 0; k < sizeof(T); ++k) dst[k] = bytes[k];
-  return v;
-}
-
 /// Sets lane `lane` of packed words to `v` through bytes (char may alias
 /// anything: the words stay readable as words under strict aliasing).
 template <typename T>

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "channels/device_common.hpp"
 
@@ -163,6 +164,31 @@ struct ElementTraits<BFloat16> {
 #endif
   }
 };
+
+namespace detail {
+
+/// Lane `lane` of T values packed in 32-bit words, in memory order (lane 0 of
+/// a 16-bit T is the low half of words[0]: both hosts and GPUs are
+/// little-endian). A shift of the lane's word: byte copies compile to five or
+/// six byte extractions per lane, and a reduction takes a lane per source.
+/// `words` are read as 32-bit integers: they must be such objects (packet
+/// payloads, a vector's int fields), not floats or 16-bit elements.
+template <typename T>
+PYCCL_HOST_DEVICE T laneOf(const uint32_t* words, uint32_t lane) {
+  if constexpr (std::is_same_v<T, float>) {
+    return bitsToFloat(words[lane]);
+  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T{static_cast<uint16_t>(words[lane / 2] >> (16 * (lane % 2)))};
+  } else {
+    T v;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(words) + lane * sizeof(T);
+    auto* dst = reinterpret_cast<unsigned char*>(&v);
+    for (uint32_t k = 0; k < sizeof(T); ++k) dst[k] = bytes[k];
+    return v;
+  }
+}
+
+}  // namespace detail
 
 /// The binary operator of a reduction, on fp32 accumulators. kAvg sums; the
 /// division by the world size happens once, in finish().

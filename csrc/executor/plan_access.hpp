@@ -182,22 +182,11 @@ PYCCL_HOST_DEVICE uint32_t wordOf(const detail::Vec16& x, uint32_t w) {
   return static_cast<uint32_t>(w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w);
 }
 
-/// Lane `l` of a vector of T (the lane's word given), as fp32: shifts of the
-/// word, where byte copies (elementAt) compile to several byte extractions
-/// per lane. Lanes are in memory order (little-endian: lane 0 is the low half).
-template <typename T>
-PYCCL_HOST_DEVICE float laneOfWord(uint32_t word, uint32_t l) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "reductions are over 32- or 16-bit elements");
-  if constexpr (sizeof(T) == 4) {
-    return detail::bitsToFloat(word);
-  } else {
-    return ElementTraits<T>::toFloat(T{static_cast<uint16_t>(word >> (16 * (l % 2)))});
-  }
-}
-
-/// The word of T lanes[0, 4 / sizeof(T)) (fp32), rounded as fromFloat rounds; laneOfWord's inverse.
+/// The word of T lanes[0, 4 / sizeof(T)) (fp32), rounded as fromFloat rounds; detail::laneOf's inverse.
 template <typename T>
 PYCCL_HOST_DEVICE uint32_t wordOfLanes(const float* lanes) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>,
+                "reductions are over float32, float16 and bfloat16");
   if constexpr (sizeof(T) == 4) {
     return detail::floatToBits(lanes[0]);
   } else {
@@ -206,10 +195,12 @@ PYCCL_HOST_DEVICE uint32_t wordOfLanes(const float* lanes) {
   }
 }
 
-/// Lane `l` of a 16-byte vector of T, as fp32.
+/// Lane `l` of a 16-byte vector of T, as fp32 (its word by field, then detail::laneOf).
 template <typename T>
 PYCCL_HOST_DEVICE float laneOfVector(const detail::Vec16& x, uint32_t l) {
-  return laneOfWord<T>(wordOf(x, l / (4 / sizeof(T))), l);
+  constexpr uint32_t kPerWord = 4 / sizeof(T);
+  const uint32_t word = wordOf(x, l / kPerWord);
+  return ElementTraits<T>::toFloat(detail::laneOf<T>(&word, l % kPerWord));
 }
 
 /// The 16-byte vector of T holding `acc` (fp32 lanes, in memory order).

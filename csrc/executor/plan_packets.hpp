@@ -106,7 +106,7 @@ struct ResolvedPacketSources {
 /// The payload's lane `l` as fp32.
 template <typename T>
 PYCCL_HOST_DEVICE float laneAt(const uint32_t (&words)[2], uint32_t l) {
-  return laneOfWord<T>(words[l / (4 / sizeof(T))], l);
+  return ElementTraits<T>::toFloat(detail::laneOf<T>(words, l));
 }
 
 /// One batch: `out` = `start` reduced (`reduce`) with the packets of
