@@ -188,6 +188,19 @@ PYCCL_HOST_DEVICE T laneOf(const uint32_t* words, uint32_t lane) {
   }
 }
 
+/// The word of T lanes[0, 4 / sizeof(T)) (fp32), rounded as fromFloat rounds; laneOf's inverse.
+template <typename T>
+PYCCL_HOST_DEVICE uint32_t wordOfLanes(const float* lanes) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>,
+                "reductions are over float32, float16 and bfloat16");
+  if constexpr (sizeof(T) == 4) {
+    return floatToBits(lanes[0]);
+  } else {
+    return static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[0]).bits) |
+           static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[1]).bits) << 16;
+  }
+}
+
 }  // namespace detail
 
 /// The binary operator of a reduction, on fp32 accumulators. kAvg sums; the

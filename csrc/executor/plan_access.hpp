@@ -182,19 +182,6 @@ PYCCL_HOST_DEVICE uint32_t wordOf(const detail::Vec16& x, uint32_t w) {
   return static_cast<uint32_t>(w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w);
 }
 
-/// The word of T lanes[0, 4 / sizeof(T)) (fp32), rounded as fromFloat rounds; detail::laneOf's inverse.
-template <typename T>
-PYCCL_HOST_DEVICE uint32_t wordOfLanes(const float* lanes) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>,
-                "reductions are over float32, float16 and bfloat16");
-  if constexpr (sizeof(T) == 4) {
-    return detail::floatToBits(lanes[0]);
-  } else {
-    return static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[0]).bits) |
-           static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[1]).bits) << 16;
-  }
-}
-
 /// Lane `l` of a 16-byte vector of T, as fp32 (its word by field, then detail::laneOf).
 template <typename T>
 PYCCL_HOST_DEVICE float laneOfVector(const detail::Vec16& x, uint32_t l) {
@@ -208,10 +195,10 @@ template <typename T>
 PYCCL_HOST_DEVICE detail::Vec16 vectorOfLanes(const float (&acc)[16 / sizeof(T)]) {
   constexpr uint32_t kPerWord = 4 / sizeof(T);
   detail::Vec16 x;
-  x.x = static_cast<int>(wordOfLanes<T>(acc));
-  x.y = static_cast<int>(wordOfLanes<T>(acc + kPerWord));
-  x.z = static_cast<int>(wordOfLanes<T>(acc + 2 * kPerWord));
-  x.w = static_cast<int>(wordOfLanes<T>(acc + 3 * kPerWord));
+  x.x = static_cast<int>(detail::wordOfLanes<T>(acc));
+  x.y = static_cast<int>(detail::wordOfLanes<T>(acc + kPerWord));
+  x.z = static_cast<int>(detail::wordOfLanes<T>(acc + 2 * kPerWord));
+  x.w = static_cast<int>(detail::wordOfLanes<T>(acc + 3 * kPerWord));
   return x;
 }
 

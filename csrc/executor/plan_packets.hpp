@@ -147,7 +147,7 @@ PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const PlanContext& c, const PlanChu
     }
     uint32_t result[2];
     PYCCL_UNROLL
-    for (uint32_t w = 0; w < 2; ++w) result[w] = wordOfLanes<T>(acc + w * (4 / sizeof(T)));
+    for (uint32_t w = 0; w < 2; ++w) result[w] = detail::wordOfLanes<T>(acc + w * (4 / sizeof(T)));
     unpackPayload<LL16Packet>(outBase, i, bytes, result);
     PYCCL_UNROLL
     for (int d = 0; d < kResolvedOperands; ++d) {
