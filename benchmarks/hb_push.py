@@ -25,14 +25,13 @@ float64 sum of every rank's input.
 
 import argparse
 import json
-import statistics
 
 import torch
 
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph, align_trials_with, parse_bytes
+from pyccl.bench import align_trials_with, parse_bytes, size_label, time_in_turn
 
 M = 1 << 20
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -121,22 +120,14 @@ def body(rank, world, store, collectives, sizes):
                 fn()
                 torch.cuda.synchronize()
                 errors[name] = _error(coll, outs[name], expect)
-            times = {name: [] for name in calls}
-            for _ in range(ROUNDS):
-                for name, fn in calls.items():
-                    times[name].append(_time_graph(fn, _iters(nbytes), 5))
             rows.append({"collective": coll, "bytes": nbytes, "errors": errors,
-                         "us": {k: statistics.median(v) for k, v in times.items()}})
+                         "us": time_in_turn(calls, _iters(nbytes), ROUNDS)})
             del calls, outs, expect
     for e in engines.values():
         e.close()
     nccl.close()
     comm.close()
     return rows
-
-
-def _size(n: int) -> str:
-    return f"{n // M} MiB" if n >= M else f"{n >> 10} KiB"
 
 
 def main() -> None:
@@ -166,7 +157,7 @@ def main() -> None:
         for r in mine:
             us = r["us"]
             cells = " | ".join(f"{us[k]:.2f}" for k in names)
-            print(f"| {_size(r['bytes'])} | {cells} | {us['NCCL direct'] / us['push']:.2f} |")
+            print(f"| {size_label(r['bytes'])} | {cells} | {us['NCCL direct'] / us['push']:.2f} |")
             worst = max(r["errors"].values())
             if coll in ("all_reduce", "reduce_scatter"):
                 worst_error = max(worst_error, worst)

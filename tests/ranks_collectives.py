@@ -70,7 +70,7 @@ def random_cases(seed: int, count: int, max_elems: int):
         dtype = list(DTYPES.values())[i % 3]
         op = ops[(i // 3) % len(ops)]
         n = rng.choice([1, 2, 3, 7, 8, 9, 31, 255, 1000, 4097, rng.randrange(1, max_elems)])
-        algo = rng.choice([None, "1pa_ll", "2pa_ll", "2pa_hb"])
+        algo = rng.choice([None, "1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb"])
         cases.append((dtype, op, n, algo, rng.random() < 0.3, rng.choice([0, 0, 1, 3])))
     return cases
 
@@ -129,7 +129,7 @@ def back_to_back(rank, world, store, on_gpu, rounds, engine_options=None):
         x = per_rank[rank].to(device)
         inputs.append(x)
         refs.append(reference(per_rank, "sum"))
-        outputs.append(pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb", "2pa_ll"][r % 3]))
+        outputs.append(pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb", "2pa_ll", "1pa_hb"][r % 4]))
     bad = 0
     for y, ref in zip(outputs, refs):
         if not torch.allclose(y.cpu().to(torch.float64), ref, rtol=1e-5, atol=1e-5):
@@ -162,7 +162,7 @@ def graph_replays(rank, world, store, replays):
     """All-reduces captured in a CUDA graph (after one eager call), replayed
     with fresh inputs, with eager collectives of other sizes in between."""
     comm, device = _setup(store, rank, world, True)
-    sizes = {"1pa_ll": 3001, "2pa_ll": 100_003, "2pa_hb": 300_001}
+    sizes = {"1pa_ll": 3001, "2pa_ll": 100_003, "1pa_hb": 200_001, "2pa_hb": 300_001}
     xs = {a: torch.empty(n, device=device, dtype=torch.bfloat16) for a, n in sizes.items()}
     outs = {a: torch.empty_like(x) for a, x in xs.items()}
     for a in sizes:
@@ -200,7 +200,7 @@ def large_cases(rank, world, store, on_gpu, seed, n32=700_001, n16=1_300_003, en
     comm, device = _setup(store, rank, world, on_gpu, engine_options=engine_options)
     bad = []
     for i, dtype in enumerate(DTYPES.values()):
-        for algo in ("2pa_hb", "2pa_ll"):
+        for algo in ("2pa_hb", "2pa_ll", "1pa_hb"):
             for in_place in (False, True):
                 n = n32 if dtype == torch.float32 else n16
                 inputs = [rank_input(seed, 2 * i + in_place, r, n, dtype, "sum") for r in range(world)]
@@ -376,7 +376,7 @@ def mixed_back_to_back(rank, world, store, on_gpu, rounds, window=None):
         else:
             y = pyccl.reduce_scatter(x, comm=comm, algorithm=algo)
             expect = reference(per_rank, "sum")[rank * n:(rank + 1) * n].float()
-        z = pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb", "2pa_ll"][r % 3])
+        z = pyccl.all_reduce(x, comm=comm, algorithm=["1pa_ll", "2pa_hb", "2pa_ll", "1pa_hb"][r % 4])
         results.append((kind, y, expect, z, reference(per_rank, "sum")))
     bad += _check_mixed(results, rank, rounds - len(results))
     comm.close()
@@ -432,6 +432,7 @@ def graph_all_collectives(rank, world, store, replays):
         for n, x in xs.items():
             proto = "ll" if n == n_small else "hb"
             outs[("ar", n)] = pyccl.all_reduce(x, comm=comm, algorithm="1pa_ll" if n == n_small else "2pa_hb")
+            outs[("ar1", n)] = pyccl.all_reduce(x, comm=comm, algorithm="2pa_ll" if n == n_small else "1pa_hb")
             outs[("ag", n)] = pyccl.all_gather(x[:n], comm=comm, algorithm=proto)
             outs[("rs", n)] = pyccl.reduce_scatter(x, comm=comm, algorithm=proto)
             outs[("a2a", n)] = pyccl.all_to_all(x, comm=comm, algorithm=proto)
@@ -448,7 +449,7 @@ def graph_all_collectives(rank, world, store, replays):
         for n in xs:
             ins = gathered[n]
             chunk = slice(rank * n, (rank + 1) * n)
-            expect = {"ar": ins.sum(0), "ag": ins[:, :n].reshape(-1), "rs": ins.sum(0)[chunk],
+            expect = {"ar": ins.sum(0), "ar1": ins.sum(0), "ag": ins[:, :n].reshape(-1), "rs": ins.sum(0)[chunk],
                       "a2a": ins[:, chunk].reshape(-1), "bc": ins[world - 1]}
             for kind, ref in expect.items():
                 got = outs[(kind, n)].double()
@@ -529,7 +530,7 @@ def special_values(rank, world, store, on_gpu):
                 ref = x.clone()
                 dist.all_reduce(ref, op=getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(op, op.upper())))
                 expect = ref.cpu()
-            for algo in ("1pa_ll", "2pa_ll", "2pa_hb"):
+            for algo in ("1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb"):
                 got = pyccl.all_reduce(x, op=op, comm=comm, algorithm=algo).cpu()
                 same = (got.isnan() == expect.isnan()).all() and torch.equal(
                     torch.where(got.isnan(), 0, got).view(torch.int16 if got.element_size() == 2 else torch.int32),
@@ -540,3 +541,34 @@ def special_values(rank, world, store, on_gpu):
         dist.destroy_process_group()
     comm.close()
     return bad
+
+
+def engine_choices(rank, world, store):
+    """The automatic choice of an engine given a tuning table's kernel entries
+    (what the process group's engine gets), checked and run; and the table
+    errors, each naming its option."""
+    comm, device = _setup(store, rank, world, False)
+    choices = {"all_reduce": [(2048, "1pa_ll"), (16384, "1pa_hb"), (None, "2pa_ll")],
+               "all_gather": [(1024, "hb"), (None, "ll")]}
+    engine = pyccl._C.CollectiveEngine(comm._comm, kernel_choices=choices)
+    comm._engine = engine
+    picked = {n: engine.select(n) for n in (100, 2048, 2049, 16384, 1 << 20)}
+    picked.update({f"ag{n}": engine.select_exchange("all_gather", n) for n in (512, 4096)})
+    picked["rs"] = engine.select_exchange("reduce_scatter", 4096)  # no entries: the threshold rule
+    bad = []
+    for i, n in enumerate((300, 3000, 9000)):  # 1PA LL, 1PA HB, 2PA LL by the table
+        inputs = [rank_input(23, i, r, n, torch.float32, "sum") for r in range(world)]
+        y = pyccl.all_reduce(inputs[rank], comm=comm)
+        bad += check_reduction(comm, y, inputs, "sum", (n,))
+    errors = {}
+    for label, table in [("order", {"all_reduce": [(4096, "1pa_ll"), (1024, "2pa_hb")]}),
+                         ("name", {"all_reduce": [(None, "ring")]}),
+                         ("ll_max", {"all_reduce": [(1 << 30, "1pa_ll")]}),
+                         ("collective", {"gather": [(None, "ll")]})]:
+        try:
+            pyccl._C.CollectiveEngine(comm._comm, kernel_choices=table).close()
+            errors[label] = "accepted"
+        except ValueError as e:
+            errors[label] = str(e)
+    comm.close()
+    return picked, bad, errors

@@ -42,7 +42,7 @@ def symmetric_cases(rank, world, store, on_gpu, seed, count, max_elems, threshol
         n = rng.choice([1, 3, 8, 9, 31, 1000, 4097, rng.randrange(1, max_elems), max_elems])
         in_place = rng.random() < 0.5
         offset = rng.choice([0, 0, 1, 3])
-        algo = rng.choice([None, None, "2pa_hb", "1pa_ll", "2pa_ll"])
+        algo = rng.choice([None, None, "2pa_hb", "1pa_ll", "2pa_ll", "1pa_hb"])  # 1pa_hb: staged
         size = torch.tensor([], dtype=dtype).element_size()
         if algo == "1pa_ll" and n * size > engine.ll_max_bytes:
             algo = None

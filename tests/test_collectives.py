@@ -118,6 +118,29 @@ def test_zeros_infinities_and_nan():
         assert bad == [], bad[:3]
 
 
+def test_one_phase_hb_on_fewer_blocks_and_in_rounds():
+    # one_phase_hb_bytes_per_block: 1PA HB calls run on 1..4 of the 4 HB blocks
+    # (each block's counter then advances only when it runs), mixed with 2PA HB
+    # on all of them; 64 KiB HB pieces make most 1PA HB calls take several rounds.
+    seed = random.randrange(1 << 20)
+    options = {"hb_blocks": 4, "one_phase_hb_bytes_per_block": 8192, "hb_piece_bytes": 64 << 10}
+    for bad, record in run_ranks(rcol.all_reduce_cases, 3, args=(False, seed, 45, 40_000, options), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+    for bad in run_ranks(rcol.back_to_back, 3, args=(False, 24, options), timeout=300):
+        assert bad == 0
+
+
+def test_engine_takes_a_tables_kernel_choices():
+    for picked, bad, errors in run_ranks(rcol.engine_choices, 2, timeout=120):
+        assert picked == {100: "1pa_ll", 2048: "1pa_ll", 2049: "1pa_hb", 16384: "1pa_hb", 1 << 20: "2pa_ll",
+                          "ag512": "hb", "ag4096": "ll", "rs": "ll"}
+        assert bad == []
+        assert "'all_reduce_by_size'" in errors["order"] and "grow" in errors["order"]
+        assert "'all_reduce_by_size'" in errors["name"] and "ring" in errors["name"]
+        assert "'all_reduce_by_size'" in errors["ll_max"] and "ll_max_bytes" in errors["ll_max"]
+        assert "'exchange_by_size'" in errors["collective"] and "gather" in errors["collective"]
+
+
 def test_ll_calls_on_fewer_blocks_for_small_messages():
     # ll_packets_per_block: small LL calls run on 1..4 of the 4 blocks (each
     # block's counter then advances only when it runs).

@@ -164,3 +164,20 @@ def test_bench_csv_has_nccl_tests_columns(tmp_path):
     algbw = 4096 / 4e-6 / 1e9
     assert abs(float(rows[0]["algbw_GBps"]) - algbw) < 0.01
     assert abs(float(rows[0]["busbw_GBps"]) - algbw * 3 / 4) < 0.01
+
+
+def test_kernel_choices_leave_nccl_and_plans_to_the_caller():
+    # What the process group's engine chooses from: the kernel entries only, in order.
+    table = {"collectives": {
+        "all_reduce": [{"max_bytes": 4096, "algorithm": "1pa_ll"},
+                       {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8,
+                        "threads": 256},
+                       {"max_bytes": 8 << 20, "algorithm": "1pa_hb"},
+                       {"max_bytes": None, "algorithm": "nccl"}],
+        "all_gather": [{"max_bytes": None, "algorithm": "hb"}],
+        "reduce_scatter": [{"max_bytes": None, "algorithm": "nccl"}],
+        "all_reduce_symmetric": [{"max_bytes": None, "algorithm": "2pa_hb"}],
+    }}
+    assert tuning.kernel_choices(table) == {"all_reduce": [(4096, "1pa_ll"), (8 << 20, "1pa_hb")],
+                                            "all_gather": [(None, "hb")]}
+    assert tuning.kernel_choices(None) == {}

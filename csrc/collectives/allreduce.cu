@@ -1,4 +1,4 @@
-// The all-reduce kernels: dtype x op x {1PA LL, 2PA LL, 2PA HB, 2PA HB zero-copy}.
+// The all-reduce kernels: dtype x op x {1PA LL, 2PA LL, 1PA HB, 2PA HB, 2PA HB zero-copy}.
 #include <cuda_runtime.h>
 
 #include "collectives/collective_launch.hpp"
@@ -21,6 +21,13 @@ __global__ void __launch_bounds__(1024) allReduceLL2Kernel(CollectiveContext con
                                                            void* output, uint64_t count) {
   collectiveKernelPrologue();
   allReduceLL2<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+template <typename T, ReduceOp Op>
+__global__ void __launch_bounds__(1024) allReduceHB1Kernel(CollectiveContext context, const void* input,
+                                                           void* output, uint64_t count) {
+  collectiveKernelPrologue();
+  allReduceHB1<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
@@ -49,6 +56,9 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
     } else if (call.algorithm == AllReduceAlgorithm::kTwoPhaseLL) {
       launchCollectiveKernel(allReduceLL2Kernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
                              call.output, call.count);
+    } else if (call.algorithm == AllReduceAlgorithm::kOnePhaseHB) {
+      launchCollectiveKernel(allReduceHB1Kernel<T, Op>, context.hbActiveBlocks, launch, s, context, call.input,
+                             call.output, call.count);
     } else if (call.symmetric != nullptr) {
       launchCollectiveKernel(allReduceZeroCopyKernel<T, Op>, context.hbBlocks, launch, s, context, *call.symmetric,
                              call.count);
@@ -63,6 +73,7 @@ void allReduceKernels(std::vector<const void*>* out) {
   forEachReduction([&]<typename T, ReduceOp Op>() {
     for (const void* k : {reinterpret_cast<const void*>(allReduceLLKernel<T, Op>),
                           reinterpret_cast<const void*>(allReduceLL2Kernel<T, Op>),
+                          reinterpret_cast<const void*>(allReduceHB1Kernel<T, Op>),
                           reinterpret_cast<const void*>(allReduceHBKernel<T, Op>),
                           reinterpret_cast<const void*>(allReduceZeroCopyKernel<T, Op>)}) {
       out->push_back(k);

@@ -8,6 +8,12 @@
 //  - two-phase all-pairs with LL packets (2PA LL, mid-size messages): chunk q
 //    of the input goes to rank q as packets, rank q reduces it and sends the
 //    result to every rank as packets; half the traffic of 1PA, one more hop;
+//  - one-phase all-pairs with HB (1PA HB): each rank stores its whole input
+//    into every peer's staging, one barrier, and each rank reduces every
+//    rank's copy locally into its output. (N-1)/N times the traffic of 2PA
+//    per rank, half the barriers and no copy-out: on 2 ranks the traffic is
+//    the same, so it is 2PA HB with less work (vLLM's one-stage kernel on 2
+//    GPUs, with stores instead of loads);
 //  - two-phase all-pairs with HB (2PA HB), in rounds of a fixed size, two
 //    barriers each. Pull: stage the input in scratch, barrier, each rank
 //    reduces its 1/N chunk reading all peers at once (registers), barrier,
@@ -163,6 +169,28 @@ PYCCL_HOST_DEVICE uint64_t allReduceHBMaxCount(const CollectiveContext& c, uint6
 
 namespace detail {
 
+/// Runs `round(in, out, n, call)` over the message in rounds of at most
+/// `perRound` elements, each with its own call number from this block's
+/// counter, which then moves on past them. Stops after a round that returns
+/// false (a wait gave up; the same on every thread of the block).
+template <typename T, typename Round>
+PYCCL_HOST_DEVICE void runHBRounds(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                   uint64_t perRound, uint32_t block, uint32_t tid, Round&& round) {
+  const uint64_t before = c.hbCalls[block];
+  const auto* in = static_cast<const char*>(input);
+  auto* out = static_cast<char*>(output);
+  uint64_t rounds = 0;
+  bool ok = true;
+  for (uint64_t done = 0; ok && done < count; done += perRound) {
+    const uint64_t n = count - done < perRound ? count - done : perRound;
+    const uint64_t at = done * sizeof(T);
+    ++rounds;
+    ok = round(in + at, out + at, n, before + rounds);
+  }
+  syncBlock();
+  if (tid == 0) c.hbCalls[block] = before + rounds;
+}
+
 /// One HB round of `count` elements: chunk q (a 16-byte multiple, the last
 /// one short) belongs to rank q; block b handles sub-slice b of every chunk.
 struct HBRound {
@@ -254,21 +282,69 @@ PYCCL_HOST_DEVICE bool allReduceHBRound(const CollectiveContext& c, const char* 
 template <typename T, ReduceOp Op>
 PYCCL_HOST_DEVICE void allReduceHB(const CollectiveContext& c, const void* input, void* output, uint64_t count,
                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
-  const uint64_t perRound = allReduceHBMaxCount(c, sizeof(T));
-  const uint64_t before = c.hbCalls[block];
-  const auto* in = static_cast<const char*>(input);
-  auto* out = static_cast<char*>(output);
-  uint64_t rounds = 0;
-  bool ok = true;
-  // `ok` is the same on every thread of the block (blockBarrier), so all leave together.
-  for (uint64_t done = 0; ok && done < count; done += perRound) {
-    const uint64_t n = count - done < perRound ? count - done : perRound;
-    const uint64_t at = done * sizeof(T);
-    ++rounds;
-    ok = detail::allReduceHBRound<T, Op>(c, in + at, out + at, n, before + rounds, block, tid, numThreads);
+  detail::runHBRounds<T>(c, input, output, count, allReduceHBMaxCount(c, sizeof(T)), block, tid,
+                         [&](const char* in, char* out, uint64_t n, uint64_t call) {
+                           return detail::allReduceHBRound<T, Op>(c, in, out, n, call, block, tid, numThreads);
+                         });
+}
+
+
+/// Elements of `elementSize` bytes per 1PA HB round: one staging slot per block and rank.
+PYCCL_HOST_DEVICE uint64_t allReduceHB1MaxCount(const CollectiveContext& c, uint64_t elementSize) {
+  return static_cast<uint64_t>(c.hbActiveBlocks) * (c.hbSubBytes / elementSize);
+}
+
+namespace detail {
+
+/// 1PA HB round `call` of this block: its slice of the round (a 16-byte
+/// multiple of it, the last one short) goes into slot `rank` of every peer's
+/// staging (stores over NVLink; into this rank's own slot too when the input
+/// is not 16-byte aligned); barrier; the slice reduced from every rank's copy,
+/// all local, into the output.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE bool allReduceHB1Round(const CollectiveContext& c, const char* in, char* out, uint64_t count,
+                                         uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
+  constexpr uint64_t kVec = 16 / sizeof(T);
+  const uint32_t phase = static_cast<uint32_t>(call & 1);
+  const int world = c.worldSize;
+  const uint64_t perBlock = ((count + c.hbActiveBlocks - 1) / c.hbActiveBlocks + kVec - 1) / kVec * kVec;
+  const uint64_t b = block * perBlock < count ? block * perBlock : count;
+  const uint64_t e = b + perBlock < count ? b + perBlock : count;
+  const uint64_t bytes = (e - b) * sizeof(T);
+  const bool ownInPlace = (reinterpret_cast<uintptr_t>(in) & 15) == 0;
+  // Staggered so that the ranks' stores spread over the links.
+  for (int k = ownInPlace ? 1 : 0; k < world && bytes != 0; ++k) {
+    const int q = (c.rank + k) % world;
+    copyBytes(hbStaging(c, q, phase, block, c.rank), in + b * sizeof(T), bytes, tid, numThreads);
   }
-  syncBlock();
-  if (tid == 0) c.hbCalls[block] = before + rounds;
+  // Release this block's stores into the peers' staging; acquire theirs into this rank's. One barrier
+  // is enough for the two phases: a peer writes this phase again in call + 2, after the barrier of
+  // call + 1, which this rank reaches only once its reduction below is done.
+  const bool ok = blockBarrier(c, block, 2 * call, tid, numThreads);
+  if (ok && bytes != 0) {
+    const char* sources[kMaxCollectiveRanks];
+    for (int q = 0; q < world; ++q) sources[q] = hbStaging(c, c.rank, phase, block, q);
+    if (ownInPlace) sources[c.rank] = in + b * sizeof(T);
+    char* dst = out + b * sizeof(T);
+    reduceSources<T, Op>(sources, world, e - b, &dst, 1, tid, numThreads);
+  }
+  return ok;
+}
+
+}  // namespace detail
+
+/// 1PA HB all-reduce of `count` elements, block `block`'s share (of
+/// c.hbActiveBlocks): rounds of up to allReduceHB1MaxCount elements, each with
+/// its own call number and one barrier. In place is safe: only the thread
+/// that reads an element of the input writes that element of the output, and
+/// the stores into the peers read the input before the barrier.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void allReduceHB1(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
+  detail::runHBRounds<T>(c, input, output, count, allReduceHB1MaxCount(c, sizeof(T)), block, tid,
+                         [&](const char* in, char* out, uint64_t n, uint64_t call) {
+                           return detail::allReduceHB1Round<T, Op>(c, in, out, n, call, block, tid, numThreads);
+                         });
 }
 
 }  // namespace pyccl

@@ -36,7 +36,8 @@ struct CollectiveContext {
   uint64_t llBlockPackets;
   uint32_t llBlocks;        ///< blocks the LL layout has room for
   uint32_t llActiveBlocks;  ///< blocks this LL call runs on (<= llBlocks; the grid size)
-  uint32_t hbBlocks;
+  uint32_t hbBlocks;        ///< blocks the HB layout has room for (the grid of 2PA HB and the exchanges)
+  uint32_t hbActiveBlocks;  ///< blocks a 1PA HB call runs on (<= hbBlocks; the grid size)
   /// HB direction (2PA HB all-reduce and the HB exchanges): 0 pulls (each
   /// rank stages its own input and the receivers read it), 1 pushes (each
   /// rank stores chunk q straight into rank q's staging; the all-reduce's

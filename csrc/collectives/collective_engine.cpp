@@ -12,14 +12,26 @@ namespace {
 
 uint64_t roundDown(uint64_t x, uint64_t m) { return x / m * m; }
 
+/// Entries in increasing maxBytes (a last one of UINT64_MAX included), each passed to `check`.
+template <typename Choice, typename Check>
+void checkBySize(const std::vector<SizeChoice<Choice>>& table, const char* what, Check&& check) {
+  for (size_t i = 0; i < table.size(); ++i) {
+    PYCCL_CHECK_ARG(i == 0 || table[i].maxBytes > table[i - 1].maxBytes, what,
+                    "entries must grow in max bytes (entry ", i, " has ", table[i].maxBytes, " after ",
+                    table[i - 1].maxBytes, ")");
+    check(table[i].choice, table[i].maxBytes);
+  }
+}
+
 }  // namespace
 
 AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what) {
   if (name == "1pa_ll") return AllReduceAlgorithm::kOnePhaseLL;
   if (name == "2pa_ll") return AllReduceAlgorithm::kTwoPhaseLL;
   if (name == "2pa_hb") return AllReduceAlgorithm::kTwoPhaseHB;
+  if (name == "1pa_hb") return AllReduceAlgorithm::kOnePhaseHB;
   throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' is not an all-reduce algorithm (expected 1pa_ll, 2pa_ll or 2pa_hb)"));
+                               "' is not an all-reduce algorithm (expected 1pa_ll, 2pa_ll, 1pa_hb or 2pa_hb)"));
 }
 
 const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
@@ -27,6 +39,7 @@ const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
     case AllReduceAlgorithm::kOnePhaseLL: return "1pa_ll";
     case AllReduceAlgorithm::kTwoPhaseLL: return "2pa_ll";
     case AllReduceAlgorithm::kTwoPhaseHB: return "2pa_hb";
+    case AllReduceAlgorithm::kOnePhaseHB: return "1pa_hb";
   }
   return "?";
 }
@@ -114,8 +127,15 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
   // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (benchmarks/RESULTS.md).
   if (options_.llThresholdBytes == 0) options_.llThresholdBytes = host ? options_.llMaxBytes / 2 : (128u << 10);
-  if (options_.ll2ThresholdBytes == 0) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (1u << 20);
+  const bool ll2Default = options_.ll2ThresholdBytes == 0;
+  if (ll2Default) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (1u << 20);
   if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;
+  // 2 x H200: 1PA HB beats 2PA LL and 2PA HB from 1 MiB to 8 MiB (benchmarks/RESULTS.md). With the 2PA
+  // LL threshold at 1PA LL's, it takes over from 1PA LL.
+  if (options_.onePhaseHBMaxBytes == 0 && !host && world == 2) {
+    options_.onePhaseHBMaxBytes = 8u << 20;
+    if (ll2Default) options_.ll2ThresholdBytes = options_.llThresholdBytes;
+  }
   // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
   if (options_.zeroCopyMaxBytes == 0) options_.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
   // GPUs: two kernels above 128 KiB, where they beat the one-shot and the two-shot in a
@@ -152,6 +172,13 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   PYCCL_CHECK_ARG(options_.llBlocks <= 1024 && options_.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
   PYCCL_CHECK_ARG(options_.llThresholdBytes <= options_.llMaxBytes, "ll_threshold_bytes",
                   "must not exceed ll_max_bytes (", options_.llMaxBytes, ")");
+  checkBySize(options_.allReduceBySize, "all_reduce_by_size", [&](AllReduceAlgorithm a, uint64_t maxBytes) {
+    PYCCL_CHECK_ARG(a != AllReduceAlgorithm::kOnePhaseLL || maxBytes <= options_.llMaxBytes, "all_reduce_by_size",
+                    "takes 1pa_ll up to ", maxBytes, " bytes, past ll_max_bytes (", options_.llMaxBytes, ")");
+  });
+  for (const auto& table : options_.exchangeBySize) {
+    checkBySize(table, "exchange_by_size", [](Protocol, uint64_t) {});
+  }
 
   // Scratch layout (16-byte aligned regions).
   const uint64_t llBlockPackets =
@@ -182,6 +209,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   context_.llBlocks = options_.llBlocks;
   context_.llActiveBlocks = options_.llBlocks;
   context_.hbBlocks = options_.hbBlocks;
+  context_.hbActiveBlocks = options_.hbBlocks;
   context_.hbPush = options_.hbPush ? 1 : 0;
   context_.ll2Offset = llBytes;
   context_.hbStagingOffset = 2 * llBytes;
@@ -252,14 +280,34 @@ char* CollectiveEngine::peerPointer(const SymmetricBuffer& buffer, const void* p
   return static_cast<char*>(buffer.peers[q]->data()) + offset;
 }
 
+namespace {
+
+template <typename Choice>
+Choice bySize(const std::vector<SizeChoice<Choice>>& table, uint64_t bytes) {
+  for (const auto& entry : table) {
+    if (bytes <= entry.maxBytes) return entry.choice;
+  }
+  return table.back().choice;
+}
+
+}  // namespace
+
 AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes, bool symmetric) const {
   if (symmetric && bytes >= options_.zeroCopyThresholdBytes) return AllReduceAlgorithm::kTwoPhaseHB;
+  if (!options_.allReduceBySize.empty()) {
+    const AllReduceAlgorithm a = bySize(options_.allReduceBySize, bytes);
+    // A last 1PA LL entry goes on only as far as 1PA LL can (a table that hands larger messages to NCCL).
+    return a == AllReduceAlgorithm::kOnePhaseLL && bytes > options_.llMaxBytes ? AllReduceAlgorithm::kTwoPhaseHB : a;
+  }
   if (bytes <= options_.llThresholdBytes) return AllReduceAlgorithm::kOnePhaseLL;
   if (bytes <= options_.ll2ThresholdBytes) return AllReduceAlgorithm::kTwoPhaseLL;
+  if (bytes <= options_.onePhaseHBMaxBytes) return AllReduceAlgorithm::kOnePhaseHB;
   return AllReduceAlgorithm::kTwoPhaseHB;
 }
 
 Protocol CollectiveEngine::selectExchange(ExchangeKind kind, uint64_t bytes) const {
+  const auto& table = options_.exchangeBySize[static_cast<int>(kind)];
+  if (!table.empty()) return bySize(table, bytes);
   return bytes <= options_.exchangeLLThresholdBytes[static_cast<int>(kind)] ? Protocol::kLL : Protocol::kHB;
 }
 
@@ -275,6 +323,13 @@ CollectiveContext CollectiveEngine::contextFor(uint64_t llPackets) const {
   if (blocks > options_.llBlocks) blocks = options_.llBlocks;
   ctx.llActiveBlocks = static_cast<uint32_t>(blocks);
   return ctx;
+}
+
+uint32_t CollectiveEngine::onePhaseHBBlocksFor(uint64_t bytes) const {
+  const uint64_t perBlock = options_.onePhaseHBBytesPerBlock;
+  if (perBlock == 0) return context_.hbBlocks;
+  const uint64_t blocks = (bytes + perBlock - 1) / perBlock;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(blocks, 1, context_.hbBlocks));
 }
 
 uint32_t CollectiveEngine::llThreadsFor(const CollectiveContext& ctx, uint64_t llPackets) const {
@@ -338,6 +393,14 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
   if (algo == AllReduceAlgorithm::kTwoPhaseHB && options_.hbRoundsPerLaunch != 0) {
     piece = allReduceHBMaxCount(context_, elemSize) * options_.hbRoundsPerLaunch;
   }
+  // 1PA HB: the grid by the message's size; every piece of it runs on the same blocks.
+  const uint32_t hbActiveBlocks = algo == AllReduceAlgorithm::kOnePhaseHB ? onePhaseHBBlocksFor(bytes)
+                                                                         : context_.hbBlocks;
+  if (algo == AllReduceAlgorithm::kOnePhaseHB && options_.hbRoundsPerLaunch != 0) {
+    CollectiveContext sized = context_;
+    sized.hbActiveBlocks = hbActiveBlocks;
+    piece = allReduceHB1MaxCount(sized, elemSize) * options_.hbRoundsPerLaunch;
+  }
   for (uint64_t done = 0; done < count; done += piece) {
     AllReduceCall call{static_cast<const char*>(input) + done * elemSize, static_cast<char*>(output) + done * elemSize,
                        count - done < piece ? count - done : piece, dtype, op, algo};
@@ -348,9 +411,14 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     const uint64_t pairPackets = packetsFor<LL16Packet>(pairBytes);
     CollectiveContext ctx = contextFor(pairPackets);
     ctx.abort.call = tag;
+    ctx.hbActiveBlocks = hbActiveBlocks;
     uint32_t threads = 0;
     if (algo == AllReduceAlgorithm::kTwoPhaseHB) {
       threads = bytes >= options_.hbPieceBytes ? options_.hbLargeThreads : options_.hbThreads;
+    } else if (algo == AllReduceAlgorithm::kOnePhaseHB) {
+      // From one whole round of all blocks, as for 2PA HB (8 MiB on 2 x H200: 31.7 us on 512 threads, 33.3 on 256).
+      const uint64_t round = static_cast<uint64_t>(context_.hbBlocks) * context_.hbSubBytes;
+      threads = bytes >= round ? options_.hbLargeThreads : options_.hbThreads;
     } else {
       threads = llThreadsFor(ctx, pairPackets);
     }

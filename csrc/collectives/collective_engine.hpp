@@ -16,6 +16,13 @@
 
 namespace pyccl {
 
+/// One entry of a size table: messages of at most maxBytes (UINT64_MAX: any) take `choice`.
+template <typename Choice>
+struct SizeChoice {
+  uint64_t maxBytes;
+  Choice choice;
+};
+
 /// Defaults measured on 4 x H200 NVLink (bf16, CUDA graphs; benchmarks/RESULTS.md).
 struct CollectiveOptions {
   uint32_t llBlocks = 0;          ///< 0: default (64 on GPUs, 2 in host mode)
@@ -42,6 +49,16 @@ struct CollectiveOptions {
   /// All-reduce, automatic choice: 2PA LL up to here, 2PA HB above; 0: default
   /// (1 MiB on GPUs, llMaxBytes in host mode).
   uint64_t ll2ThresholdBytes = 0;
+  /// All-reduce, automatic choice: 1PA HB above ll2ThresholdBytes up to here;
+  /// 0: default (2 ranks on GPUs: 8 MiB, and 2PA LL's default range empty, as
+  /// 1PA HB sends what 2PA sends there with one barrier fewer; else never).
+  uint64_t onePhaseHBMaxBytes = 0;
+  /// All-reduce, automatic choice on plain buffers, where not empty (the
+  /// kernel entries of a tuning table): the first entry whose maxBytes covers
+  /// the message, the last entry beyond them all; in place of the thresholds.
+  std::vector<SizeChoice<AllReduceAlgorithm>> allReduceBySize;
+  /// The same for the exchanges (ExchangeKind order), in place of exchangeLLThresholdBytes.
+  std::vector<SizeChoice<Protocol>> exchangeBySize[4];
   /// All-gather, all-to-all, broadcast and reduce-scatter (ExchangeKind order),
   /// automatic choice: LL up to this many bytes of the whole buffer (nccl-tests'
   /// size); 0: default (GPUs: 512 KiB, broadcast 128 KiB; host: llMaxBytes / 2).
@@ -57,6 +74,9 @@ struct CollectiveOptions {
   /// Zero-copy all-reduces run on about (bytes per rank's chunk) / this many
   /// blocks, up to hbBlocks; 0: always on hbBlocks.
   uint64_t zeroCopyBytesPerBlock = 0;
+  /// 1PA HB all-reduces run on about (bytes of the message) / this many
+  /// blocks, up to hbBlocks; 0: always on hbBlocks.
+  uint64_t onePhaseHBBytesPerBlock = 0;
   /// Fused all-reduce + RMSNorm: blocks per row, one thread-block cluster (at
   /// most kFusedMaxSegments); 0: by the call (CollectiveEngine::fusedLaunchFor).
   uint32_t fusedSegments = 0;
@@ -165,6 +185,8 @@ class CollectiveEngine {
   /// blocks: whole warps for a block's share of the packets where that share
   /// is under a quarter of llThreads, else llThreads.
   uint32_t llThreadsFor(const CollectiveContext& ctx, uint64_t llPackets) const;
+  /// The grid of a 1PA HB all-reduce of `bytes` (onePhaseHBBytesPerBlock).
+  uint32_t onePhaseHBBlocksFor(uint64_t bytes) const;
 
   CollectiveOptions options_;
   CollectiveContext context_{};

@@ -15,7 +15,7 @@
 
 namespace pyccl {
 
-enum class AllReduceAlgorithm : uint32_t { kOnePhaseLL = 0, kTwoPhaseHB = 1, kTwoPhaseLL = 2 };
+enum class AllReduceAlgorithm : uint32_t { kOnePhaseLL = 0, kTwoPhaseHB = 1, kTwoPhaseLL = 2, kOnePhaseHB = 3 };
 
 /// The protocol of an exchange (all-gather, all-to-all, broadcast, reduce-scatter).
 enum class Protocol : uint32_t { kLL = 0, kHB = 1 };

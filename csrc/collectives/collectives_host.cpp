@@ -82,15 +82,20 @@ void addRMSNormHost(const AddRMSNormCall& call) {
 }
 
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) {
-  const bool hb = call.algorithm == AllReduceAlgorithm::kTwoPhaseHB;
+  uint32_t blocks = context.llActiveBlocks;
+  if (call.algorithm == AllReduceAlgorithm::kTwoPhaseHB) blocks = context.hbBlocks;
+  if (call.algorithm == AllReduceAlgorithm::kOnePhaseHB) blocks = context.hbActiveBlocks;
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
-    runBlocks(hb ? context.hbBlocks : context.llActiveBlocks, [&](uint32_t b) {
+    runBlocks(blocks, [&](uint32_t b) {
       switch (call.algorithm) {
         case AllReduceAlgorithm::kOnePhaseLL:
           allReduceLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
         case AllReduceAlgorithm::kTwoPhaseLL:
           allReduceLL2<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          break;
+        case AllReduceAlgorithm::kOnePhaseHB:
+          allReduceHB1<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
         case AllReduceAlgorithm::kTwoPhaseHB:
           if (call.symmetric != nullptr) {

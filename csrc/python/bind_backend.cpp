@@ -14,8 +14,10 @@ void bindBackend(py::module_& m) {
       [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, int64_t timeoutMs, const std::string& name,
          int cudaDevice, const std::vector<uint64_t>& delegateMinBytes,
          std::optional<py::function> delegateFactory,
-         std::optional<py::function> acrossNodes) -> c10::intrusive_ptr<c10d::Backend> {
+         std::optional<py::function> acrossNodes,
+         const KernelChoices& kernelChoices) -> c10::intrusive_ptr<c10d::Backend> {
         BackendOptions o;
+        applyKernelChoices(o.gpuEngine, kernelChoices);
         o.name = name;
         o.timeout = std::chrono::milliseconds(timeoutMs);
         o.cudaDevice = cudaDevice;
@@ -65,7 +67,7 @@ void bindBackend(py::module_& m) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
       py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate_factory") = std::nullopt,
-      py::arg("across_nodes") = std::nullopt);
+      py::arg("across_nodes") = std::nullopt, py::arg("kernel_choices") = KernelChoices{});
 }
 
 }  // namespace pyccl

@@ -19,6 +19,22 @@ std::optional<Protocol> protocolArg(const std::optional<std::string>& name) {
 
 }  // namespace
 
+void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices) {
+  for (const auto& [collective, entries] : choices) {
+    auto maxBytes = [](const std::optional<uint64_t>& m) { return m ? *m : UINT64_MAX; };
+    if (collective == "all_reduce") {
+      o.allReduceBySize.clear();
+      for (const auto& [m, name] : entries) {
+        o.allReduceBySize.push_back({maxBytes(m), parseAllReduceAlgorithm(name, "all_reduce_by_size")});
+      }
+      continue;
+    }
+    auto& table = o.exchangeBySize[static_cast<int>(parseExchangeKind(collective, "exchange_by_size"))];
+    table.clear();
+    for (const auto& [m, name] : entries) table.push_back({maxBytes(m), parseProtocol(name, "exchange_by_size")});
+  }
+}
+
 void bindCollectives(py::module_& m) {
   // The host-mode fp32 -> fp16/bf16 conversions, exposed for tests.
   m.def("_round_trip_16bit", [](const at::Tensor& x, py::object dtype) {
@@ -42,7 +58,9 @@ void bindCollectives(py::module_& m) {
                        uint64_t zeroCopyThresholdBytes, uint32_t zeroCopyThreads, uint64_t zeroCopyBytesPerBlock,
                        uint32_t hbRoundsPerLaunch, bool hbPush, uint32_t hbLargeThreads,
                        uint64_t zeroCopyMaxBytes, uint32_t fusedSegments, uint32_t fusedThreads,
-                       uint64_t fusedTwoShotBytes, uint64_t fusedTwoKernelMinBytes) {
+                       uint64_t fusedTwoShotBytes, uint64_t fusedTwoKernelMinBytes,
+                       uint64_t onePhaseHBBytesPerBlock, uint64_t onePhaseHBMaxBytes,
+                       const KernelChoices& kernelChoices) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -65,6 +83,9 @@ void bindCollectives(py::module_& m) {
              o.fusedThreads = fusedThreads;
              o.fusedTwoShotBytes = fusedTwoShotBytes;
              o.fusedTwoKernelMinBytes = fusedTwoKernelMinBytes;
+             o.onePhaseHBBytesPerBlock = onePhaseHBBytesPerBlock;
+             o.onePhaseHBMaxBytes = onePhaseHBMaxBytes;
+             applyKernelChoices(o, kernelChoices);
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
                              "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
@@ -84,7 +105,8 @@ void bindCollectives(py::module_& m) {
            py::arg("hb_rounds_per_launch") = 0, py::arg("hb_push") = true,
            py::arg("hb_large_threads") = 512, py::arg("zero_copy_max_bytes") = 0, py::arg("fused_segments") = 0,
            py::arg("fused_threads") = 0, py::arg("fused_two_shot_bytes") = 0,
-           py::arg("fused_two_kernel_min_bytes") = 0,
+           py::arg("fused_two_kernel_min_bytes") = 0, py::arg("one_phase_hb_bytes_per_block") = 0,
+           py::arg("one_phase_hb_max_bytes") = 0, py::arg("kernel_choices") = KernelChoices{},
            py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),

@@ -2,7 +2,21 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectives/collective_engine.hpp"
+
 namespace pyccl {
+
+/// A tuning table's kernel entries per collective ("all_reduce", "all_gather", ...): (max bytes or None, name).
+using KernelChoices = std::map<std::string, std::vector<std::pair<std::optional<uint64_t>, std::string>>>;
+/// Sets `o`'s allReduceBySize and exchangeBySize from `choices`; names an unknown collective or algorithm.
+void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices);
+
 void bindCommunicator(pybind11::module_& m);
 void bindTensors(pybind11::module_& m);
 void bindSelftest(pybind11::module_& m);

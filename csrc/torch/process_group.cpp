@@ -257,7 +257,7 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
                                       << "reduce_scatter run across nodes, the other ops on the delegate");
     return lane;
   }
-  lane.engine = std::make_unique<CollectiveEngine>(*lane.comm, CollectiveOptions{});
+  lane.engine = std::make_unique<CollectiveEngine>(*lane.comm, device >= 0 ? options_.gpuEngine : CollectiveOptions{});
   return lane;
 }
 

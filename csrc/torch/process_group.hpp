@@ -50,6 +50,8 @@ struct BackendOptions {
   /// reduce_scatter_tensor (the other ops go to the delegate). Null: such a
   /// group is refused, as the collective engine needs every peer in reach.
   AcrossNodesRunner acrossNodes;
+  /// The options of the GPU lane's collective engine (the tuning table's kernel choices).
+  CollectiveOptions gpuEngine;
 };
 
 class PycclBackend : public c10d::Backend {

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._logging import logger
+from .tuning import kernel_choices
 
 __all__ = ["register"]
 
@@ -125,7 +126,7 @@ def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
         return _delegate(store, rank, size, timeout, dev)
 
     return _C._make_backend(store, rank, size, int(timeout.total_seconds() * 1000), name, device, thresholds,
-                            delegate, _across_nodes_runner())
+                            delegate, _across_nodes_runner(), kernel_choices(table))
 
 
 def register() -> None:

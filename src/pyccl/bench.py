@@ -116,13 +116,30 @@ def _time_graph(fn, iters: int, trials: int) -> float:
     return statistics.median(times)
 
 
+def time_in_turn(calls: dict, iters: int, rounds: int, trials: int = 5) -> dict:
+    """{name: median µs per call} of each of `calls` (see _time_graph), the
+    calls timed one after another `rounds` times, so that drift between the
+    rounds reaches every call alike."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(_time_graph(fn, iters, trials))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def size_label(n: int) -> str:
+    """`n` bytes as "4 KiB" / "16 MiB" (powers of two)."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
 # Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
 _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
                "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
                "broadcast": lambda w: 1.0}
 # Every timing column a row may have, in table order.
-_COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_2pa_hb", "pyccl_ll",
-            "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
+_COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_1pa_hb", "pyccl_2pa_hb",
+            "pyccl_ll", "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "nccl_direct", "nccl", "symm_one_shot",
+            "symm_two_shot")
 
 
 def _tensors(collective, nbytes, world, dtype, device, rank):

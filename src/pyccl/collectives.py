@@ -287,9 +287,9 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         group: a torch process group (default: the world).
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.
         comm: a pyccl Communicator to use instead of ``group``.
-        algorithm: "1pa_ll", "2pa_ll", "2pa_hb" or "nccl" to force one (default: ``PYCCL_ALGO``,
+        algorithm: "1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb" or "nccl" to force one (default: ``PYCCL_ALGO``,
             else by size on GPUs: the tuning table for the GPU and world size, or 1PA LL up to
-            128 KiB, 2PA LL up to 1 MiB, 2PA HB above, and from ``NCCL_MIN_BYTES`` (16 MiB;
+            128 KiB, 2PA LL up to 1 MiB (2 ranks: 1PA HB up to 8 MiB), 2PA HB above, and from ``NCCL_MIN_BYTES`` (16 MiB;
             ``PYCCL_NCCL_MIN_BYTES``) the group's NCCL backend when it has one). When ``tensor``
             and ``out`` both lie in symmetric buffers (:func:`pyccl.symmetric_empty`), 2PA HB
             reads and writes the peers' buffers directly (no scratch), and is the default from

@@ -34,9 +34,9 @@ TABLE_VERSION = 1
 # What each collective can be tuned (and forced) to: pyccl's kernels, each a
 # forced column of pyccl.bench, and NCCL.
 CANDIDATES: Dict[str, tuple] = {
-    "all_reduce": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
+    "all_reduce": ("1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb", "nccl"),
     # Input and output in symmetric buffers: 2PA HB runs zero-copy there.
-    "all_reduce_symmetric": ("1pa_ll", "2pa_ll", "2pa_hb", "nccl"),
+    "all_reduce_symmetric": ("1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb", "nccl"),
     "all_gather": ("ll", "hb", "nccl"),
     "reduce_scatter": ("ll", "hb", "nccl"),
     "all_to_all": ("ll", "hb", "nccl"),
@@ -170,6 +170,21 @@ def select(table: Optional[dict], collective: str, nbytes: int) -> Optional[str]
     plan: see :func:`select_entry`), or None."""
     entry = select_entry(table, collective, nbytes)
     return None if entry is None else entry["algorithm"]
+
+
+def kernel_choices(table: Optional[dict]) -> Dict[str, List[tuple]]:
+    """The table's kernel entries per collective, as ``(max_bytes, algorithm)``
+    (for a collective engine's automatic choice, e.g. the process group's):
+    NCCL and plan entries are left out, so a size they cover takes the next
+    kernel entry (the process group hands sizes from :func:`nccl_from` on to
+    NCCL itself)."""
+    choices: Dict[str, List[tuple]] = {}
+    for collective in COLLECTIVES:
+        entries = [(e["max_bytes"], e["algorithm"]) for e in (table or {}).get("collectives", {}).get(collective, ())
+                   if e["algorithm"] in CANDIDATES[collective] and e["algorithm"] != "nccl"]
+        if entries:
+            choices[collective] = entries
+    return choices
 
 
 # nccl_from's answer for a table that keeps every size of a collective off NCCL.
