@@ -572,3 +572,12 @@ def engine_choices(rank, world, store):
             errors[label] = str(e)
     comm.close()
     return picked, bad, errors
+
+
+def engine_choice_by_size(rank, world, store):
+    """The automatic choice of a new communicator's own engine, at a few sizes."""
+    comm, _ = _setup(store, rank, world, False)
+    picked = {n: comm._engine.select(n) for n in (512, 4096, 40_000)}
+    picked["ag"] = comm._engine.select_exchange("all_gather", 512)
+    comm.close()
+    return picked

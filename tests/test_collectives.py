@@ -1,5 +1,6 @@
 """Collectives in host mode (CPU processes): the algorithms' logic in CI."""
 
+import json
 import random
 
 import pytest
@@ -139,6 +140,22 @@ def test_engine_takes_a_tables_kernel_choices():
         assert "'all_reduce_by_size'" in errors["name"] and "ring" in errors["name"]
         assert "'all_reduce_by_size'" in errors["ll_max"] and "ll_max_bytes" in errors["ll_max"]
         assert "'exchange_by_size'" in errors["collective"] and "gather" in errors["collective"]
+
+
+def test_a_communicators_engine_follows_the_tuning_table(tmp_path):
+    # The engine's own choice (the fused all-reduce's two-kernel path uses it) takes the table's kernels.
+    table = {"version": 1, "gpu": "host", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",
+             "collectives": {"all_reduce": [{"max_bytes": 1024, "algorithm": "2pa_ll"},
+                                            {"max_bytes": 8192, "algorithm": "1pa_hb"},
+                                            {"max_bytes": None, "algorithm": "nccl"}],
+                             "all_gather": [{"max_bytes": None, "algorithm": "hb"}]}}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    for picked in run_ranks(rcol.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": str(path)}):
+        # Past the last kernel entry (NCCL's, where a group has NCCL), 1PA HB goes on.
+        assert picked == {512: "2pa_ll", 4096: "1pa_hb", 40_000: "1pa_hb", "ag": "hb"}
+    for picked in run_ranks(rcol.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": "none"}):
+        assert picked == {512: "1pa_ll", 4096: "1pa_ll", 40_000: "2pa_ll", "ag": "ll"}  # host-mode defaults
 
 
 def test_ll_calls_on_fewer_blocks_for_small_messages():

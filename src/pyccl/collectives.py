@@ -52,7 +52,7 @@ def _engine(comm: Communicator) -> "_C.CollectiveEngine":
             raise InvalidArgumentError(
                 f"communicator {comm.name} was made with collectives=False and cannot set them up while a CUDA "
                 "graph is being captured; make it with collectives=True (the default) before capturing")
-        engine = _C.CollectiveEngine(comm._comm)  # raises UnsupportedError where collectives cannot run
+        engine = new_engine(comm._comm, comm.device, comm.world_size)  # UnsupportedError where it cannot run
         comm._engine = engine
         logger.info("communicator %s: collective engine ready", comm.name)
     return engine
@@ -188,6 +188,13 @@ def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[
             gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "host"
             _tables[key] = tuning.load_table(gpu, world, str(dtype).split(".")[-1])
         return _tables[key]
+
+
+def new_engine(native: "_C.Communicator", device: torch.device, world: int) -> "_C.CollectiveEngine":
+    """A collective engine for `native` whose own automatic choice (the one the
+    fused all-reduce + RMSNorm and the symmetric fallback use) follows the
+    tuning table's kernel entries where a table matches."""
+    return _C.CollectiveEngine(native, kernel_choices=tuning.kernel_choices(table_for(device, world, torch.bfloat16)))
 
 
 # The collectives that run on communicators spanning nodes (pyccl.across_nodes).

@@ -102,7 +102,9 @@ class Communicator:
         self._collectives_error: Optional[str] = None
         if collectives:
             try:
-                self._engine = _C.CollectiveEngine(self._comm)
+                from .collectives import new_engine  # collectives imports this module
+
+                self._engine = new_engine(self._comm, self.device, world_size)
             except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
                 self._collectives_error = str(e)
 
