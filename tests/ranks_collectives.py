@@ -581,3 +581,17 @@ def engine_choice_by_size(rank, world, store):
     picked["ag"] = comm._engine.select_exchange("all_gather", 512)
     comm.close()
     return picked
+
+
+def group_communicator_with_a_table(rank, world, store):
+    """pyccl.all_reduce on a torch group's communicator, made on the first call
+    while a tuning table is in force (the new engine looks it up)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    inputs = [rank_input(31, 0, r, 3000, torch.float32, "sum") for r in range(world)]
+    y = pyccl.all_reduce(inputs[rank].clone())
+    ok = torch.allclose(y.to(torch.float64), reference(inputs, "sum"), rtol=1e-5, atol=1e-4)
+    choice = pyccl.collectives.communicator_for(None, torch.device("cpu"))._engine.select(4096)
+    dist.destroy_process_group()
+    return ok, choice

@@ -158,6 +158,17 @@ def test_a_communicators_engine_follows_the_tuning_table(tmp_path):
         assert picked == {512: "1pa_ll", 4096: "1pa_ll", 40_000: "2pa_ll", "ag": "ll"}  # host-mode defaults
 
 
+def test_a_groups_communicator_is_made_under_a_tuning_table(tmp_path):
+    # communicator_for makes the group's communicator under its lock, and the new engine looks up
+    # the table: the lookup must not wait on that lock.
+    table = {"version": 1, "gpu": "host", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",
+             "collectives": {"all_reduce": [{"max_bytes": None, "algorithm": "1pa_hb"}]}}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    out = run_ranks(rcol.group_communicator_with_a_table, 2, timeout=60, env={"PYCCL_TUNING_FILE": str(path)})
+    assert out == [(True, "1pa_hb")] * 2
+
+
 def test_ll_calls_on_fewer_blocks_for_small_messages():
     # ll_packets_per_block: small LL calls run on 1..4 of the 4 blocks (each
     # block's counter then advances only when it runs).

@@ -173,6 +173,8 @@ def _direct_nccl(comm: Communicator, group: Optional[dist.ProcessGroup], device:
 
 
 _tables: Dict[Tuple[torch.device, int, torch.dtype], Optional[dict]] = {}
+# Its own lock: communicator_for holds _lock while a new communicator's engine looks its table up.
+_tables_lock = threading.Lock()
 
 
 def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[dict]:
@@ -183,7 +185,7 @@ def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[
     if device.type != "cuda" and not os.environ.get("PYCCL_TUNING_FILE"):
         return None
     key = (device, world, dtype)
-    with _lock:
+    with _tables_lock:
         if key not in _tables:
             gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "host"
             _tables[key] = tuning.load_table(gpu, world, str(dtype).split(".")[-1])
