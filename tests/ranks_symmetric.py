@@ -105,7 +105,8 @@ def graph_replays(rank, world, store, replays):
     before = comm._engine.zero_copy_calls
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        pyccl.all_reduce(x, out=y, comm=comm)
+        # Forced: the tables choose 1PA HB (staged) at this size on 2 GPUs.
+        pyccl.all_reduce(x, out=y, comm=comm, algorithm="2pa_hb")
     bad = []
     if comm._engine.zero_copy_calls != before + 1:
         bad.append("the captured call did not run zero-copy")

@@ -136,9 +136,8 @@ PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* inpu
   for (uint64_t i = lo + tid; i < hi; i += numThreads) {
     float acc[kLanes] = {};
     detail::reduceArrivingPacket<T, Op>(c, phase, block, lo, i, in + c.rank * chunkStride, myBytes, flag, ok, acc);
-    uint32_t result[2];
-    T* lanes = reinterpret_cast<T*>(result);
-    for (uint32_t l = 0; l < kLanes; ++l) lanes[l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], world));
+    for (uint32_t l = 0; l < kLanes; ++l) acc[l] = Reducer<Op>::finish(acc[l], world);
+    uint32_t result[2] = {detail::wordOfLanes<T>(acc), detail::wordOfLanes<T>(acc + kLanes / 2)};
     for (int k = 1; k < world; ++k) {
       detail::ll2Packets(c, (c.rank + k) % world, phase, c.rank, block)[i - lo].write(result, flag);
     }

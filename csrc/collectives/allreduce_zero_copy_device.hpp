@@ -75,9 +75,8 @@ PYCCL_HOST_DEVICE void allReduceZeroCopy(const CollectiveContext& c, const Symme
           acc[l] = q == 0 ? x : Reducer<Op>::apply(acc[l], x);
         }
       }
-      detail::Vec16 packed;
-      T* lanes = reinterpret_cast<T*>(&packed);
-      for (uint32_t l = 0; l < kVec; ++l) lanes[l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], world));
+      for (uint32_t l = 0; l < kVec; ++l) acc[l] = Reducer<Op>::finish(acc[l], world);
+      const detail::Vec16 packed = detail::vectorOfLanes<T>(acc);
       // Staggered so that the ranks' stores spread over the links.
       for (int k = 0; k < world; ++k) {
         const int q = (c.rank + k) % world;

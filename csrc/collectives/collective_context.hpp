@@ -212,14 +212,13 @@ PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint
         acc[l] = q == 0 ? x : Reducer<Op>::apply(acc[l], x);
       }
     }
-    Vec16 packed;
-    T* lanes = reinterpret_cast<T*>(&packed);
-    for (uint32_t l = 0; l < kVec; ++l) lanes[l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], world));
+    for (uint32_t l = 0; l < kVec; ++l) acc[l] = Reducer<Op>::finish(acc[l], world);
+    const Vec16 packed = vectorOfLanes<T>(acc);
     auto store = [&](char* d, bool aligned) {
       if (aligned) {
         reinterpret_cast<Vec16*>(d)[v] = packed;
       } else {
-        for (uint32_t l = 0; l < kVec; ++l) reinterpret_cast<T*>(d)[v * kVec + l] = lanes[l];
+        for (uint32_t l = 0; l < kVec; ++l) reinterpret_cast<T*>(d)[v * kVec + l] = ElementTraits<T>::fromFloat(acc[l]);
       }
     };
     for (int d = 0; d < numDsts; ++d) store(dsts[d], (alignedDsts >> d) & 1);

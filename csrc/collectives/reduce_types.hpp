@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "channels/copy_device.hpp"  // Vec16
 #include "channels/device_common.hpp"
 
 #if defined(__CUDACC__)
@@ -199,6 +200,31 @@ PYCCL_HOST_DEVICE uint32_t wordOfLanes(const float* lanes) {
     return static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[0]).bits) |
            static_cast<uint32_t>(ElementTraits<T>::fromFloat(lanes[1]).bits) << 16;
   }
+}
+
+/// Word `w` of a vector, read by field (no cast, so no aliasing question).
+PYCCL_HOST_DEVICE uint32_t wordOf(const Vec16& x, uint32_t w) {
+  return static_cast<uint32_t>(w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w);
+}
+
+/// Lane `l` of a 16-byte vector of T, as fp32 (its word by field, then laneOf).
+template <typename T>
+PYCCL_HOST_DEVICE float laneOfVector(const Vec16& x, uint32_t l) {
+  constexpr uint32_t kPerWord = 4 / sizeof(T);
+  const uint32_t word = wordOf(x, l / kPerWord);
+  return ElementTraits<T>::toFloat(laneOf<T>(&word, l % kPerWord));
+}
+
+/// The 16-byte vector of T holding `acc` (fp32 lanes, in memory order).
+template <typename T>
+PYCCL_HOST_DEVICE Vec16 vectorOfLanes(const float (&acc)[16 / sizeof(T)]) {
+  constexpr uint32_t kPerWord = 4 / sizeof(T);
+  Vec16 x;
+  x.x = static_cast<int>(wordOfLanes<T>(acc));
+  x.y = static_cast<int>(wordOfLanes<T>(acc + kPerWord));
+  x.z = static_cast<int>(wordOfLanes<T>(acc + 2 * kPerWord));
+  x.w = static_cast<int>(wordOfLanes<T>(acc + 3 * kPerWord));
+  return x;
 }
 
 }  // namespace detail

@@ -63,12 +63,12 @@ PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, ui
       for (int b = 0; b < LoadBatch && k0 + b < numInputs; ++b) {
         PYCCL_UNROLL
         for (uint32_t l = 0; l < kVec; ++l) {
-          const float x = laneOfVector<T>(raw[b], l);
+          const float x = detail::laneOfVector<T>(raw[b], l);
           acc[l] = k0 + b == 0 ? x : reduce(acc[l], x);
         }
       }
     }
-    const detail::Vec16 packed = vectorOfLanes<T>(acc);
+    const detail::Vec16 packed = detail::vectorOfLanes<T>(acc);
     storeVec(dst, v, packed);
     for (int e = 0; e < numExtra; ++e) storeVec(extra[e], v, packed);
   }
