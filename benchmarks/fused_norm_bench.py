@@ -19,7 +19,6 @@ launch shape (one engine each), one-shot and two-shot.
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -27,7 +26,7 @@ import torch.distributed as dist
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph, align_trials_with
+from pyccl.bench import _time_graph, align_trials_with, time_in_turn
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 ITERS, TRIALS, ROUNDS = 20, 7, 5
@@ -95,12 +94,8 @@ def body(rank, world, store, hidden, sweep, engine_options):
                         torch.allclose(out2.float(), out.float(), rtol=2e-2, atol=5e-2)):
                     raise AssertionError(f"{name} at {tokens} tokens differs from pyccl + torch: "
                                          f"{(out2.float() - out.float()).abs().max().item():.3g}")
-        times = {name: [] for name in variants}
-        for _ in range(ROUNDS):
-            for name, fn in variants.items():
-                times[name].append(_time_graph(fn, ITERS, TRIALS))
         row = {"tokens": tokens, "bytes": x.numel() * 2, "algo": comm._engine.select_fused(tokens, hidden * 2)}
-        row.update({name: statistics.median(ts) for name, ts in times.items()})
+        row.update(time_in_turn(variants, ITERS, ROUNDS, trials=TRIALS))
         rows.append(row)
         for (segments, threads), other in sweepers.items():
             for algo in ("one_shot", "two_shot"):

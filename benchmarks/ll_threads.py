@@ -10,13 +10,12 @@ only where the shares are larger.
 """
 
 import argparse
-import statistics
 
 import torch
 
 import pyccl
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph, align_trials_with
+from pyccl.bench import align_trials_with, time_in_turn
 
 K = 1024
 CASES = (("1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K)), ("2pa_ll", (64 * K, 256 * K, 1024 * K)))
@@ -36,14 +35,11 @@ def body(rank, world, store):
         for n in sizes:
             x = torch.randn(n // 2, device=device).to(torch.bfloat16)
             y = torch.empty_like(x)
-            times = {t: [] for t in LIMITS}
-            for _ in range(ROUNDS):
-                for t in LIMITS:
-                    def call(t=t):
-                        comm._engine = engines[t]
-                        pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
-                    times[t].append(_time_graph(call, 20, 7))
-            rows.append((algo, n, {t: statistics.median(v) for t, v in times.items()}))
+
+            def call(t):
+                comm._engine = engines[t]
+                pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
+            rows.append((algo, n, time_in_turn({t: lambda t=t: call(t) for t in LIMITS}, 20, ROUNDS, trials=7)))
     for t in LIMITS[1:]:
         engines[t].close()
     comm._engine = engines[LIMITS[0]]  # comm.close() closes the one in use

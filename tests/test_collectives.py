@@ -142,16 +142,22 @@ def test_engine_takes_a_tables_kernel_choices():
         assert "'exchange_by_size'" in errors["collective"] and "gather" in errors["collective"]
 
 
-def test_a_communicators_engine_follows_the_tuning_table(tmp_path):
-    # The engine's own choice (the fused all-reduce's two-kernel path uses it) takes the table's kernels.
+def _table_file(tmp_path, collectives: dict) -> str:
+    """A 2-rank host tuning table with `collectives`' entries, written under tmp_path."""
     table = {"version": 1, "gpu": "host", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",
-             "collectives": {"all_reduce": [{"max_bytes": 1024, "algorithm": "2pa_ll"},
-                                            {"max_bytes": 8192, "algorithm": "1pa_hb"},
-                                            {"max_bytes": None, "algorithm": "nccl"}],
-                             "all_gather": [{"max_bytes": None, "algorithm": "hb"}]}}
+             "collectives": collectives}
     path = tmp_path / "table.json"
     path.write_text(json.dumps(table))
-    for picked in run_ranks(rcol.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": str(path)}):
+    return str(path)
+
+
+def test_a_communicators_engine_follows_the_tuning_table(tmp_path):
+    # The engine's own choice (the fused all-reduce's two-kernel path uses it) takes the table's kernels.
+    path = _table_file(tmp_path, {"all_reduce": [{"max_bytes": 1024, "algorithm": "2pa_ll"},
+                                                 {"max_bytes": 8192, "algorithm": "1pa_hb"},
+                                                 {"max_bytes": None, "algorithm": "nccl"}],
+                                  "all_gather": [{"max_bytes": None, "algorithm": "hb"}]})
+    for picked in run_ranks(rcol.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": path}):
         # Past the last kernel entry (NCCL's, where a group has NCCL), 1PA HB goes on.
         assert picked == {512: "2pa_ll", 4096: "1pa_hb", 40_000: "1pa_hb", "ag": "hb"}
     for picked in run_ranks(rcol.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": "none"}):
@@ -161,11 +167,8 @@ def test_a_communicators_engine_follows_the_tuning_table(tmp_path):
 def test_a_groups_communicator_is_made_under_a_tuning_table(tmp_path):
     # communicator_for makes the group's communicator under its lock, and the new engine looks up
     # the table: the lookup must not wait on that lock.
-    table = {"version": 1, "gpu": "host", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",
-             "collectives": {"all_reduce": [{"max_bytes": None, "algorithm": "1pa_hb"}]}}
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps(table))
-    out = run_ranks(rcol.group_communicator_with_a_table, 2, timeout=60, env={"PYCCL_TUNING_FILE": str(path)})
+    path = _table_file(tmp_path, {"all_reduce": [{"max_bytes": None, "algorithm": "1pa_hb"}]})
+    out = run_ranks(rcol.group_communicator_with_a_table, 2, timeout=60, env={"PYCCL_TUNING_FILE": path})
     assert out == [(True, "1pa_hb")] * 2
 
 

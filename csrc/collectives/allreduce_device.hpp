@@ -287,7 +287,6 @@ PYCCL_HOST_DEVICE void allReduceHB(const CollectiveContext& c, const void* input
                          });
 }
 
-
 /// Elements of `elementSize` bytes per 1PA HB round: one staging slot per block and rank.
 PYCCL_HOST_DEVICE uint64_t allReduceHB1MaxCount(const CollectiveContext& c, uint64_t elementSize) {
   return static_cast<uint64_t>(c.hbActiveBlocks) * (c.hbSubBytes / elementSize);
@@ -306,9 +305,10 @@ PYCCL_HOST_DEVICE bool allReduceHB1Round(const CollectiveContext& c, const char*
   constexpr uint64_t kVec = 16 / sizeof(T);
   const uint32_t phase = static_cast<uint32_t>(call & 1);
   const int world = c.worldSize;
-  const uint64_t perBlock = ((count + c.hbActiveBlocks - 1) / c.hbActiveBlocks + kVec - 1) / kVec * kVec;
-  const uint64_t b = block * perBlock < count ? block * perBlock : count;
-  const uint64_t e = b + perBlock < count ? b + perBlock : count;
+  uint64_t lo = 0, hi = 0;  // in vectors, the last one short: clamped to `count` below
+  detail::blockShare((count + kVec - 1) / kVec, c.hbActiveBlocks, block, &lo, &hi);
+  const uint64_t b = lo * kVec < count ? lo * kVec : count;
+  const uint64_t e = hi * kVec < count ? hi * kVec : count;
   const uint64_t bytes = (e - b) * sizeof(T);
   const bool ownInPlace = (reinterpret_cast<uintptr_t>(in) & 15) == 0;
   // Staggered so that the ranks' stores spread over the links.
