@@ -549,10 +549,13 @@ def engine_choices(rank, world, store):
     errors, each naming its option."""
     comm, device = _setup(store, rank, world, False)
     choices = {"all_reduce": [(2048, "1pa_ll"), (16384, "1pa_hb"), (None, "2pa_ll")],
+               "all_reduce_symmetric": [(1024, "1pa_ll"), (None, "2pa_hb")],
                "all_gather": [(1024, "hb"), (None, "ll")]}
     engine = pyccl._C.CollectiveEngine(comm._comm, kernel_choices=choices)
     comm._engine = engine
     picked = {n: engine.select(n) for n in (100, 2048, 2049, 16384, 1 << 20)}
+    # Symmetric (and graph) buffers take the symmetric entries, not the zero-copy threshold.
+    picked.update({f"sym{n}": engine.select(n, symmetric=True) for n in (1000, 1025, 1 << 20)})
     picked.update({f"ag{n}": engine.select_exchange("all_gather", n) for n in (512, 4096)})
     picked["rs"] = engine.select_exchange("reduce_scatter", 4096)  # no entries: the threshold rule
     bad = []
@@ -564,6 +567,7 @@ def engine_choices(rank, world, store):
     for label, table in [("order", {"all_reduce": [(4096, "1pa_ll"), (1024, "2pa_hb")]}),
                          ("name", {"all_reduce": [(None, "ring")]}),
                          ("ll_max", {"all_reduce": [(1 << 30, "1pa_ll")]}),
+                         ("sym_ll_max", {"all_reduce_symmetric": [(1 << 30, "1pa_ll")]}),
                          ("collective", {"gather": [(None, "ll")]})]:
         try:
             pyccl._C.CollectiveEngine(comm._comm, kernel_choices=table).close()

@@ -134,11 +134,13 @@ def test_one_phase_hb_on_fewer_blocks_and_in_rounds():
 def test_engine_takes_a_tables_kernel_choices():
     for picked, bad, errors in run_ranks(rcol.engine_choices, 2, timeout=120):
         assert picked == {100: "1pa_ll", 2048: "1pa_ll", 2049: "1pa_hb", 16384: "1pa_hb", 1 << 20: "2pa_ll",
+                          "sym1000": "1pa_ll", "sym1025": "2pa_hb", f"sym{1 << 20}": "2pa_hb",
                           "ag512": "hb", "ag4096": "ll", "rs": "ll"}
         assert bad == []
         assert "'all_reduce_by_size'" in errors["order"] and "grow" in errors["order"]
         assert "'all_reduce_by_size'" in errors["name"] and "ring" in errors["name"]
         assert "'all_reduce_by_size'" in errors["ll_max"] and "ll_max_bytes" in errors["ll_max"]
+        assert "'all_reduce_symmetric_by_size'" in errors["sym_ll_max"]
         assert "'exchange_by_size'" in errors["collective"] and "gather" in errors["collective"]
 
 

@@ -179,5 +179,6 @@ def test_kernel_choices_leave_nccl_and_plans_to_the_caller():
         "all_reduce_symmetric": [{"max_bytes": None, "algorithm": "2pa_hb"}],
     }}
     assert tuning.kernel_choices(table) == {"all_reduce": [(4096, "1pa_ll"), (8 << 20, "1pa_hb")],
+                                            "all_reduce_symmetric": [(None, "2pa_hb")],
                                             "all_gather": [(None, "hb")]}
     assert tuning.kernel_choices(None) == {}

@@ -37,11 +37,25 @@ __global__ void __launch_bounds__(1024) allReduceHBKernel(CollectiveContext cont
   allReduceHB<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
+// `buffers` on symmetric buffers; on graph buffers `graphSlot`, in device
+// memory, which the registration after the capture fills in.
 template <typename T, ReduceOp Op>
 __global__ void __launch_bounds__(1024) allReduceZeroCopyKernel(CollectiveContext context, SymmetricPointers buffers,
-                                                                uint64_t count) {
+                                                                const SymmetricPointers* graphSlot, uint64_t count) {
+  if (graphSlot == nullptr) {
+    collectiveKernelPrologue();
+    allReduceZeroCopy<T, Op>(context, buffers, count, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x);
+    return;
+  }
+  // Written once, before the first replay, so it may be read before the wait for the prior grid.
+  __shared__ SymmetricPointers fromSlot;
+  constexpr uint32_t kWords = sizeof(SymmetricPointers) / sizeof(uint64_t);
+  if (threadIdx.x < kWords) {
+    reinterpret_cast<uint64_t*>(&fromSlot)[threadIdx.x] = reinterpret_cast<const uint64_t*>(graphSlot)[threadIdx.x];
+  }
+  __syncthreads();
   collectiveKernelPrologue();
-  allReduceZeroCopy<T, Op>(context, buffers, count, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x);
+  allReduceZeroCopy<T, Op>(context, fromSlot, count, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x);
 }
 
 }  // namespace
@@ -59,8 +73,9 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
     } else if (call.algorithm == AllReduceAlgorithm::kOnePhaseHB) {
       launchCollectiveKernel(allReduceHB1Kernel<T, Op>, context.hbActiveBlocks, launch, s, context, call.input,
                              call.output, call.count);
-    } else if (call.symmetric != nullptr) {
-      launchCollectiveKernel(allReduceZeroCopyKernel<T, Op>, context.hbBlocks, launch, s, context, *call.symmetric,
+    } else if (call.symmetric != nullptr || call.graphSlot != nullptr) {
+      launchCollectiveKernel(allReduceZeroCopyKernel<T, Op>, context.hbBlocks, launch, s, context,
+                             call.symmetric != nullptr ? *call.symmetric : SymmetricPointers{}, call.graphSlot,
                              call.count);
     } else {
       launchCollectiveKernel(allReduceHBKernel<T, Op>, context.hbBlocks, launch, s, context, call.input,

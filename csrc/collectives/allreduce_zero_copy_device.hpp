@@ -13,7 +13,14 @@
 //             every peer is done reading this rank's input.
 //
 // One call covers the whole message (no pieces), so the two barriers are the
-// only synchronization whatever the size. In place is safe: only rank r's
+// only synchronization whatever the size.
+//
+// The same body runs on graph buffers (graph_buffers.hpp): plain tensors of a
+// call captured in a CUDA graph, whose every rank's pointers are registered
+// after the capture and read from device memory at each replay. There the
+// ranks' tensors lie at offsets of their own, so alignment is checked on every
+// rank's pointers, and null pointers (a replay before the registration) skip
+// the call and report it instead of reading through them. In place is safe: only rank r's
 // thread for an element reads and then writes that element of chunk r.
 //
 // Block b of every rank barriers with block b of the others through the HB
@@ -49,10 +56,19 @@ PYCCL_HOST_DEVICE void allReduceZeroCopy(const CollectiveContext& c, const Symme
   const uint64_t begin = static_cast<uint64_t>(c.rank) * chunkElems < count ? c.rank * chunkElems : count;
   const uint64_t end = begin + chunkElems < count ? begin + chunkElems : count;
   const uint64_t offset = begin * sizeof(T);
-  // Every rank calls at the same offset of its buffer, and buffers start
-  // 256-byte aligned, so alignment here is alignment everywhere.
-  const bool aligned =
-      ((reinterpret_cast<uintptr_t>(p.inputs[c.rank]) | reinterpret_cast<uintptr_t>(p.outputs[c.rank])) & 15) == 0;
+  // The same on every rank: every rank sees every rank's pointers, and a
+  // mapping keeps its owner's offset within the 16 bytes.
+  uintptr_t addressBits = 0;
+  bool registered = true;
+  for (int q = 0; q < world; ++q) {
+    addressBits |= reinterpret_cast<uintptr_t>(p.inputs[q]) | reinterpret_cast<uintptr_t>(p.outputs[q]);
+    registered = registered && p.inputs[q] != nullptr && p.outputs[q] != nullptr;
+  }
+  const bool aligned = (addressBits & 15) == 0;
+  if (!registered) {
+    if (block == 0 && tid == 0) c.abort.record(WaitStatus::kUnregistered, c.rank, 0, 0);
+    ok = false;
+  }
   const uint64_t first = static_cast<uint64_t>(block) * numThreads + tid;
   const uint64_t stride = static_cast<uint64_t>(numBlocks) * numThreads;
   const uint64_t vectors = aligned ? (end - begin) / kVec : 0;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
 #include "core/kernel_loading.hpp"
 #include "core/logging.hpp"
 
@@ -106,7 +107,7 @@ std::vector<const void*> collectiveKernels() {
 }
 
 CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options)
-    : comm_(comm), options_(options) {
+    : comm_(comm), options_(options), graphBuffers_(comm) {
   const bool host = comm.hostMode();
   const int world = comm.worldSize();
   if (world > kMaxCollectiveRanks) {
@@ -172,10 +173,13 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   PYCCL_CHECK_ARG(options_.llBlocks <= 1024 && options_.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
   PYCCL_CHECK_ARG(options_.llThresholdBytes <= options_.llMaxBytes, "ll_threshold_bytes",
                   "must not exceed ll_max_bytes (", options_.llMaxBytes, ")");
-  checkBySize(options_.allReduceBySize, "all_reduce_by_size", [&](AllReduceAlgorithm a, uint64_t maxBytes) {
-    PYCCL_CHECK_ARG(a != AllReduceAlgorithm::kOnePhaseLL || maxBytes <= options_.llMaxBytes, "all_reduce_by_size",
-                    "takes 1pa_ll up to ", maxBytes, " bytes, past ll_max_bytes (", options_.llMaxBytes, ")");
-  });
+  for (auto [table, name] : {std::pair{&options_.allReduceBySize, "all_reduce_by_size"},
+                             std::pair{&options_.allReduceSymmetricBySize, "all_reduce_symmetric_by_size"}}) {
+    checkBySize(*table, name, [&](AllReduceAlgorithm a, uint64_t maxBytes) {
+      PYCCL_CHECK_ARG(a != AllReduceAlgorithm::kOnePhaseLL || maxBytes <= options_.llMaxBytes, name,
+                      "takes 1pa_ll up to ", maxBytes, " bytes, past ll_max_bytes (", options_.llMaxBytes, ")");
+    });
+  }
   for (const auto& table : options_.exchangeBySize) {
     checkBySize(table, "exchange_by_size", [](Protocol, uint64_t) {});
   }
@@ -235,6 +239,12 @@ void CollectiveEngine::close() {
   scratch_.release();
   for (auto& [start, buffer] : symmetric_) buffer.release();
   symmetric_.clear();
+  graphBuffers_.release();
+}
+
+size_t CollectiveEngine::finishGraphCapture() {
+  checkUsable("graph_capture");
+  return graphBuffers_.finish();
 }
 
 void CollectiveEngine::registerSymmetric(const RegisteredMemory& memory) {
@@ -293,9 +303,13 @@ Choice bySize(const std::vector<SizeChoice<Choice>>& table, uint64_t bytes) {
 }  // namespace
 
 AllReduceAlgorithm CollectiveEngine::select(uint64_t bytes, bool symmetric) const {
-  if (symmetric && bytes >= options_.zeroCopyThresholdBytes) return AllReduceAlgorithm::kTwoPhaseHB;
-  if (!options_.allReduceBySize.empty()) {
-    const AllReduceAlgorithm a = bySize(options_.allReduceBySize, bytes);
+  const auto& table = symmetric && !options_.allReduceSymmetricBySize.empty() ? options_.allReduceSymmetricBySize
+                                                                              : options_.allReduceBySize;
+  if (symmetric && options_.allReduceSymmetricBySize.empty() && bytes >= options_.zeroCopyThresholdBytes) {
+    return AllReduceAlgorithm::kTwoPhaseHB;
+  }
+  if (!table.empty()) {
+    const AllReduceAlgorithm a = bySize(table, bytes);
     // A last 1PA LL entry goes on only as far as 1PA LL can (a table that hands larger messages to NCCL).
     return a == AllReduceAlgorithm::kOnePhaseLL && bytes > options_.llMaxBytes ? AllReduceAlgorithm::kTwoPhaseHB : a;
   }
@@ -359,7 +373,9 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
   const uint64_t bytes = count * elemSize;
   const SymmetricBuffer* symIn = findSymmetric(input, bytes);
   const SymmetricBuffer* symOut = symIn != nullptr ? findSymmetric(output, bytes) : nullptr;
-  const AllReduceAlgorithm algo = algorithm ? *algorithm : select(bytes, symOut != nullptr);
+  // Plain tensors captured under graph buffers: chosen as symmetric buffers are, and zero-copy where they would be.
+  const bool graphCall = symOut == nullptr && graphBuffers_.active() && !comm_.hostMode() && gpu::isCapturing(stream);
+  const AllReduceAlgorithm algo = algorithm ? *algorithm : select(bytes, symOut != nullptr || graphCall);
   if (algo == AllReduceAlgorithm::kOnePhaseLL) {
     PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
                     " bytes per call in this communicator, the message has ", bytes);
@@ -368,15 +384,19 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
                                  comm_.callChecks() ? strCat("all_reduce ", dataTypeName(dtype), " x ", count, " ",
                                                              reduceOpName(op))
                                                     : std::string());
-  if (algo == AllReduceAlgorithm::kTwoPhaseHB && symOut != nullptr && bytes <= options_.zeroCopyMaxBytes) {
+  const bool zeroCopy = algo == AllReduceAlgorithm::kTwoPhaseHB && (symOut != nullptr || graphCall) &&
+                        bytes <= options_.zeroCopyMaxBytes;
+  // The same on every rank: as many slots are taken everywhere, so either all get one or none does.
+  const SymmetricPointers* graphSlot = zeroCopy && symOut == nullptr ? graphBuffers_.take(input, output, bytes) : nullptr;
+  if (zeroCopy && (symOut != nullptr || graphSlot != nullptr)) {
     // Zero-copy: the whole message in one call, no scratch.
     ++zeroCopyCalls_;
     SymmetricPointers pointers{};
-    for (int q = 0; q < comm_.worldSize(); ++q) {
+    for (int q = 0; symOut != nullptr && q < comm_.worldSize(); ++q) {
       pointers.inputs[q] = peerPointer(*symIn, input, q);
       pointers.outputs[q] = peerPointer(*symOut, output, q);
     }
-    AllReduceCall call{input, output, count, dtype, op, algo, &pointers};
+    AllReduceCall call{input, output, count, dtype, op, algo, symOut != nullptr ? &pointers : nullptr, graphSlot};
     // The body uses no HB scratch: its grid may be smaller than the layout's.
     CollectiveContext ctx = context_;
     ctx.abort.call = tag;

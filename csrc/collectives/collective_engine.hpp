@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "collectives/collective_launch.hpp"
+#include "collectives/graph_buffers.hpp"
 #include "core/communicator.hpp"
 
 namespace pyccl {
@@ -57,6 +58,10 @@ struct CollectiveOptions {
   /// kernel entries of a tuning table): the first entry whose maxBytes covers
   /// the message, the last entry beyond them all; in place of the thresholds.
   std::vector<SizeChoice<AllReduceAlgorithm>> allReduceBySize;
+  /// The same for input and output in symmetric buffers (and plain tensors
+  /// on graph buffers), in place of zeroCopyThresholdBytes: a table's
+  /// `all_reduce_symmetric` entries, where 2PA HB means zero-copy.
+  std::vector<SizeChoice<AllReduceAlgorithm>> allReduceSymmetricBySize;
   /// The same for the exchanges (ExchangeKind order), in place of exchangeLLThresholdBytes.
   std::vector<SizeChoice<Protocol>> exchangeBySize[4];
   /// All-gather, all-to-all, broadcast and reduce-scatter (ExchangeKind order),
@@ -158,6 +163,20 @@ class CollectiveEngine {
   /// All-reduces that ran zero-copy on symmetric buffers (for tests and logs).
   uint64_t zeroCopyCalls() const { return zeroCopyCalls_; }
 
+  /// Starts collecting graph buffers (graph_buffers.hpp): from here until
+  /// finishGraphCapture(), an all-reduce captured in a CUDA graph on plain
+  /// tensors is chosen as if they were symmetric buffers, and where that is
+  /// zero-copy 2PA HB it runs zero-copy on them. Call it before the capture.
+  void beginGraphCapture() { graphBuffers_.begin(); }
+  /// Collective, after the capture: registers the captured calls' tensors;
+  /// returns how many calls. The graph may replay from then on.
+  size_t finishGraphCapture();
+  /// Ends the collection without registering (a failed capture).
+  void abandonGraphCapture() { graphBuffers_.abandon(); }
+  bool graphCapturing() const { return graphBuffers_.active(); }
+  /// Captured all-reduces registered on graph buffers so far.
+  uint64_t graphBufferCalls() const { return graphBuffers_.registeredCalls(); }
+
   /// The algorithm the automatic choice takes for an all-reduce of `bytes`
   /// (`symmetric`: input and output in symmetric buffers).
   AllReduceAlgorithm select(uint64_t bytes, bool symmetric = false) const;
@@ -199,6 +218,7 @@ class CollectiveEngine {
   /// Rank q's copy of `ptr` (within a symmetric buffer), mapped here.
   char* peerPointer(const SymmetricBuffer& buffer, const void* ptr, int q) const;
   std::map<uintptr_t, SymmetricBuffer> symmetric_;  ///< by local start address
+  GraphBuffers graphBuffers_;
   bool closed_ = false;
   bool clusters_ = false;  ///< the device launches thread-block clusters (host mode emulates them)
   uint64_t zeroCopyCalls_ = 0;

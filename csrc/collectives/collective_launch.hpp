@@ -30,6 +30,9 @@ struct AllReduceCall {
   /// 2PA HB on symmetric buffers: every rank's input and output, mapped here
   /// (allreduce_zero_copy_device.hpp); null otherwise.
   const SymmetricPointers* symmetric = nullptr;
+  /// 2PA HB on graph buffers: the device address of the call's pointers,
+  /// filled in when the capture's buffers are registered (graph_buffers.hpp); null otherwise.
+  const SymmetricPointers* graphSlot = nullptr;
 };
 
 /// The fused all-reduce + residual add + RMSNorm: one kernel, one-shot or

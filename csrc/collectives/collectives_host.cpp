@@ -98,8 +98,10 @@ void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) 
           allReduceHB1<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
         case AllReduceAlgorithm::kTwoPhaseHB:
-          if (call.symmetric != nullptr) {
-            allReduceZeroCopy<T, Op>(context, *call.symmetric, call.count, b, context.hbBlocks, 0, 1);
+          if (call.symmetric != nullptr || call.graphSlot != nullptr) {
+            // Host memory in host mode, so a graph slot reads like the pointers themselves.
+            const SymmetricPointers& p = call.symmetric != nullptr ? *call.symmetric : *call.graphSlot;
+            allReduceZeroCopy<T, Op>(context, p, call.count, b, context.hbBlocks, 0, 1);
             break;
           }
           allReduceHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);

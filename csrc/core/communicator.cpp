@@ -318,13 +318,42 @@ std::vector<std::optional<RegisteredMemory>> Communicator::exchangeMemory(
   checkOpen("exchange_memory");
   PYCCL_CHECK_ARG(local.valid() && local.isLocal(), "memory",
                   "must be memory registered by this rank");
-  auto all = bootstrap_->allGather(local.serialize());
-  std::vector<std::optional<RegisteredMemory>> out(worldSize_);
+  return std::move(exchangeMemories({local}, "exchange_memory").front());
+}
+
+std::vector<std::vector<std::optional<RegisteredMemory>>> Communicator::exchangeMemories(
+    const std::vector<RegisteredMemory>& locals, const char* what) {
+  checkOpen(what);
+  ByteWriter w;
+  w.put<uint64_t>(locals.size());
+  for (const auto& local : locals) {
+    PYCCL_CHECK_ARG(local.valid() && local.isLocal(), "memory", "must be memory registered by this rank");
+    const Bytes desc = local.serialize();
+    w.putBytes(desc.data(), desc.size());
+  }
+  const auto all = bootstrap_->allGather(w.take());
+  // Every rank sees every count, so all raise together or none does.
+  std::vector<ByteReader> readers;
+  readers.reserve(worldSize_);
+  std::string counts;
+  bool same = true;
   for (int p = 0; p < worldSize_; ++p) {
-    if (p == rank_) {
-      out[p] = local;
-    } else if (topology_.p2p[rank_][p]) {
-      out[p] = importMemory(all[p]);
+    readers.emplace_back(all[p], "exchanged memory descriptors");
+    const auto n = readers.back().get<uint64_t>();
+    same = same && n == locals.size();
+    counts += strCat(p == 0 ? "" : ", ", "rank ", p, ": ", n);
+  }
+  PYCCL_CHECK_ARG(same, "memory", what, ": every rank must pass as many registrations (", counts, ")");
+  std::vector<std::vector<std::optional<RegisteredMemory>>> out(locals.size());
+  for (size_t i = 0; i < locals.size(); ++i) {
+    out[i].resize(worldSize_);
+    for (int p = 0; p < worldSize_; ++p) {
+      const Bytes desc = readers[p].getBytes();
+      if (p == rank_) {
+        out[i][p] = locals[i];
+      } else if (topology_.p2p[rank_][p]) {
+        out[i][p] = importMemory(desc);
+      }
     }
   }
   // On return every rank has mapped every peer's memory, so an owner may

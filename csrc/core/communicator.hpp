@@ -86,6 +86,12 @@ class Communicator {
   /// indexed by rank (this rank's own entry is `local`). Peers this rank cannot
   /// reach by P2P get std::nullopt. Returns once every rank has mapped.
   std::vector<std::optional<RegisteredMemory>> exchangeMemory(const RegisteredMemory& local);
+  /// Collective: exchangeMemory for many registrations in one round trip:
+  /// entry i holds every rank's i-th registration. Every rank must pass as
+  /// many (else InvalidArgument on every rank, naming each rank's count, and
+  /// nothing is mapped); `what` names the caller in that message.
+  std::vector<std::vector<std::optional<RegisteredMemory>>> exchangeMemories(
+      const std::vector<RegisteredMemory>& locals, const char* what = "exchange_memories");
 
   /// Pairwise: both this rank and `peer` call it (in matching order per peer);
   /// returns once both sides have mapped each other's slot.

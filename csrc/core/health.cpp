@@ -134,6 +134,13 @@ bool CommunicatorHealth::absorbRecord() {
   const bool timedOut = status == static_cast<uint32_t>(WaitStatus::kTimeout);
   std::string message = strCat(describeCallTag(record_->call), " of communicator '", commName_, "' (rank ", rank_,
                                "): ");
+  if (status == static_cast<uint32_t>(WaitStatus::kUnregistered)) {
+    fail(ErrorCode::kInvalidArgument,
+         message + "a CUDA graph captured under pyccl.graph_capture ran before its buffers were registered, so "
+                   "the all-reduce was not computed; replay such a graph only after its graph_capture block has "
+                   "exited");
+    return true;
+  }
   if (timedOut) {
     message += strCat("no signal from rank ", record_->peer, " within the ", timeout_.count(),
                       " ms timeout (waited for ", record_->expected, ", saw ", record_->observed, ")");

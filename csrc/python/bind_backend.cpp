@@ -68,6 +68,25 @@ void bindBackend(py::module_& m) {
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
       py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate_factory") = std::nullopt,
       py::arg("across_nodes") = std::nullopt, py::arg("kernel_choices") = KernelChoices{});
+  m.def(
+      "_backend_graph_capture",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& action, int device) -> size_t {
+        auto* pyccl = dynamic_cast<PycclBackend*>(backend.get());
+        PYCCL_CHECK_ARG(pyccl != nullptr, "group", "its backend is not pyccl's");
+        py::gil_scoped_release release;
+        if (action == "begin") {
+          pyccl->beginGraphCapture(device);
+        } else if (action == "finish") {
+          return pyccl->finishGraphCapture();
+        } else if (action == "abandon") {
+          pyccl->abandonGraphCapture();
+        } else {
+          throw InvalidArgument(strCat("invalid argument 'action': ", action, " (begin, finish or abandon)"));
+        }
+        return 0;
+      },
+      py::arg("backend"), py::arg("action"), py::arg("device") = -1,
+      "pyccl.graph_capture on a process group whose backend is pyccl: begin, finish (returns the calls) or abandon.");
 }
 
 }  // namespace pyccl

@@ -22,10 +22,13 @@ std::optional<Protocol> protocolArg(const std::optional<std::string>& name) {
 void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices) {
   for (const auto& [collective, entries] : choices) {
     auto maxBytes = [](const std::optional<uint64_t>& m) { return m ? *m : UINT64_MAX; };
-    if (collective == "all_reduce") {
-      o.allReduceBySize.clear();
+    if (collective == "all_reduce" || collective == "all_reduce_symmetric") {
+      const bool symmetric = collective == "all_reduce_symmetric";
+      auto& table = symmetric ? o.allReduceSymmetricBySize : o.allReduceBySize;
+      table.clear();
       for (const auto& [m, name] : entries) {
-        o.allReduceBySize.push_back({maxBytes(m), parseAllReduceAlgorithm(name, "all_reduce_by_size")});
+        table.push_back({maxBytes(m), parseAllReduceAlgorithm(name, symmetric ? "all_reduce_symmetric_by_size"
+                                                                              : "all_reduce_by_size")});
       }
       continue;
     }
@@ -203,6 +206,15 @@ void bindCollectives(py::module_& m) {
       .def_property_readonly("ll_max_bytes", [](const CollectiveEngine& e) { return e.options().llMaxBytes; })
       .def_property_readonly("zero_copy_calls", &CollectiveEngine::zeroCopyCalls,
                              "All-reduces that ran zero-copy on symmetric buffers.")
+      .def("begin_graph_capture", &CollectiveEngine::beginGraphCapture,
+           "Starts collecting graph buffers: all-reduces captured from here on plain tensors may run zero-copy.")
+      .def("finish_graph_capture", &CollectiveEngine::finishGraphCapture, py::call_guard<py::gil_scoped_release>(),
+           "Collective, after the capture: registers the captured calls' tensors; returns how many calls.")
+      .def("abandon_graph_capture", &CollectiveEngine::abandonGraphCapture,
+           "Ends the collection without registering (the graph must not be replayed).")
+      .def_property_readonly("graph_capturing", &CollectiveEngine::graphCapturing)
+      .def_property_readonly("graph_buffer_calls", &CollectiveEngine::graphBufferCalls,
+                             "Captured all-reduces registered on graph buffers so far.")
       .def_property_readonly("zero_copy_threshold_bytes",
                              [](const CollectiveEngine& e) { return e.options().zeroCopyThresholdBytes; })
       .def("close", &CollectiveEngine::close);

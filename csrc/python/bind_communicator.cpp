@@ -187,13 +187,20 @@ void bindCommunicator(py::module_& m) {
       }, py::arg("descriptor"))
       .def("exchange_memory", &Communicator::exchangeMemory, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>())
+      .def("exchange_memories",
+           [](Communicator& c, const std::vector<RegisteredMemory>& locals) {
+             return c.exchangeMemories(locals);
+           },
+           py::arg("memories"), py::call_guard<py::gil_scoped_release>())
       .def("create_semaphore", &Communicator::createSemaphore, py::arg("peer"),
            py::call_guard<py::gil_scoped_release>())
       .def("device_error", [](const Communicator& c) -> py::object {
         DeviceErrorRecord rec = c.deviceError();
         if (rec.status == 0) return py::none();
         py::dict d;
-        d["status"] = rec.status == static_cast<uint32_t>(WaitStatus::kTimeout) ? "timeout" : "aborted";
+        d["status"] = rec.status == static_cast<uint32_t>(WaitStatus::kTimeout)        ? "timeout"
+                      : rec.status == static_cast<uint32_t>(WaitStatus::kUnregistered) ? "unregistered"
+                                                                                        : "aborted";
         d["peer"] = rec.peer;
         d["expected"] = rec.expected;
         d["observed"] = rec.observed;

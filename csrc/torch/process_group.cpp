@@ -261,6 +261,26 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
   return lane;
 }
 
+void PycclBackend::beginGraphCapture(int device) {
+  checkUsable("graph_capture");
+  ensureGpuLane(device);
+  PYCCL_CHECK_ARG(gpu_->engine != nullptr, "group", "spans nodes, where captured all-reduces cannot take graph "
+                  "buffers (they need every peer within P2P reach)");
+  gpu_->engine->beginGraphCapture();
+}
+
+size_t PycclBackend::finishGraphCapture() {
+  checkUsable("graph_capture");
+  if (gpu_ == nullptr || gpu_->engine == nullptr) {
+    throw InvalidArgument(strCat("graph_capture: process group '", options_.name, "' is not in a graph_capture block"));
+  }
+  return gpu_->engine->finishGraphCapture();
+}
+
+void PycclBackend::abandonGraphCapture() {
+  if (gpu_ != nullptr && gpu_->engine != nullptr) gpu_->engine->abandonGraphCapture();
+}
+
 void PycclBackend::checkUsable(const char* op) const {
   if (shutDown_) throw ClosedError(strCat("process group '", options_.name, "' was shut down (", op, ")"));
 }

@@ -99,6 +99,15 @@ class PycclBackend : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
+  /// pyccl.graph_capture on this group (collectives/graph_buffers.hpp): the
+  /// engine of the lane on `device` collects the all-reduces captured from
+  /// here on. Collective; sets the lane up if needed.
+  void beginGraphCapture(int device);
+  /// Collective, after the capture: registers them; returns how many calls.
+  size_t finishGraphCapture();
+  /// Ends the collection without registering.
+  void abandonGraphCapture();
+
  private:
   struct Lane {
     std::shared_ptr<Communicator> comm;

@@ -39,6 +39,7 @@ from . import ops  # noqa: E402  (torch.ops.pyccl.*)
 from .symmetric import is_symmetric, register_symmetric, symmetric_empty  # noqa: E402
 from .registry import register_algorithm, registered_algorithms, unregister_algorithm  # noqa: E402
 from .fused import fused_all_reduce_rmsnorm  # noqa: E402
+from .graphs import graph_capture  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -64,6 +65,7 @@ __all__ = [
     "cuda_available",
     "empty",
     "fused_all_reduce_rmsnorm",
+    "graph_capture",
     "get_include",
     "is_symmetric",
     "logger",

@@ -14,6 +14,9 @@ table gives the median time per call, measured in the same run on the same GPUs:
 - ``pyccl_sym``: all-reduce with input and output in pyccl symmetric buffers
   (``pyccl.symmetric_empty``; zero-copy 2PA HB by size), and ``pyccl_sym_2pa_hb``
   the zero-copy kernel at every size (``--all-algos``);
+- ``pyccl_graph``: all-reduce on the plain tensors, captured inside
+  ``pyccl.graph_capture`` (zero-copy on graph buffers where the symmetric
+  choice is), and ``pyccl_graph_2pa_hb`` forced zero-copy (``--all-algos``);
 - ``nccl_direct``: ``ncclAllReduce`` & co. on the stream through the NCCL torch
   loaded (as vLLM's pynccl calls it), and ``nccl``: ProcessGroupNCCL;
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
@@ -32,6 +35,7 @@ other implementation's time by pyccl's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -86,9 +90,13 @@ def align_trials_with(comm, device) -> None:
     align_trials(lambda: pyccl.all_reduce(one, out=into, comm=comm, algorithm="1pa_ll"))
 
 
-def _time_graph(fn, iters: int, trials: int) -> float:
+def _time_graph(fn, iters: int, trials: int, capture_in=None, check=None, output=None) -> float:
     """Median µs per call of `fn` captured `iters` times in one CUDA graph;
-    trials start together on every rank where align_trials was called."""
+    trials start together on every rank where align_trials was called.
+    `capture_in`: a context manager the capture runs in (pyccl.graph_capture);
+    `check`: called after the first replay (it raises on a wrong result), with
+    `output` filled with NaN before that replay, so that only the graph's calls
+    can make it right."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -96,11 +104,16 @@ def _time_graph(fn, iters: int, trials: int) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
+    with capture_in if capture_in is not None else contextlib.nullcontext():
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+    if output is not None:
+        output.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
+    if check is not None:
+        check()
     times = []
     for _ in range(trials):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -138,7 +151,8 @@ _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: 
                "broadcast": lambda w: 1.0}
 # Every timing column a row may have, in table order.
 _COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_1pa_hb", "pyccl_2pa_hb",
-            "pyccl_ll", "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "nccl_direct", "nccl", "symm_one_shot",
+            "pyccl_ll", "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "pyccl_graph", "pyccl_graph_2pa_hb",
+            "nccl_direct", "nccl", "symm_one_shot",
             "symm_two_shot")
 
 
@@ -274,6 +288,11 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     fn()
                     _check(collective, label, sy, ref, whole)
                     row[label] = _time_graph(fn, iters, trials)
+                # Plain tensors captured under pyccl.graph_capture (zero-copy on graph buffers where chosen so).
+                for label, algo in [("pyccl_graph", None)] + ([("pyccl_graph_2pa_hb", "2pa_hb")] if all_algos else []):
+                    fn = _pyccl_fn(pyccl, collective, x, out, comm, algo)
+                    row[label] = _time_graph(fn, iters, trials, capture_in=pyccl.graph_capture(comm=comm),
+                                             check=lambda: _check(collective, label, out, ref, whole), output=out)
             tuned = pyccl.tuning.select(pyccl.collectives.table_for(device, world, dtype), collective, whole)
             if tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
                 row["pyccl_algo"] = tuned

@@ -302,7 +302,8 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
             ``PYCCL_NCCL_MIN_BYTES``) the group's NCCL backend when it has one). When ``tensor``
             and ``out`` both lie in symmetric buffers (:func:`pyccl.symmetric_empty`), 2PA HB
             reads and writes the peers' buffers directly (no scratch), and is the default from
-            the engine's ``zero_copy_threshold_bytes`` on.
+            the engine's ``zero_copy_threshold_bytes`` on. Captured in a CUDA graph inside
+            :func:`pyccl.graph_capture`, plain tensors are chosen (and run) as symmetric buffers are.
 
     Returns the result tensor. 16-bit inputs are reduced in fp32; results are
     bitwise identical on every rank.
@@ -316,6 +317,9 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     engine = getattr(call.comm, "_engine", None)
     if not call.forced and engine is not None and engine.is_symmetric(tensor) and engine.is_symmetric(out):
         _choose_symmetric(call, engine, tensor)
+    elif (not call.forced and engine is not None and engine.graph_capturing and tensor.is_cuda
+          and torch.cuda.is_current_stream_capturing()):
+        _choose_symmetric(call, engine, tensor)  # graph buffers (pyccl.graph_capture): chosen as symmetric ones
     if call.use_nccl:
         # Large messages: NCCL's ring is faster than the 2PA kernel here (see
         # benchmarks/RESULTS.md), so hand them to NCCL: in place, the group's

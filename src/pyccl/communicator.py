@@ -190,6 +190,12 @@ class Communicator:
         (None for ranks this rank cannot reach by P2P)."""
         return self._comm.exchange_memory(memory)
 
+    def exchange_many(self, memories: Sequence["_C.RegisteredMemory"]) -> list:
+        """Collective: :meth:`exchange` for several registrations in one round
+        trip; entry i lists every rank's i-th registration. Every rank passes
+        as many (else InvalidArgumentError on every rank, naming the counts)."""
+        return self._comm.exchange_memories(list(memories))
+
     def tensor(self, memory: "_C.RegisteredMemory", dtype: torch.dtype,
                shape: Optional[Sequence[int]] = None) -> torch.Tensor:
         """A tensor viewing registered memory (a peer's mapping too) on this device."""

@@ -179,7 +179,7 @@ def kernel_choices(table: Optional[dict]) -> Dict[str, List[tuple]]:
     kernel entry (the process group hands sizes from :func:`nccl_from` on to
     NCCL itself)."""
     choices: Dict[str, List[tuple]] = {}
-    for collective in COLLECTIVES:
+    for collective in CANDIDATES:  # all_reduce_symmetric too: symmetric and graph buffers
         entries = [(e["max_bytes"], e["algorithm"]) for e in (table or {}).get("collectives", {}).get(collective, ())
                    if e["algorithm"] in CANDIDATES[collective] and e["algorithm"] != "nccl"]
         if entries:

@@ -35,6 +35,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from .._logging import logger
+from ..graphs import graph_capture
 from .group import GroupCommunicator
 
 __all__ = ["PycclCustomAllreduce", "SGLANG_VERSION", "enabled", "install", "patch", "plugin"]
@@ -94,9 +95,11 @@ class PycclCustomAllreduce:
 
     @contextlib.contextmanager
     def capture(self):
-        """The coordinator's graph-capture context: pyccl needs none; the previous communicator's, if any."""
-        with (self.previous.capture() if self.previous is not None else contextlib.nullcontext()):
-            yield
+        """The coordinator's graph-capture context: pyccl's (:func:`pyccl.graph_capture`, so that captured
+        all-reduces run zero-copy where the size calls for it) and the previous communicator's, if any."""
+        with graph_capture(comm=self.group.comm):
+            with (self.previous.capture() if self.previous is not None else contextlib.nullcontext()):
+                yield
 
     def close(self) -> None:
         """Closes pyccl's communicator and the previous one; the slot is disabled after."""
