@@ -13,15 +13,15 @@
 //             every peer is done reading this rank's input.
 //
 // One call covers the whole message (no pieces), so the two barriers are the
-// only synchronization whatever the size.
+// only synchronization whatever the size. In place is safe: only rank r's
+// thread for an element reads and then writes that element of chunk r.
 //
 // The same body runs on graph buffers (graph_buffers.hpp): plain tensors of a
 // call captured in a CUDA graph, whose every rank's pointers are registered
 // after the capture and read from device memory at each replay. There the
 // ranks' tensors lie at offsets of their own, so alignment is checked on every
 // rank's pointers, and null pointers (a replay before the registration) skip
-// the call and report it instead of reading through them. In place is safe: only rank r's
-// thread for an element reads and then writes that element of chunk r.
+// the call and report it instead of reading through them.
 //
 // Block b of every rank barriers with block b of the others through the HB
 // barrier words and call counters (collective_context.hpp); the barriers of

@@ -1,7 +1,6 @@
 #include "collectives/graph_buffers.hpp"
 
 #include <cstring>
-#include <map>
 #include <string>
 #include <utility>
 
@@ -49,22 +48,19 @@ size_t GraphBuffers::finish() {
   std::vector<Taken> taken = std::move(taken_);
   taken_.clear();
 
-  // Register every distinct range once. A failure here must not leave the
-  // peers waiting in the exchange: every rank first reports how it went.
-  std::map<std::pair<uintptr_t, uint64_t>, size_t> indexOf;
+  // Registrations 2k and 2k + 1 are call k's input and output on every rank, so
+  // that exchangeMemories pairs them across ranks whatever the ranks' addresses
+  // (deduplicating by address would not: one rank's allocator may reuse an
+  // address where another's does not). An in-place call's output is its input.
+  // A failure here must not leave the peers waiting in the exchange: every
+  // rank first reports how it went.
   std::vector<RegisteredMemory> locals;
-  std::vector<std::pair<size_t, size_t>> ranges;  // per taken call: (input, output) registration
   std::string failure;
   try {
-    auto rangeIndex = [&](const void* ptr, uint64_t bytes) {
-      const auto key = std::make_pair(reinterpret_cast<uintptr_t>(ptr), bytes);
-      auto it = indexOf.find(key);
-      if (it != indexOf.end()) return it->second;
-      locals.push_back(comm_.registerMemory(const_cast<void*>(ptr), bytes));
-      indexOf.emplace(key, locals.size() - 1);
-      return locals.size() - 1;
-    };
-    for (const auto& t : taken) ranges.emplace_back(rangeIndex(t.input, t.bytes), rangeIndex(t.output, t.bytes));
+    for (const auto& t : taken) {
+      locals.push_back(comm_.registerMemory(const_cast<void*>(t.input), t.bytes));
+      locals.push_back(t.output == t.input ? locals.back() : comm_.registerMemory(t.output, t.bytes));
+    }
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -94,8 +90,8 @@ size_t GraphBuffers::finish() {
   if (!same) {
     releaseLocals();
     throw InvalidArgument(strCat("graph_capture: every rank must capture the same all-reduces, in the same "
-                                      "order; the ranks captured different numbers on graph buffers (",
-                                      counts, "); the graph must not be replayed"));
+                                 "order; the ranks captured different numbers on graph buffers (",
+                                 counts, "); the graph must not be replayed"));
   }
   if (taken.empty()) return 0;
 
@@ -103,8 +99,8 @@ size_t GraphBuffers::finish() {
   std::vector<SymmetricPointers> pointers(taken.size());
   for (size_t k = 0; k < taken.size(); ++k) {
     for (int q = 0; q < comm_.worldSize(); ++q) {
-      const auto& in = exchanged[ranges[k].first][q];
-      const auto& out = exchanged[ranges[k].second][q];
+      const auto& in = exchanged[2 * k][q];
+      const auto& out = exchanged[2 * k + 1][q];
       if (!in || !out) {
         throw UnsupportedError(strCat("graph_capture: rank ", q, " cannot be reached by P2P"));
       }
