@@ -22,6 +22,7 @@ import torch
 
 import pyccl
 from pyccl._spawn import run_ranks
+from pyccl.bench import doubling_sizes
 from pyccl.primitives import Op, pingpong, run
 
 MiB = 1 << 20
@@ -135,11 +136,7 @@ def main(argv=None) -> int:
     elif torch.cuda.device_count() < 2:
         print("needs 2 GPUs (or --host)", file=sys.stderr)
         return 2
-    sizes = []
-    n = MiB
-    while n <= args.max_bytes:
-        sizes.append(n)
-        n *= 2
+    sizes = doubling_sizes(MiB, args.max_bytes)
     blocks = (1, 2) if args.host else (32, 64, 128)
     rounds = 200 if args.host else 20000
     res = run_ranks(_bench, 2, args=(sizes, blocks, args.trials, args.host, rounds), timeout=400)[0]

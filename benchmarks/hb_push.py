@@ -31,7 +31,7 @@ import torch
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import align_trials_with, parse_bytes, size_label, time_in_turn
+from pyccl.bench import align_trials_with, doubling_sizes, parse_bytes, size_label, time_in_turn
 
 M = 1 << 20
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -142,10 +142,7 @@ def main() -> None:
     unknown = sorted(set(collectives) - set(COLLECTIVES))
     if unknown:
         parser.error(f"--collectives: unknown {unknown}; take from {', '.join(COLLECTIVES)}")
-    sizes, n = [], args.min_bytes
-    while n <= args.max_bytes:
-        sizes.append(n)
-        n *= 2
+    sizes = doubling_sizes(args.min_bytes, args.max_bytes)
     rows = run_ranks(body, args.world, args=(collectives, sizes), timeout=1800)[0]
     worst_bits, worst_error = 0.0, 0.0
     for coll in collectives:

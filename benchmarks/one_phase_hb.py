@@ -25,7 +25,7 @@ import torch
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import align_trials_with, parse_bytes, size_label, time_in_turn
+from pyccl.bench import align_trials_with, doubling_sizes, parse_bytes, size_label, time_in_turn
 
 K, M = 1 << 10, 1 << 20
 # name: (algorithm, CollectiveEngine keywords or None for the communicator's own engine)
@@ -112,10 +112,7 @@ def main() -> None:
     parser.add_argument("--max-bytes", type=parse_bytes, default=64 * M)
     parser.add_argument("--json", help="also write the rows (every rank's view is rank 0's) here")
     args = parser.parse_args()
-    sizes, n = [], args.min_bytes
-    while n <= args.max_bytes:
-        sizes.append(n)
-        n *= 2
+    sizes = doubling_sizes(args.min_bytes, args.max_bytes)
     rows = run_ranks(body, args.world, args=(sizes,), timeout=1800)[0]
     names = [*VARIANTS, "NCCL direct", "zero-copy (symmetric)"]
     print(f"\nall-reduce, {args.world} GPUs, bf16, µs per call")

@@ -140,6 +140,15 @@ def time_in_turn(calls: dict, iters: int, rounds: int, trials: int = 5) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def doubling_sizes(min_bytes: int, max_bytes: int) -> list:
+    """min_bytes, twice that, and so on while at most max_bytes (-b/-e/-f 2 of nccl-tests)."""
+    sizes, n = [], min_bytes
+    while n <= max_bytes:
+        sizes.append(n)
+        n *= 2
+    return sizes
+
+
 def size_label(n: int) -> str:
     """`n` bytes as "4 KiB" / "16 MiB" (powers of two)."""
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
@@ -416,11 +425,7 @@ def main(argv=None) -> int:
         print("pyccl.bench needs at least 2 GPUs", file=sys.stderr)
         return 2
     world = args.world or torch.cuda.device_count()
-    sizes = []
-    n = parse_bytes(args.min_bytes)
-    while n <= parse_bytes(args.max_bytes):
-        sizes.append(n)
-        n *= 2
+    sizes = doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
     from ._spawn import run_ranks
 
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]

@@ -54,11 +54,7 @@ def main(argv=None) -> int:
     for c in collectives:
         if c not in tuning.COLLECTIVES:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(tuning.COLLECTIVES)} (or all)")
-    sizes = []
-    n = bench.parse_bytes(args.min_bytes)
-    while n <= bench.parse_bytes(args.max_bytes):
-        sizes.append(n)
-        n *= 2
+    sizes = bench.doubling_sizes(bench.parse_bytes(args.min_bytes), bench.parse_bytes(args.max_bytes))
     from ._spawn import run_ranks
 
     res = run_ranks(bench._bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials, True,
