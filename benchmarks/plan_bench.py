@@ -38,6 +38,7 @@ M = 1 << 20
 CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 2, 4, 8, 16, 32, 64),
           (512, 1024)),
          ("allreduce_allpairs_ll2", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64, 128), (512, 1024)),
+         ("allreduce_allpairs_hb1", "1pa_hb", (256 * K, 1 * M, 4 * M, 8 * M), (16, 32, 64, 128), (256, 512)),
          ("allreduce_allpairs_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)),
          ("allreduce_allpairs_hb_push", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
 # Plans whose twin is the pushing form of the kernel (hb_push=True); the others' is the pulling form.

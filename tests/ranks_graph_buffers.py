@@ -73,6 +73,43 @@ def captured_cases(rank, world, store, seed, count, max_elems, replays, zero_cop
     return bad, calls, expected, record
 
 
+def addresses_differ(rank, world, store, seed, replays):
+    """Ranks whose captured calls reuse tensors differently: rank 0 passes the
+    same input tensor to calls 0 and 2 (out of place), every other rank a
+    tensor of its own to each. Registrations pair by call, so call k reads
+    call k's tensors on every peer. Returns (failures, graph-buffer calls)."""
+    comm, device = _setup(store, rank, world, True)
+    engine = comm._engine
+    n = 100_003  # 200 KB of bf16: 2PA HB forced, within zero_copy_max_bytes
+    mine = [torch.empty(n, dtype=torch.bfloat16, device=device) for _ in range(3)]
+    inputs = [mine[0], mine[1], mine[0] if rank == 0 else mine[2]]
+
+    def call_inputs(r):  # per call, every rank's input; rank 0's call 2 is its call 0
+        per_call = [[rank_input(seed + r, k, q, n, torch.bfloat16, "sum") for q in range(world)] for k in range(3)]
+        per_call[2][0] = per_call[0][0]
+        return per_call
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    before = engine.graph_buffer_calls
+    with pyccl.graph_capture(comm=comm):
+        with torch.cuda.graph(graph, stream=stream):
+            outs = [pyccl.all_reduce(x, comm=comm, algorithm="2pa_hb") for x in inputs]
+    calls = engine.graph_buffer_calls - before
+    bad = []
+    for r in range(replays):
+        per_call = call_inputs(r)
+        for k, x in enumerate(inputs):
+            x.copy_(per_call[k][rank])
+        graph.replay()
+        for k, out in enumerate(outs):
+            bad += check_reduction(comm, out, per_call[k], "sum", (r, k))
+    del graph
+    comm.close()
+    return bad, calls
+
+
 def outside_and_mismatch(rank, world, store):
     """A graph captured outside graph_capture stages as before; an eager call
     inside the block stages too; ranks that capture different numbers of

@@ -108,7 +108,7 @@ def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_
 
 
 # Library plans that only put and signal to their peers: they run across nodes.
-PUT_ONLY_PLANS = ("allgather_allpairs", "allgather_ring", "allreduce_ring", "reduce_scatter_ring")
+PUT_ONLY_PLANS = ("allgather_allpairs", "allgather_ring", "allreduce_allpairs_hb1", "allreduce_ring", "reduce_scatter_ring")
 
 
 def library_plans_across_nodes(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node):

@@ -159,6 +159,17 @@ def test_fusion_and_synchronization():
     assert sorted(s[2] for s in rp["srcs"][1:]) == [0, 1, 3]
     assert sorted(d[0] for d in [rp["dst"], *rp["dsts"]]) == [0, 1, 3] and len(rp["channels"]) == 2
     verify(hb_push, interleavings=4)
+    # 1PA HB: one put of the whole input to every peer, one signal round, and
+    # the reduction of the peers' copies starting from the input (the copy
+    # into the output never made), at world 8 too.
+    for world in (4, 8):
+        hb1 = algorithms.allreduce_allpairs_hb1(world).lower()
+        assert _kinds(hb1) == ["multi_put", "multi_signal", "multi_wait", "reduce"], world
+        red = hb1.threadblocks(1)[0]["ops"][3]
+        assert red["init"] == [1, "input", 0, 1] and red["dst"] == [1, "output", 0, 1]
+        assert sorted(s[2] for s in red["srcs"]) == [q for q in range(world) if q != 1]
+        assert all(s[:2] == [1, "scratch"] for s in red["srcs"])
+        verify(hb1, interleavings=4)
     # Seven peers and the output chunk are the interpreter's eight
     # destinations, the init and seven slots its eight sources: at world 8 it
     # all still fits one op.
@@ -343,7 +354,7 @@ def test_buffer_placement():
         return p["stage_input"][0], p["stage_output"][0], p["entry_barrier"]
 
     # All-pairs all-reduce: only scratch is shared, every rank waits on every peer.
-    for name in ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb"):
+    for name in ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb1", "allreduce_allpairs_hb"):
         assert place(algorithms.LIBRARY[name](4, instances=2).lower()) == (False, False, False), name
     # Peers write the output: it is staged. A ring waits on one neighbour only.
     assert place(algorithms.allgather_allpairs(4).lower()) == (False, True, False)

@@ -24,6 +24,14 @@ def test_captured_all_reduces_on_graph_buffers_match_float64(world):
 
 
 @requires_gpus(2)
+def test_ranks_that_reuse_tensors_differently_read_each_calls_tensors():
+    seed = random.randrange(1 << 20)
+    for bad, calls in run_ranks(rgb.addresses_differ, min(gpu_count(), 4), args=(seed, 10), timeout=180):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert calls == 3
+
+
+@requires_gpus(2)
 def test_graph_capture_outside_the_block_and_mismatched_captures():
     for result in run_ranks(rgb.outside_and_mismatch, min(gpu_count(), 4), timeout=180):
         assert result["outside"] == [] and result["eager"] == []

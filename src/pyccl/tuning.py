@@ -49,8 +49,8 @@ COLLECTIVES = tuple(c for c in CANDIDATES if c != "all_reduce_symmetric")
 # and the launch shapes pyccl.tune tries for each: instances (thread blocks per
 # plan block) and threads per block.
 PLANS: Dict[str, tuple] = {
-    "all_reduce": ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb",
-                   "allreduce_allpairs_hb_push", "allreduce_ring"),
+    "all_reduce": ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb1",
+                   "allreduce_allpairs_hb", "allreduce_allpairs_hb_push", "allreduce_ring"),
     "all_gather": ("allgather_allpairs", "allgather_ring"),
     "reduce_scatter": ("reduce_scatter_ring",),
 }

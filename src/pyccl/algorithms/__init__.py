@@ -4,14 +4,15 @@ its plan.
 """
 
 from .allgather import allgather_allpairs, allgather_ring
-from .allreduce import (allreduce_allpairs_hb, allreduce_allpairs_hb_push, allreduce_allpairs_ll,
-                        allreduce_allpairs_ll2, allreduce_ring)
+from .allreduce import (allreduce_allpairs_hb, allreduce_allpairs_hb1, allreduce_allpairs_hb_push,
+                        allreduce_allpairs_ll, allreduce_allpairs_ll2, allreduce_ring)
 from .hierarchical import allgather_hierarchical, allreduce_2ph_hb, allreduce_2ph_ll, reduce_scatter_hierarchical
 from .reduce_scatter import reduce_scatter_ring
 
 LIBRARY = {
     "allreduce_allpairs_ll": allreduce_allpairs_ll,
     "allreduce_allpairs_ll2": allreduce_allpairs_ll2,
+    "allreduce_allpairs_hb1": allreduce_allpairs_hb1,
     "allreduce_allpairs_hb": allreduce_allpairs_hb,
     "allreduce_allpairs_hb_push": allreduce_allpairs_hb_push,
     "allreduce_ring": allreduce_ring,

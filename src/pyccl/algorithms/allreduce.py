@@ -1,4 +1,4 @@
-"""All-reduce in the DSL: one-phase all-pairs with LL packets (1PA), two-phase
+"""All-reduce in the DSL: one-phase all-pairs with LL packets and with HB (1PA), two-phase
 all-pairs with LL packets and with HB (2PA, pulling and pushing), as the hand-written kernels of the
 same names (csrc/collectives/allreduce_device.hpp), and the two-phase ring
 with overlapped reduction (2PR)."""
@@ -26,6 +26,31 @@ def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
             for k in range(1, n):
                 q = (r + k) % n
                 p.output(r)[0].reduce_packets(p.scratch(r, n)[q], tb=0)
+    return p
+
+
+def allreduce_allpairs_hb1(num_ranks: int, instances: int = 1) -> Program:
+    """1PA HB, as the hand-written kernel (``1pa_hb``): every rank puts its
+    whole input into slot r of every peer's scratch and tells its peers; each
+    rank then reduces its own input with every peer's copy (local reads only)
+    into its output. One signal and wait, no result stores: on 2 ranks it
+    sends what 2PA sends, on n ranks n / 2 times as much. Lowering makes
+    the copy of the input the reduction's start (``init``: never copied). The
+    wait also orders call k + 1's puts after every peer's reduction of call
+    k - 1, which used the same half of the scratch (double-buffered by call
+    parity), so calls need no barrier."""
+    n = num_ranks
+    with Program("allreduce_allpairs_hb1", AllReduce(n, chunks=1, in_place=False), protocol="hb",
+                 instances=instances) as p:
+        chans = all_pairs_memory_channels(n)
+        for r in range(n):
+            peers = [(r + k) % n for k in range(1, n)]
+            mine = p.scratch(r, n)  # slot q: rank q's input
+            for q in peers:
+                chans[(q, r)].put(p.scratch(q, n)[r], p.input(r)[0], tb=0)
+            signal_and_wait(chans, r, peers, tb=0)  # pushed
+            p.output(r)[0].copy(p.input(r)[0], tb=0)
+            p.output(r)[0].reduce(*[mine[q] for q in peers], tb=0)
     return p
 
 
