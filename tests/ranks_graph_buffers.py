@@ -20,6 +20,20 @@ def _case_tensor(n: int, dtype: torch.dtype, offset: int, device) -> torch.Tenso
     return torch.empty(n + offset, dtype=dtype, device=device)[offset:]
 
 
+def _capture_in_block(comm, calls):
+    """`calls()` captured in one CUDA graph (on a side stream) inside
+    graph_capture. Returns (graph, what calls() returned, calls on graph buffers)."""
+    engine = comm._engine
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    before = engine.graph_buffer_calls
+    with pyccl.graph_capture(comm=comm):
+        with torch.cuda.graph(graph, stream=stream):
+            outs = calls()
+    return graph, outs, engine.graph_buffer_calls - before
+
+
 def captured_cases(rank, world, store, seed, count, max_elems, replays, zero_copy_max):
     """Random all-reduces (every dtype and op, in place and out of place,
     misaligned views, outputs allocated inside the capture) captured in one
@@ -48,15 +62,9 @@ def captured_cases(rank, world, store, seed, count, max_elems, replays, zero_cop
     expected = sum(1 for (_, dtype, _, n, _, _, algo) in cases if zero_copy(n, dtype, algo))
     for x, (i, dtype, op, n, *_rest) in zip(inputs, cases):
         x.copy_(rank_input(seed, i, rank, n, dtype, op))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    before = engine.graph_buffer_calls
-    with pyccl.graph_capture(comm=comm):
-        with torch.cuda.graph(graph, stream=stream):
-            outs = [pyccl.all_reduce(x, op=op, comm=comm, out=x if in_place else None, algorithm=algo)
-                    for x, (i, dtype, op, n, in_place, offset, algo) in zip(inputs, cases)]
-    calls = engine.graph_buffer_calls - before
+    graph, outs, calls = _capture_in_block(
+        comm, lambda: [pyccl.all_reduce(x, op=op, comm=comm, out=x if in_place else None, algorithm=algo)
+                       for x, (i, dtype, op, n, in_place, offset, algo) in zip(inputs, cases)])
     bad = []
     for r in range(1, replays + 1):
         case_inputs = []
@@ -79,7 +87,6 @@ def addresses_differ(rank, world, store, seed, replays):
     tensor of its own to each. Registrations pair by call, so call k reads
     call k's tensors on every peer. Returns (failures, graph-buffer calls)."""
     comm, device = _setup(store, rank, world, True)
-    engine = comm._engine
     n = 100_003  # 200 KB of bf16: 2PA HB forced, within zero_copy_max_bytes
     mine = [torch.empty(n, dtype=torch.bfloat16, device=device) for _ in range(3)]
     inputs = [mine[0], mine[1], mine[0] if rank == 0 else mine[2]]
@@ -89,14 +96,8 @@ def addresses_differ(rank, world, store, seed, replays):
         per_call[2][0] = per_call[0][0]
         return per_call
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    before = engine.graph_buffer_calls
-    with pyccl.graph_capture(comm=comm):
-        with torch.cuda.graph(graph, stream=stream):
-            outs = [pyccl.all_reduce(x, comm=comm, algorithm="2pa_hb") for x in inputs]
-    calls = engine.graph_buffer_calls - before
+    graph, outs, calls = _capture_in_block(comm, lambda: [pyccl.all_reduce(x, comm=comm, algorithm="2pa_hb")
+                                                          for x in inputs])
     bad = []
     for r in range(replays):
         per_call = call_inputs(r)
