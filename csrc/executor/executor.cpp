@@ -481,14 +481,21 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
     std::vector<std::thread> threads;
     for (int t = 0; t < tbs; ++t) {
-      threads.emplace_back([&ctx, op, t, lean = lean_] {
+      threads.emplace_back([&ctx, op, t, lean = lean_, maxOps = maxOpsPerBlock_] {
         const PlanOp* ops = ctx.ops + ctx.tbOffsets[t];
         auto opAt = [ops](int32_t i) -> const PlanOp& { return ops[i]; };
         const int32_t count = ctx.tbOffsets[t + 1] - ctx.tbOffsets[t];
+        // Addresses resolved before the ops where the kernel resolves them so too (addressesFit).
+        std::vector<plan_detail::ResolvedOp> resolved;
+        if (addressesFit(maxOps)) {
+          resolved.resize(static_cast<size_t>(count));
+          plan_detail::resolveOperands(ctx, ops, count, resolved.data(), 0, 1);
+        }
+        const plan_detail::ResolvedOp* ready = resolved.empty() ? nullptr : resolved.data();
         if (lean) {
-          runPlanCall<T, 4, true>(ctx, opAt, count, static_cast<int>(op), t, ctx.calls[t], 0, 1);
+          runPlanCall<T, 4, true>(ctx, opAt, ready, count, static_cast<int>(op), t, ctx.calls[t], 0, 1);
         } else {
-          runPlanCall<T, 4, false>(ctx, opAt, count, static_cast<int>(op), t, ctx.calls[t], 0, 1);
+          runPlanCall<T, 4, false>(ctx, opAt, ready, count, static_cast<int>(op), t, ctx.calls[t], 0, 1);
         }
       });
     }

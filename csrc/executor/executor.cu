@@ -17,10 +17,6 @@
 namespace pyccl {
 namespace {
 
-/// Shared memory for ops beyond which blocks read them from global memory
-/// (within the default per-block limit with the context, so no opt-in is needed).
-constexpr int kStagedOpsBytes = 44 << 10;
-
 /// Blocks of up to 512 threads get up to 128 registers each (one block per
 /// SM): a reduction then keeps a batch of sources' loads in flight without
 /// spilling. 1024-thread blocks, and grids wider than one such block per SM,
@@ -39,20 +35,23 @@ __device__ __forceinline__ void stageOps(PlanOp* to, const PlanOp* from, int cou
 /// (interpreter.hpp's runOp), without the code of the other ops.
 template <typename T, bool Roomy, bool Lean>
 __global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
-    planKernel(const __grid_constant__ PlanContext context, int callOp, bool staged) {
+    planKernel(const __grid_constant__ PlanContext context, int callOp, bool staged, bool withAddresses) {
   extern __shared__ int4 stagedOps[];
   __shared__ PlanContext shared;
   static_assert(sizeof(PlanContext) % sizeof(uint64_t) == 0, "the context is copied in 8-byte words");
   const uint32_t tb = blockIdx.x;
   const PlanOp* ops = context.ops + context.tbOffsets[tb];
   const int32_t count = context.tbOffsets[tb + 1] - context.tbOffsets[tb];
-  // Ops are read from shared memory only: the compiler then knows that no
-  // store to global memory changes them, and keeps their fields in registers
-  // across the packet loops (through a generic pointer, it reloaded them).
-  auto* window = reinterpret_cast<PlanOp*>(stagedOps);
+  // Staged: the ops' resolved addresses where they fit (16-byte aligned, at
+  // the start), then the ops. Ops are read from shared memory only: the compiler then knows
+  // that no store to global memory changes them, and keeps their fields in
+  // registers across the packet loops (through a generic pointer, it
+  // reloaded them).
+  auto* resolved = reinterpret_cast<plan_detail::ResolvedOp*>(stagedOps);
+  auto* window = reinterpret_cast<PlanOp*>(withAddresses ? resolved + count : resolved);
   // The op tables never change and the context is this launch's own, so
-  // these copies (every thread a word at a time, not one thread the whole
-  // context) overlap the previous kernel's tail under PDL.
+  // these copies and the addresses (every thread a share) overlap the
+  // previous kernel's tail under PDL.
   if (staged) stageOps(window, ops, count);
   {
     const auto* from = reinterpret_cast<const uint64_t*>(&context);
@@ -60,6 +59,10 @@ __global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
     for (int i = threadIdx.x; i < static_cast<int>(sizeof(PlanContext) / 8); i += blockDim.x) to[i] = from[i];
   }
   __syncthreads();
+  if (withAddresses) {
+    plan_detail::resolveOperands(shared, window, count, resolved, threadIdx.x, blockDim.x);
+    __syncthreads();
+  }
   collectiveKernelPrologue();  // the call counters and buffers are the previous kernel's after this
   // Every thread reads the count itself (one load per warp, as the
   // hand-written kernels read their flags): no step between the PDL wait and
@@ -72,17 +75,15 @@ __global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
     __syncthreads();
     return window[0];
   };
-  runPlanCall<T, Roomy ? 4 : 1, Lean>(shared, opAt, count, callOp, tb, call, threadIdx.x, blockDim.x);
+  runPlanCall<T, Roomy ? 4 : 1, Lean>(shared, opAt, withAddresses ? resolved : nullptr, count, callOp, tb, call,
+                                      threadIdx.x, blockDim.x);
 }
 
-/// Whether every block's ops fit in shared memory at once.
-bool opsFit(int maxOpsPerBlock) {
-  return static_cast<uint64_t>(maxOpsPerBlock) * sizeof(PlanOp) <= kStagedOpsBytes;
-}
-
-/// Shared memory for the ops: all of them, or one op's window.
+/// Shared memory for the ops: all of them (with their resolved addresses where those fit too), or one op's window.
 uint64_t stagedOpBytes(int maxOpsPerBlock) {
-  return (opsFit(maxOpsPerBlock) ? static_cast<uint64_t>(maxOpsPerBlock) : 1) * sizeof(PlanOp);
+  const uint64_t ops = static_cast<uint64_t>(maxOpsPerBlock);
+  if (addressesFit(maxOpsPerBlock)) return ops * (sizeof(PlanOp) + sizeof(plan_detail::ResolvedOp));
+  return (opsFit(maxOpsPerBlock) ? ops : 1) * sizeof(PlanOp);
 }
 
 /// The variant's full kernel for every dtype.
@@ -138,7 +139,7 @@ void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t thr
   dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
     auto kernel = !roomy ? planKernel<T, false, false> : lean ? planKernel<T, true, true> : planKernel<T, true, false>;
     launchCollectiveKernel(kernel, static_cast<uint32_t>(numThreadBlocks), launch, s, context, static_cast<int>(op),
-                           opsFit(maxOpsPerBlock));
+                           opsFit(maxOpsPerBlock), addressesFit(maxOpsPerBlock));
   });
 }
 

@@ -31,25 +31,26 @@ namespace pyccl {
 namespace plan_detail {
 
 /// dst[i] = reduce(dst[i] if withDst, srcs...) for the op's elements; also
-/// stores the result into extra destinations. `LoadBatch` inputs are loaded
+/// stores the result into dsts[firstExtra], ... `LoadBatch` inputs are loaded
 /// before any is reduced (more of them take more registers). `reduce`:
 /// SumReduction or AnyReduction (withReduction).
 template <typename T, int LoadBatch, typename Reduce>
-PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, uint64_t call, Reduce reduce,
-                                      bool withDst, char* dst, char* const* extra, int numExtra, uint32_t tid,
-                                      uint32_t numThreads) {
+PYCCL_HOST_DEVICE void reduceElements(const OpOperands& ops, Reduce reduce, bool withDst, char* dst, int firstExtra,
+                                      uint32_t tid, uint32_t numThreads) {
   constexpr uint32_t kVec = 16 / sizeof(T);
-  const uint64_t n = static_cast<uint64_t>(op.srcs[0].count) * c.chunkBytes / sizeof(T);
+  const PlanOp& op = ops.op;
+  const uint64_t n = static_cast<uint64_t>(op.srcs[0].count) * ops.c.chunkBytes / sizeof(T);
   // What is reduced, in order: dst (where read), then every source.
   const char* inputs[kPlanMaxOperands + 1];
   int numInputs = 0;
   if (withDst) inputs[numInputs++] = dst;
-  for (int s = 0; s < op.numSrcs; ++s) inputs[numInputs++] = chunkPtr(c, op.srcs[s], call);
-  uintptr_t bits = reinterpret_cast<uintptr_t>(dst);
-  for (int k = 0; k < numInputs; ++k) bits |= reinterpret_cast<uintptr_t>(inputs[k]);
-  for (int e = 0; e < numExtra; ++e) bits |= reinterpret_cast<uintptr_t>(extra[e]);
-  // 16-byte vectors where every pointer allows them, element by element after.
-  const uint64_t vectors = (bits & 15) == 0 ? n / kVec : 0;
+  for (int s = 0; s < op.numSrcs; ++s) inputs[numInputs++] = ops.src(s);
+  char* extra[kPlanMaxOperands];
+  const int numExtra = op.numDsts - firstExtra;
+  for (int e = 0; e < numExtra; ++e) extra[e] = ops.dst(firstExtra + e);
+  // 16-byte vectors where every pointer allows them (dst is a source or a
+  // destination of the op), element by element after.
+  const uint64_t vectors = ops.allAligned() ? n / kVec : 0;
   for (uint64_t v = tid; v < vectors; v += numThreads) {
     float acc[kVec];
     // The inputs are mostly peers' memory: a batch of loads is issued before
@@ -86,19 +87,16 @@ PYCCL_HOST_DEVICE void reduceElements(const PlanContext& c, const PlanOp& op, ui
 /// it stores any, so reads from several peers overlap; larger copies go pair
 /// by pair (copyBytes keeps four loads in flight itself).
 template <int LoadBatch>
-PYCCL_HOST_DEVICE void copyPairs(const PlanContext& c, const PlanOp& op, uint64_t call, uint64_t bytes, uint32_t tid,
-                                 uint32_t numThreads) {
+PYCCL_HOST_DEVICE void copyPairs(const OpOperands& ops, uint64_t bytes, uint32_t tid, uint32_t numThreads) {
   const char* srcs[kPlanMaxOperands];
   char* dsts[kPlanMaxOperands];
-  uintptr_t bits = 0;
-  const int n = op.numSrcs;
+  const int n = ops.op.numSrcs;
   for (int k = 0; k < n; ++k) {
-    srcs[k] = chunkPtr(c, op.srcs[k], call);
-    dsts[k] = chunkPtr(c, op.dsts[k], call);
-    bits |= reinterpret_cast<uintptr_t>(srcs[k]) | reinterpret_cast<uintptr_t>(dsts[k]);
+    srcs[k] = ops.src(k);
+    dsts[k] = ops.dst(k);
   }
   const uint64_t vectors = bytes / 16;
-  if ((bits & 15) != 0 || vectors >= 4ull * numThreads) {
+  if (!ops.allAligned() || vectors >= 4ull * numThreads) {
     for (int k = 0; k < n; ++k) copyBytes(dsts[k], srcs[k], bytes, tid, numThreads);
     return;
   }
@@ -283,8 +281,9 @@ PYCCL_HOST_DEVICE bool isLeanOp(int32_t kind) {
 /// `Lean`: the plan has only isLeanOp kinds and no rank on another node, so
 /// the other ops and the proxy's paths are left out of the code.
 template <typename T, int LoadBatch, bool Lean>
-PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp, uint64_t call, uint32_t tid,
-                             uint32_t numThreads) {
+PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, const ResolvedOp* resolved, int callOp,
+                             uint64_t call, uint32_t tid, uint32_t numThreads) {
+  const OpOperands ops{c, op, resolved, call};
   const int redOp = op.reduceOp >= 0 ? op.reduceOp : callOp;
   const uint64_t bytes = (op.numSrcs > 0 ? static_cast<uint64_t>(op.srcs[0].count) : 0) * c.chunkBytes;
   switch (static_cast<PlanOpKind>(op.kind)) {
@@ -296,42 +295,33 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, int callOp,
         if (remote) return putAcrossNodes(c, op, call, bytes, tid, numThreads);
       }
       if (op.numSrcs > 1) {  // pairs (the DSL's multi_get and multi_put of several chunks)
-        copyPairs<LoadBatch>(c, op, call, bytes, tid, numThreads);
+        copyPairs<LoadBatch>(ops, bytes, tid, numThreads);
         return true;
       }
-      const char* src = chunkPtr(c, op.srcs[0], call);
-      for (int d = 0; d < op.numDsts; ++d) copyBytes(chunkPtr(c, op.dsts[d], call), src, bytes, tid, numThreads);
+      const char* src = ops.src(0);
+      for (int d = 0; d < op.numDsts; ++d) copyBytes(ops.dst(d), src, bytes, tid, numThreads);
       return true;
     }
     case PlanOpKind::kReduce:
       if constexpr (!Lean) {
         // dsts[0] is reduced into; the others get the result too (the DSL's copy_to).
-        char* extra[kPlanMaxOperands];
-        for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
         withReduction(redOp, [&](auto reduce) {
-          reduceElements<T, LoadBatch>(c, op, call, reduce, true, chunkPtr(c, op.dsts[0], call), extra,
-                                       op.numDsts - 1, tid, numThreads);
+          reduceElements<T, LoadBatch>(ops, reduce, true, ops.dst(0), 1, tid, numThreads);
         });
       }
       return true;
     case PlanOpKind::kSwitchReduce:  // one destination; in host mode and here, loads like any reduction
     case PlanOpKind::kReduceTo:
       if constexpr (!Lean) {
-        char* extra[kPlanMaxOperands];
-        for (int d = 1; d < op.numDsts; ++d) extra[d - 1] = chunkPtr(c, op.dsts[d], call);
         withReduction(redOp, [&](auto reduce) {
-          reduceElements<T, LoadBatch>(c, op, call, reduce, false, chunkPtr(c, op.dsts[0], call), extra,
-                                       op.numDsts - 1, tid, numThreads);
+          reduceElements<T, LoadBatch>(ops, reduce, false, ops.dst(0), 1, tid, numThreads);
         });
       }
       return true;
     case PlanOpKind::kReducePut:
       if constexpr (!Lean) {
-        char* extra[kPlanMaxOperands];
-        for (int d = 0; d < op.numDsts; ++d) extra[d] = chunkPtr(c, op.dsts[d], call);
-        withReduction(redOp, [&](auto reduce) {
-          reduceElements<T, LoadBatch>(c, op, call, reduce, false, chunkPtr(c, op.srcs[0], call), extra, op.numDsts,
-                                       tid, numThreads);
+        withReduction(redOp, [&](auto reduce) {  // srcs[0] is the result; every dst gets it too
+          reduceElements<T, LoadBatch>(ops, reduce, false, const_cast<char*>(ops.src(0)), 0, tid, numThreads);
         });
       }
       return true;
@@ -455,9 +445,29 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
 
 }  // namespace plan_detail
 
+/// Shared memory a plan kernel's block gives its ops (within the default
+/// per-block limit with the context, so no opt-in is needed).
+constexpr uint64_t kStagedOpsBytes = 44 << 10;
+
+/// Whether every block's ops fit in shared memory at once: then ops run from
+/// there; else one op at a time through a window.
+PYCCL_HOST_DEVICE constexpr bool opsFit(int maxOpsPerBlock) {
+  return static_cast<uint64_t>(maxOpsPerBlock) * sizeof(PlanOp) <= kStagedOpsBytes;
+}
+
+/// Whether their resolved addresses fit beside them too: then every op starts
+/// from ready addresses (in host mode too, so that CI runs the same path);
+/// else each op resolves its own.
+PYCCL_HOST_DEVICE constexpr bool addressesFit(int maxOpsPerBlock) {
+  return static_cast<uint64_t>(maxOpsPerBlock) * (sizeof(PlanOp) + sizeof(plan_detail::ResolvedOp)) <=
+         kStagedOpsBytes;
+}
+
 /// Runs call `call` of the plan (the thread block's count of completed calls,
 /// read after the previous kernel finished) on thread block `tb`, whose
-/// `count` ops `opAt(i)` returns (a `const PlanOp&`, in order):
+/// `count` ops `opAt(i)` returns (a `const PlanOp&`, in order), with their
+/// chunk addresses in `resolved[i]` where `resolved` is not null
+/// (resolveOperands; else each op resolves its own):
 ///  1. where the input is staged (or an in-place plan works on the user's
 ///     output), its share of the input copy, then a barrier of this rank's
 ///     thread blocks;
@@ -469,8 +479,9 @@ PYCCL_HOST_DEVICE void entryBarrier(const PlanContext& c, uint64_t call, uint32_
 /// what the hand-written kernels of the same algorithm do. `LoadBatch`: see
 /// reduceElements; `Lean`: see runOp.
 template <typename T, int LoadBatch, bool Lean, typename OpAt>
-PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, OpAt&& opAt, int32_t count, int callOp, uint32_t tb,
-                                   uint64_t call, uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, OpAt&& opAt, const plan_detail::ResolvedOp* resolved,
+                                   int32_t count, int callOp, uint32_t tb, uint64_t call, uint32_t tid,
+                                   uint32_t numThreads) {
   const bool stagedIn = c.copiesInput;  // from the host: no branch here waits for the call count
   // Only calls that stage pass rank barriers: the others never read the count.
   uint64_t barriers = stagedIn || c.outputStaged ? c.rankBarriers[tb] : 0;
@@ -486,7 +497,8 @@ PYCCL_HOST_DEVICE void runPlanCall(const PlanContext& c, OpAt&& opAt, int32_t co
 
   // No early exit on a failed wait: every thread must reach every block sync.
   for (int32_t i = 0; i < count; ++i) {
-    plan_detail::runOp<T, LoadBatch, Lean>(c, opAt(i), callOp, call, tid, numThreads);
+    plan_detail::runOp<T, LoadBatch, Lean>(c, opAt(i), resolved != nullptr ? resolved + i : nullptr, callOp, call,
+                                           tid, numThreads);
   }
 
   if (c.outputStaged) {
