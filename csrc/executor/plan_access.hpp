@@ -38,11 +38,6 @@ struct ResolvedOp {
 };
 static_assert(sizeof(ResolvedOp) % 16 == 0, "ResolvedOp arrays keep 16-byte alignment");
 
-/// Chunk `ch` in the buffers of call parity `parity`.
-PYCCL_HOST_DEVICE char* chunkPtrIn(const PlanContext& c, const PlanChunk& ch, int parity) {
-  return c.buffers[parity][c.slot[ch.rank]][ch.buffer] + static_cast<uint64_t>(ch.index) * c.chunkBytes;
-}
-
 /// ops[0, count) resolved into `to`, one (op, parity) per thread at a time;
 /// the caller syncs the threads before any op reads them.
 PYCCL_HOST_DEVICE void resolveOperands(const PlanContext& c, const PlanOp* ops, int32_t count, ResolvedOp* to,
@@ -50,14 +45,14 @@ PYCCL_HOST_DEVICE void resolveOperands(const PlanContext& c, const PlanOp* ops, 
   for (uint32_t i = tid; i < 2u * static_cast<uint32_t>(count); i += numThreads) {
     const PlanOp& op = ops[i / 2];
     ResolvedOp& r = to[i / 2];
-    const int parity = static_cast<int>(i & 1);
+    const uint64_t parity = i & 1;  // as a call count: chunkPtr gives that parity's addresses
     uintptr_t bits = 0;
     for (int k = 0; k < op.numSrcs; ++k) {
-      r.srcs[parity][k] = chunkPtrIn(c, op.srcs[k], parity);
+      r.srcs[parity][k] = chunkPtr(c, op.srcs[k], parity);
       bits |= reinterpret_cast<uintptr_t>(r.srcs[parity][k]);
     }
     for (int k = 0; k < op.numDsts; ++k) {
-      r.dsts[parity][k] = chunkPtrIn(c, op.dsts[k], parity);
+      r.dsts[parity][k] = chunkPtr(c, op.dsts[k], parity);
       bits |= reinterpret_cast<uintptr_t>(r.dsts[parity][k]);
     }
     r.allAligned[parity] = (bits & 15) == 0 ? 1u : 0u;

@@ -315,11 +315,11 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     if _run_plan(call, "all_reduce", tensor, out, op_name):
         return out
     engine = getattr(call.comm, "_engine", None)
-    if not call.forced and engine is not None and engine.is_symmetric(tensor) and engine.is_symmetric(out):
+    # Symmetric buffers, and plain tensors captured on graph buffers (pyccl.graph_capture), which are chosen alike.
+    if not call.forced and engine is not None and (
+            (engine.is_symmetric(tensor) and engine.is_symmetric(out))
+            or (engine.graph_capturing and tensor.is_cuda and torch.cuda.is_current_stream_capturing())):
         _choose_symmetric(call, engine, tensor)
-    elif (not call.forced and engine is not None and engine.graph_capturing and tensor.is_cuda
-          and torch.cuda.is_current_stream_capturing()):
-        _choose_symmetric(call, engine, tensor)  # graph buffers (pyccl.graph_capture): chosen as symmetric ones
     if call.use_nccl:
         # Large messages: NCCL's ring is faster than the 2PA kernel here (see
         # benchmarks/RESULTS.md), so hand them to NCCL: in place, the group's
