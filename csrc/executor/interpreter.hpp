@@ -326,13 +326,13 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, const Resol
       }
       return true;
     case PlanOpKind::kPutPackets:
-      putPackets(c, op, call, tid, numThreads);
+      putPackets(ops, tid, numThreads);
       return true;
     case PlanOpKind::kUnpack:
-      return unpackPackets(c, op, call, tid, numThreads);
+      return unpackPackets(ops, tid, numThreads);
     case PlanOpKind::kReducePackets:
     case PlanOpKind::kReducePutPackets:  // one call site: one inlined copy of the body
-      return reducePackets<T>(c, op, redOp, call, tid, numThreads);
+      return reducePackets<T>(ops, redOp, tid, numThreads);
     case PlanOpKind::kSignal:
       syncBlock();  // the block's writes happen before the releasing adds (cumulativity)
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {

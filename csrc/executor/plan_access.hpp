@@ -24,12 +24,39 @@ PYCCL_HOST_DEVICE char* chunkPtr(const PlanContext& c, const PlanChunk& ch, uint
   return base + static_cast<uint64_t>(ch.index) * c.chunkBytes;
 }
 
-/// Every chunk address of one op in both call parities, and whether each
+/// The LL packets of chunk `index` (+ `j`) of `rank`'s scratch: each chunk
+/// has its own 16-byte aligned slot of 2 x (chunk bytes rounded up to 8).
+PYCCL_HOST_DEVICE LL16Packet* packetPtr(const PlanContext& c, int rank, int64_t index, uint64_t call) {
+  const uint64_t slot = 2 * ((c.chunkBytes + 7) / 8 * 8);
+  return reinterpret_cast<LL16Packet*>(c.packets[c.slot[rank]] + (call & 1) * c.packetPhaseBytes +
+                                       static_cast<uint64_t>(index) * slot);
+}
+
+/// Whether operand `k` of `op` (a source, else a destination) is a region of
+/// LL packets rather than a chunk of a buffer: the packet ops' sent and
+/// received sides.
+PYCCL_HOST_DEVICE bool isPacketOperand(const PlanOp& op, bool source, int k) {
+  switch (static_cast<PlanOpKind>(op.kind)) {
+    case PlanOpKind::kPutPackets:
+      return !source;
+    case PlanOpKind::kUnpack:
+    case PlanOpKind::kReducePackets:
+      return source;
+    case PlanOpKind::kReducePutPackets:  // srcs[0]: where the reduction starts; dsts[0]: the result
+      return k > 0;
+    default:
+      return false;
+  }
+}
+
+/// Every operand address of one op in both call parities (a chunk's, or for
+/// packet operands their packets', isPacketOperand), and whether each
 /// parity's are all 16-byte aligned. Made before the call's ops run
 /// (resolveOperands; on GPUs before the PDL wait, while the previous kernel
 /// finishes), so an op starts from ready addresses: resolving them and
 /// checking their alignment at the op took a reduction about 800 cycles
-/// (2 x H200, 1PA HB plan).
+/// (2 x H200, 1PA HB plan), and a packet op's first packet waited for its
+/// resolution.
 struct ResolvedOp {
   const char* srcs[2][kPlanMaxOperands];
   char* dsts[2][kPlanMaxOperands];
@@ -47,20 +74,25 @@ PYCCL_HOST_DEVICE void resolveOperands(const PlanContext& c, const PlanOp* ops, 
     ResolvedOp& r = to[i / 2];
     const uint64_t parity = i & 1;  // as a call count: chunkPtr gives that parity's addresses
     uintptr_t bits = 0;
+    auto address = [&](const PlanChunk& ch, bool source, int k) -> char* {
+      if (isPacketOperand(op, source, k)) return reinterpret_cast<char*>(packetPtr(c, ch.rank, ch.index, parity));
+      return chunkPtr(c, ch, parity);
+    };
     for (int k = 0; k < op.numSrcs; ++k) {
-      r.srcs[parity][k] = chunkPtr(c, op.srcs[k], parity);
+      r.srcs[parity][k] = address(op.srcs[k], true, k);
       bits |= reinterpret_cast<uintptr_t>(r.srcs[parity][k]);
     }
     for (int k = 0; k < op.numDsts; ++k) {
-      r.dsts[parity][k] = chunkPtr(c, op.dsts[k], parity);
+      r.dsts[parity][k] = address(op.dsts[k], false, k);
       bits |= reinterpret_cast<uintptr_t>(r.dsts[parity][k]);
     }
     r.allAligned[parity] = (bits & 15) == 0 ? 1u : 0u;
   }
 }
 
-/// An op's chunk addresses in call `call`: from its ResolvedOp where it has
-/// one, else resolved here.
+/// An op's operand addresses in call `call`: from its ResolvedOp where it has
+/// one, else resolved here. src and dst are chunk operands, srcPackets and
+/// dstPackets packet operands (isPacketOperand).
 struct OpOperands {
   const PlanContext& c;
   const PlanOp& op;
@@ -72,6 +104,14 @@ struct OpOperands {
   }
   PYCCL_HOST_DEVICE char* dst(int k) const {
     return resolved != nullptr ? resolved->dsts[call & 1][k] : chunkPtr(c, op.dsts[k], call);
+  }
+  PYCCL_HOST_DEVICE const LL16Packet* srcPackets(int k) const {
+    if (resolved != nullptr) return reinterpret_cast<const LL16Packet*>(resolved->srcs[call & 1][k]);
+    return packetPtr(c, op.srcs[k].rank, op.srcs[k].index, call);
+  }
+  PYCCL_HOST_DEVICE LL16Packet* dstPackets(int k) const {
+    if (resolved != nullptr) return reinterpret_cast<LL16Packet*>(resolved->dsts[call & 1][k]);
+    return packetPtr(c, op.dsts[k].rank, op.dsts[k].index, call);
   }
   /// Every source and destination of the op is 16-byte aligned.
   PYCCL_HOST_DEVICE bool allAligned() const {
@@ -96,14 +136,6 @@ PYCCL_HOST_DEVICE void packetOf(uint64_t p, uint64_t perChunk, int32_t count, ui
     *j = p / perChunk;
     *i = p - *j * perChunk;
   }
-}
-
-/// The LL packets of chunk `index` (+ `j`) of `rank`'s scratch: each chunk
-/// has its own 16-byte aligned slot of 2 x (chunk bytes rounded up to 8).
-PYCCL_HOST_DEVICE LL16Packet* packetPtr(const PlanContext& c, int rank, int64_t index, uint64_t call) {
-  const uint64_t slot = 2 * ((c.chunkBytes + 7) / 8 * 8);
-  return reinterpret_cast<LL16Packet*>(c.packets[c.slot[rank]] + (call & 1) * c.packetPhaseBytes +
-                                       static_cast<uint64_t>(index) * slot);
 }
 
 /// Whether a wait of this executor already gave up: later waits then give up

@@ -4,11 +4,12 @@
 //    them, addressed from the op (shared memory) packet by packet;
 //  - one batch, for ops over one chunk with at most kPacketPollBatch sources
 //    and destinations (the library's LL plans on up to 5 ranks): the operands'
-//    addresses are resolved into registers before the packet loop, a packet's
-//    start and result move as whole words, and the sum is its own loop. A
-//    poll's spin loop makes the compiler reload what it reads from shared
-//    memory, so the any-shape form rebuilt every operand's address after
-//    every poll; resolving all kPlanMaxOperands slots the same way spilled.
+//    addresses (resolved before the call where they fit, ResolvedOp) are held
+//    in registers over the packet loop, a packet's start and result move as
+//    whole words, and the sum is its own loop. A poll's spin loop makes the
+//    compiler reload what it reads from shared memory, so the any-shape form
+//    rebuilt every operand's address after every poll; resolving all
+//    kPlanMaxOperands slots the same way spilled.
 // Both forms give packet p to thread p mod threads (packetOf), so an op that
 // reads the packets another packet op of the block wrote, chunk for chunk,
 // reads only what the same thread wrote; the forms may follow each other.
@@ -78,17 +79,18 @@ PYCCL_HOST_DEVICE bool takesOneBatch(const PlanContext& c, int32_t count, int a,
   return !c.genericPacketOps && count == 1 && a <= kResolvedOperands && b <= kResolvedOperands;
 }
 
-/// The packet sources of a one-batch op, resolved into registers before its
-/// packet loop: where srcs[0, n) lie in this call's phase, and who sends them.
+/// The packet sources of a one-batch op, in registers before its packet
+/// loop: where the op's srcs[first, first + n) lie in this call's phase, and
+/// who sends them.
 struct ResolvedPacketSources {
   const LL16Packet* from[kResolvedOperands];
   int peers[kResolvedOperands];
 
-  PYCCL_HOST_DEVICE ResolvedPacketSources(const PlanContext& c, const PlanChunk* srcs, int n, uint64_t call) {
+  PYCCL_HOST_DEVICE ResolvedPacketSources(const OpOperands& ops, int first, int n) {
     PYCCL_UNROLL
     for (int k = 0; k < kResolvedOperands; ++k) {
-      from[k] = k < n ? packetPtr(c, srcs[k].rank, srcs[k].index, call) : nullptr;
-      peers[k] = k < n ? srcs[k].rank : 0;
+      from[k] = k < n ? ops.srcPackets(first + k) : nullptr;
+      peers[k] = k < n ? ops.op.srcs[first + k].rank : 0;
     }
   }
 
@@ -109,28 +111,26 @@ PYCCL_HOST_DEVICE float laneAt(const uint32_t (&words)[2], uint32_t l) {
   return ElementTraits<T>::toFloat(detail::laneOf<T>(words, l));
 }
 
-/// One batch: `out` = `start` reduced (`reduce`) with the packets of
-/// srcs[0, numSrcs), the result also sent to dsts[0, numDsts) as packets.
-/// Padding lanes past the chunk's end are zero in `start` (packPayload pads)
-/// and in every packet, and every reduce op keeps zeros zero: the result's
-/// padding is zero, as a sent packet's must be.
+/// One batch: the op's dsts[0] = `startBase` (one of its chunks) reduced
+/// (`reduce`) with the packets of its srcs[firstSrc, firstSrc + numSrcs),
+/// the result also sent as packets to its dsts[1, 1 + numDsts). Padding lanes
+/// past the chunk's end are zero in the start (packPayload pads) and in every
+/// packet, and every reduce op keeps zeros zero: the result's padding is
+/// zero, as a sent packet's must be.
 template <typename T, typename Reduce>
-PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const PlanContext& c, const PlanChunk& out, const PlanChunk& start,
-                                             const PlanChunk* srcs, int numSrcs, const PlanChunk* dsts, int numDsts,
-                                             Reduce&& reduce, uint64_t call, uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const OpOperands& ops, const char* startBase, int firstSrc, int numSrcs,
+                                             int numDsts, Reduce&& reduce, uint32_t tid, uint32_t numThreads) {
   constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
   static_assert(kLanes >= 1, "an element fits in a packet");
+  const PlanContext& c = ops.c;
   const uint64_t bytes = c.chunkBytes;
   const uint64_t packets = packetsFor<LL16Packet>(bytes);
-  const uint32_t flag = packetFlag(call);
-  char* const outBase = chunkPtr(c, out, call);
-  const char* const startBase = chunkPtr(c, start, call);
-  const ResolvedPacketSources sources(c, srcs, numSrcs, call);
+  const uint32_t flag = packetFlag(ops.call);
+  char* const outBase = ops.dst(0);
+  const ResolvedPacketSources sources(ops, firstSrc, numSrcs);
   LL16Packet* to[kResolvedOperands];
   PYCCL_UNROLL
-  for (int k = 0; k < kResolvedOperands; ++k) {
-    to[k] = k < numDsts ? packetPtr(c, dsts[k].rank, dsts[k].index, call) : nullptr;
-  }
+  for (int k = 0; k < kResolvedOperands; ++k) to[k] = k < numDsts ? ops.dstPackets(1 + k) : nullptr;
   for (uint64_t i = tid; i < packets; i += numThreads) {
     uint32_t first[2];
     packPayload<LL16Packet>(startBase, i, bytes, first);  // its load waits with the polls
@@ -161,17 +161,20 @@ PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const PlanContext& c, const PlanChu
 /// plan's init) and reduce_put_packets (srcs[0] is; dsts[1..] get the result
 /// as packets). The one-batch form has the sum as a constant (withReduction).
 template <typename T>
-PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanOp& op, int redOp, uint64_t call, uint32_t tid,
-                                     uint32_t numThreads) {
+PYCCL_HOST_DEVICE bool reducePackets(const OpOperands& ops, int redOp, uint32_t tid, uint32_t numThreads) {
+  const PlanContext& c = ops.c;
+  const PlanOp& op = ops.op;
+  const uint64_t call = ops.call;
   const int puts = static_cast<PlanOpKind>(op.kind) == PlanOpKind::kReducePutPackets ? 1 : 0;
-  const PlanChunk& start = puts ? op.srcs[0] : op.dsts[op.numDsts > 1 ? 1 : 0];
+  const int startDst = op.numDsts > 1 ? 1 : 0;
+  const PlanChunk& start = puts ? op.srcs[0] : op.dsts[startDst];
   const PlanChunk* srcs = op.srcs + puts;
   const int numSrcs = op.numSrcs - puts, numDsts = puts ? op.numDsts - 1 : 0;
   if (takesOneBatch(c, op.dsts[0].count, numSrcs, numDsts)) {
     bool ok = true;
+    const char* startBase = puts ? ops.src(0) : ops.dst(startDst);
     withReduction(redOp, [&](auto reduce) {
-      ok = reducePacketsOneBatch<T>(c, op.dsts[0], start, srcs, numSrcs, op.dsts + 1, numDsts, reduce, call, tid,
-                                    numThreads);
+      ok = reducePacketsOneBatch<T>(ops, startBase, puts, numSrcs, numDsts, reduce, tid, numThreads);
     });
     return ok;
   }
@@ -182,8 +185,10 @@ PYCCL_HOST_DEVICE bool reducePackets(const PlanContext& c, const PlanOp& op, int
 /// put_packets: srcs[d] to dsts[d] where the op has several sources (pairs),
 /// else srcs[0] to every destination. One batch: every source's packet is
 /// loaded before any is sent, so the loads wait together.
-PYCCL_HOST_DEVICE void putPackets(const PlanContext& c, const PlanOp& op, uint64_t call, uint32_t tid,
-                                  uint32_t numThreads) {
+PYCCL_HOST_DEVICE void putPackets(const OpOperands& ops, uint32_t tid, uint32_t numThreads) {
+  const PlanContext& c = ops.c;
+  const PlanOp& op = ops.op;
+  const uint64_t call = ops.call;
   const uint64_t bytes = c.chunkBytes;
   const uint64_t perChunk = packetsFor<LL16Packet>(bytes);
   const uint32_t flag = packetFlag(call);
@@ -193,8 +198,8 @@ PYCCL_HOST_DEVICE void putPackets(const PlanContext& c, const PlanOp& op, uint64
     LL16Packet* to[kResolvedOperands];
     PYCCL_UNROLL
     for (int d = 0; d < kResolvedOperands; ++d) {
-      from[d] = d < op.numSrcs ? chunkPtr(c, op.srcs[d], call) : nullptr;
-      to[d] = d < op.numDsts ? packetPtr(c, op.dsts[d].rank, op.dsts[d].index, call) : nullptr;
+      from[d] = d < op.numSrcs ? ops.src(d) : nullptr;
+      to[d] = d < op.numDsts ? ops.dstPackets(d) : nullptr;
     }
     for (uint64_t i = tid; i < perChunk; i += numThreads) {
       uint32_t payloads[kResolvedOperands][2];
@@ -226,16 +231,18 @@ PYCCL_HOST_DEVICE void putPackets(const PlanContext& c, const PlanOp& op, uint64
 /// unpack: dsts[k] from the packets in srcs[k], for every pair. One packet
 /// index per thread, polled in every pair's source (kPacketPollBatch at a
 /// time) before the next index.
-PYCCL_HOST_DEVICE bool unpackPackets(const PlanContext& c, const PlanOp& op, uint64_t call, uint32_t tid,
-                                     uint32_t numThreads) {
+PYCCL_HOST_DEVICE bool unpackPackets(const OpOperands& ops, uint32_t tid, uint32_t numThreads) {
+  const PlanContext& c = ops.c;
+  const PlanOp& op = ops.op;
+  const uint64_t call = ops.call;
   const uint64_t bytes = c.chunkBytes;
   const uint64_t perChunk = packetsFor<LL16Packet>(bytes);
   const uint32_t flag = packetFlag(call);
   if (takesOneBatch(c, op.dsts[0].count, op.numSrcs, op.numDsts)) {
-    const ResolvedPacketSources sources(c, op.srcs, op.numSrcs, call);
+    const ResolvedPacketSources sources(ops, 0, op.numSrcs);
     char* to[kResolvedOperands];
     PYCCL_UNROLL
-    for (int k = 0; k < kResolvedOperands; ++k) to[k] = k < op.numSrcs ? chunkPtr(c, op.dsts[k], call) : nullptr;
+    for (int k = 0; k < kResolvedOperands; ++k) to[k] = k < op.numSrcs ? ops.dst(k) : nullptr;
     for (uint64_t i = tid; i < perChunk; i += numThreads) {
       uint32_t payloads[kResolvedOperands][2];
       if (!sources.poll(c, i, flag, payloads)) return false;
