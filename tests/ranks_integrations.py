@@ -37,6 +37,18 @@ def _close(got: torch.Tensor, exact: torch.Tensor, scale: torch.Tensor, dtype) -
     return bool(((got.cpu().double() - exact).abs() <= RTOL[dtype] * scale + 1e-12).all())
 
 
+def _fresh_replays(graph, x: torch.Tensor, rank: int, world: int, seed: int, first_case: int, count: int):
+    """Replays `graph` `count` times, each after copying fresh inputs into `x`; yields (replay, every rank's
+    input, their float64 sum, the sum of their magnitudes)."""
+    for replay in range(count):
+        xs = _inputs(seed, first_case + replay, world, tuple(x.shape), x.dtype)
+        x.copy_(xs[rank])
+        graph.replay()
+        torch.cuda.synchronize()
+        exact = torch.stack([t.double() for t in xs]).sum(0)
+        yield replay, xs, exact, torch.stack([t.double().abs() for t in xs]).sum(0)
+
+
 def collective_cases(rank: int, world: int, store, on_gpu: bool, seed: int) -> list:
     """Out-of-place all-reduce, all-gather and reduce-scatter along every
     dimension, against float64 references; what is wrong, as strings."""
@@ -143,6 +155,7 @@ class _StandInCudaCommunicator:
         self.rank_in_group = dist.get_rank(cpu_group)
         self.fallback_calls = []
         self.destroyed = False
+        self.ca_comm = _StandInCustomAllreduce()  # vLLM's CustomAllreduce, where it makes one
 
     def all_reduce(self, input_):
         self.fallback_calls.append("all_reduce")
@@ -186,7 +199,10 @@ def vllm_stand_in_modules() -> dict:
 
 def vllm_adapter(rank: int, world: int, store, on_gpu: bool, seed: int) -> dict:
     """PycclCudaCommunicator over the stand-in: small messages reach pyccl, the
-    rest the NCCL path; results against float64; destroy closes both."""
+    rest the NCCL path; results against float64; the TP group's ca_comm is
+    vLLM's custom all-reduce with pyccl's graph buffers beside it (on GPUs, an
+    all-reduce captured inside its capture() takes them, replayed against
+    float64); destroy closes both."""
     sys.modules.update(vllm_stand_in_modules())
     import pyccl.integrations.vllm as pv
 
@@ -197,6 +213,15 @@ def vllm_adapter(rank: int, world: int, store, on_gpu: bool, seed: int) -> dict:
     xs = _inputs(seed, 1, world, (4, 32), torch.bfloat16)
     big = _inputs(seed, 2, world, (256, 160), torch.float32)  # 160 KiB: the NCCL path
     res = {"pp_has_pyccl": pp.pyccl_comm is not None, "bad": []}
+    slot, custom = tp.ca_comm, tp.ca_comm.custom
+    res["slot"] = (isinstance(slot, pv.CustomAllreduceSlot), isinstance(custom, _StandInCustomAllreduce),
+                   isinstance(pp.ca_comm, _StandInCustomAllreduce))
+    custom.disabled = True
+    res["slot_delegates"] = [slot.disabled, slot.calls is custom.calls]
+    custom.disabled = False
+    res["slot_delegates"] += [slot.disabled, slot.should_custom_ar(torch.zeros(2))]
+    res["graph_buffer_calls"] = _capture_as_vllm(tp, slot, rank, world, device, seed, res["bad"])
+    res["custom_captures"] = custom.captures
     for label, inputs in (("small", xs), ("big", big)):
         mine = inputs[rank].to(device)
         exact = torch.stack([x.double() for x in inputs]).sum(0)
@@ -221,8 +246,42 @@ def vllm_adapter(rank: int, world: int, store, on_gpu: bool, seed: int) -> dict:
     return res
 
 
+def _capture_as_vllm(tp, slot, rank: int, world: int, device, seed: int, bad: list) -> int:
+    """As vLLM's GroupCoordinator.graph_capture: a CUDA graph captured on a
+    side stream inside ca_comm.capture(), with one all-reduce through the
+    communicator (forced to 2PA HB, which graph buffers run zero-copy), then
+    replayed with fresh inputs against float64. Host mode: the block alone.
+    Returns the all-reduces registered on graph buffers."""
+    if device.type != "cuda":
+        with slot.capture():
+            pass
+        return 0
+    import os
+
+    from pyccl.collectives import _engine
+
+    engine = _engine(tp.pyccl_comm.comm)
+    before = engine.graph_buffer_calls
+    x = torch.empty(16, 512, dtype=torch.bfloat16, device=device)  # 16 KiB
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    os.environ["PYCCL_ALGO"] = "all_reduce=2pa_hb"
+    try:
+        with slot.capture():
+            with torch.cuda.graph(graph, stream=stream):
+                y = tp.all_reduce(x)
+    finally:
+        del os.environ["PYCCL_ALGO"]
+    for replay, _, exact, scale in _fresh_replays(graph, x, rank, world, seed, 50, 3):
+        if not _close(y, exact, scale, torch.bfloat16):
+            bad.append(f"captured all_reduce, replay {replay}")
+    del graph
+    return engine.graph_buffer_calls - before
+
+
 class _StandInCustomAllreduce:
-    """SGLang's CustomAllreduce as the coordinator calls it."""
+    """The engines' CustomAllreduce (vLLM's and SGLang's) as their code calls it."""
 
     def __init__(self):
         self.disabled = False
@@ -347,13 +406,7 @@ def graph_replays(rank: int, world: int, store, seed: int) -> list:
         gathered = gc.all_gather(x, 1)
         part = gc.reduce_scatter(x, 0)
     bad = []
-    for replay in range(4):
-        xs = _inputs(seed, 100 + replay, world, (8, 256), torch.bfloat16)
-        x.copy_(xs[rank])
-        graph.replay()
-        torch.cuda.synchronize()
-        exact = torch.stack([t.double() for t in xs]).sum(0)
-        scale = torch.stack([t.double().abs() for t in xs]).sum(0)
+    for replay, xs, exact, scale in _fresh_replays(graph, x, rank, world, seed, 100, 4):
         if not _close(reduced, exact, scale, torch.bfloat16):
             bad.append(f"replay {replay}: all_reduce")
         if not torch.equal(gathered.cpu(), torch.cat(xs, 1)):

@@ -33,3 +33,6 @@ def test_vllm_adapter_on_gpus():
         assert res["bad"] == [], f"seed {seed}: {res['bad']}"
         assert res["fallback_calls"] == ["all_reduce", "all_gather", "reduce_scatter"]
         assert res["destroyed"] == (True, True, True)
+        # Captured inside ca_comm.capture(), as vLLM's graph_capture does: on graph buffers.
+        assert res["graph_buffer_calls"] == 1
+        assert res["custom_captures"] == 1

@@ -46,6 +46,10 @@ def test_vllm_adapter_routes_by_size_and_falls_back():
         assert res["non_contiguous_to"] == "all_reduce"
         assert res["platform_names"] == "pyccl.integrations.vllm.PycclCudaCommunicator"
         assert res["destroyed"] == (True, True, True)
+        # The TP group's ca_comm: vLLM's custom all-reduce behind pyccl's graph capture; others' untouched.
+        assert res["slot"] == (True, True, True)
+        assert res["slot_delegates"] == [True, True, False, True]
+        assert res["custom_captures"] == 1
 
 
 def test_vllm_platform_plugin_is_opt_in(monkeypatch):

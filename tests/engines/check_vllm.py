@@ -46,6 +46,10 @@ def interface_problems() -> list:
     src = inspect.getsource(GroupCoordinator.__init__)
     if "get_device_communicator_cls()" not in src or "device_comm_cls(" not in src:
         problems.append("GroupCoordinator no longer builds the platform's device communicator class")
+    # pyccl's graph buffers come in through the communicator's ca_comm.capture().
+    src = inspect.getsource(GroupCoordinator.graph_capture)
+    if "device_communicator.ca_comm" not in src or "ca_comm.capture()" not in src:
+        problems.append("GroupCoordinator.graph_capture no longer enters the device communicator's ca_comm.capture()")
     if not isinstance(inspect.getattr_static(interface.Platform, "get_device_communicator_cls"), classmethod):
         problems.append("Platform.get_device_communicator_cls is no longer a classmethod")
     found = load_plugins_by_group("vllm.platform_plugins")
@@ -71,6 +75,9 @@ def communicator_rank(rank: int, world: int, store, seed: int) -> dict:
     comm = pv.PycclCudaCommunicator(cpu_group=group, device=torch.device("cpu"), device_group=group,
                                     unique_name="tp:0")
     res = {"has_pyccl": comm.pyccl_comm is not None, "bad": []}
+    res["slot"] = type(comm.ca_comm).__name__
+    with comm.ca_comm.capture():  # as GroupCoordinator.graph_capture enters it (host mode: nothing to capture)
+        pass
     comm.pyccl_comm._max_bytes = 8 << 10  # both routes at small sizes
     for label, shape in (("pyccl", (4, 64)), ("vllm", (64, 96))):
         xs = _inputs(seed, len(label), world, shape, torch.float32)

@@ -13,6 +13,13 @@ front: for the tensor-parallel group, a call that
 (large messages, odd dtypes, non-contiguous tensors, send/recv) go to
 ``CudaCommunicator`` as before.
 
+vLLM captures its CUDA graphs inside ``GroupCoordinator.graph_capture``, which
+enters the device communicator's ``ca_comm.capture()``. The TP group's
+``ca_comm`` is therefore a :class:`CustomAllreduceSlot`: vLLM's custom
+all-reduce (or none) with :func:`pyccl.graph_capture` entered beside it, so the
+all-reduces pyccl takes in those graphs run zero-copy on the graph's own
+tensors where the size calls for it, as vLLM's custom all-reduce does.
+
 Two ways to install it, in every vLLM process:
 
 * the platform plugin: pyccl's package declares the ``vllm.platform_plugins``
@@ -29,13 +36,16 @@ The classes derive from vLLM's, so they are made on first access (module
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .._logging import logger
+from ..graphs import graph_capture
 from .group import GroupCommunicator
 
-__all__ = ["COMMUNICATOR_QUALNAME", "PLATFORM_QUALNAME", "VLLM_VERSION", "enabled", "patch", "platform_plugin"]
+__all__ = ["COMMUNICATOR_QUALNAME", "PLATFORM_QUALNAME", "VLLM_VERSION", "CustomAllreduceSlot", "enabled", "patch",
+           "platform_plugin"]
 
 #: The vLLM release this adapter is written and tested for.
 VLLM_VERSION = "0.26.0"
@@ -76,6 +86,48 @@ def patch() -> None:
     logger.info("vLLM's CUDA platform now names %s", COMMUNICATOR_QUALNAME)
 
 
+class CustomAllreduceSlot:
+    """The TP communicator's ``ca_comm``: vLLM's custom all-reduce (``custom``,
+    or None where vLLM made none) with pyccl's graph buffers beside it.
+
+    ``capture()`` is what ``GroupCoordinator.graph_capture`` enters around the
+    capture of vLLM's CUDA graphs: :func:`pyccl.graph_capture` on the group's
+    communicator, then the custom all-reduce's own capture. Everything else is
+    the custom all-reduce's (``disabled`` where there is none, so vLLM's
+    dispatch passes over the slot).
+    """
+
+    def __init__(self, group: GroupCommunicator, custom: Optional[Any] = None) -> None:
+        self.group = group
+        self.custom = custom
+
+    @property
+    def disabled(self) -> bool:
+        """Whether vLLM's dispatch skips the custom all-reduce (none, or its own ``disabled``)."""
+        return self.custom is None or bool(self.custom.disabled)
+
+    def should_custom_ar(self, inp: Any) -> bool:
+        """The custom all-reduce's answer; False where there is none."""
+        return self.custom is not None and self.custom.should_custom_ar(inp)
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        """Collective, around the capture of CUDA graphs: pyccl's all-reduces
+        captured inside run on graph buffers (registered on exit, on every
+        rank), and so do the custom all-reduce's."""
+        pyccl_side = contextlib.nullcontext()
+        if not self.group.disabled and not self.group.comm.closed:
+            pyccl_side = graph_capture(comm=self.group.comm)
+        with pyccl_side, (self.custom.capture() if self.custom is not None else contextlib.nullcontext()):
+            yield
+
+    def __getattr__(self, name: str) -> Any:
+        custom = self.__dict__.get("custom")
+        if custom is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (vLLM made no custom all-reduce)")
+        return getattr(custom, name)
+
+
 def _make_communicator_cls() -> type:
     from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
 
@@ -89,6 +141,8 @@ def _make_communicator_cls() -> type:
             is_tp = self.unique_name.split(":")[0] == "tp"
             if is_tp and self.world_size > 1:  # (a CPU device runs pyccl's host mode)
                 self.pyccl_comm = GroupCommunicator(self.cpu_group, self.device, self.device_group)
+                # vLLM's graph_capture enters ca_comm.capture(): pyccl's graph buffers come with it.
+                self.ca_comm = CustomAllreduceSlot(self.pyccl_comm, getattr(self, "ca_comm", None))
 
         def _pyccl_for(self, tensor, collective: str) -> Optional[GroupCommunicator]:
             comm = self.pyccl_comm
