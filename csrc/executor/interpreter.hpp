@@ -284,6 +284,10 @@ template <typename T, int LoadBatch, bool Lean>
 PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, const ResolvedOp* resolved, int callOp,
                              uint64_t call, uint32_t tid, uint32_t numThreads) {
   const OpOperands ops{c, op, resolved, call};
+  // Packet ops start from the resolved addresses in the lean kernel only. In
+  // the full kernel the same change made the HB ops 0.2-0.3 us slower (2 x
+  // H200, benchmarks/RESULTS.md): one function, whose code it changed.
+  const OpOperands packetOps{c, op, Lean ? resolved : nullptr, call};
   const int redOp = op.reduceOp >= 0 ? op.reduceOp : callOp;
   const uint64_t bytes = (op.numSrcs > 0 ? static_cast<uint64_t>(op.srcs[0].count) : 0) * c.chunkBytes;
   switch (static_cast<PlanOpKind>(op.kind)) {
@@ -326,13 +330,13 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, const Resol
       }
       return true;
     case PlanOpKind::kPutPackets:
-      putPackets(ops, tid, numThreads);
+      putPackets(packetOps, tid, numThreads);
       return true;
     case PlanOpKind::kUnpack:
-      return unpackPackets(ops, tid, numThreads);
+      return unpackPackets(packetOps, tid, numThreads);
     case PlanOpKind::kReducePackets:
     case PlanOpKind::kReducePutPackets:  // one call site: one inlined copy of the body
-      return reducePackets<T>(ops, redOp, tid, numThreads);
+      return reducePackets<T>(packetOps, redOp, tid, numThreads);
     case PlanOpKind::kSignal:
       syncBlock();  // the block's writes happen before the releasing adds (cumulativity)
       for (int k = static_cast<int>(tid); k < op.numChannels; k += static_cast<int>(numThreads)) {

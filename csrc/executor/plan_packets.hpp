@@ -4,9 +4,10 @@
 //    them, addressed from the op (shared memory) packet by packet;
 //  - one batch, for ops over one chunk with at most kPacketPollBatch sources
 //    and destinations (the library's LL plans on up to 5 ranks): the operands'
-//    addresses (resolved before the call where they fit, ResolvedOp) are held
-//    in registers over the packet loop, a packet's start and result move as
-//    whole words, and the sum is its own loop. A poll's spin loop makes the
+//    addresses (in the lean kernel resolved before the call where they fit,
+//    ResolvedOp; see runOp) are held in registers over the packet loop, a
+//    packet's start and result move as whole words, and the sum is its own
+//    loop. A poll's spin loop makes the
 //    compiler reload what it reads from shared memory, so the any-shape form
 //    rebuilt every operand's address after every poll; resolving all
 //    kPlanMaxOperands slots the same way spilled.
