@@ -4,12 +4,14 @@ stand-ins of the engines' classes that have the engines' signatures."""
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
 import torch
 import torch.distributed as dist
 
+from pyccl.collectives import _engine
 from pyccl.errors import ClosedError, InvalidArgumentError
 from pyccl.integrations.group import GroupCommunicator
 
@@ -256,10 +258,6 @@ def _capture_as_vllm(tp, slot, rank: int, world: int, device, seed: int, bad: li
         with slot.capture():
             pass
         return 0
-    import os
-
-    from pyccl.collectives import _engine
-
     engine = _engine(tp.pyccl_comm.comm)
     before = engine.graph_buffer_calls
     x = torch.empty(16, 512, dtype=torch.bfloat16, device=device)  # 16 KiB

@@ -43,10 +43,10 @@ __global__ void __launch_bounds__(Roomy ? kRoomyThreads : 1024, 1)
   const PlanOp* ops = context.ops + context.tbOffsets[tb];
   const int32_t count = context.tbOffsets[tb + 1] - context.tbOffsets[tb];
   // Staged: the ops' resolved addresses where they fit (16-byte aligned, at
-  // the start), then the ops. Ops are read from shared memory only: the compiler then knows
-  // that no store to global memory changes them, and keeps their fields in
-  // registers across the packet loops (through a generic pointer, it
-  // reloaded them).
+  // the start), then the ops. Ops are read from shared memory only: the
+  // compiler then knows that no store to global memory changes them, and
+  // keeps their fields in registers across the packet loops (through a
+  // generic pointer, it reloaded them).
   auto* resolved = reinterpret_cast<plan_detail::ResolvedOp*>(stagedOps);
   auto* window = reinterpret_cast<PlanOp*>(withAddresses ? resolved + count : resolved);
   // The op tables never change and the context is this launch's own, so

@@ -7,10 +7,10 @@
 //    addresses (in the lean kernel resolved before the call where they fit,
 //    ResolvedOp; see runOp) are held in registers over the packet loop, a
 //    packet's start and result move as whole words, and the sum is its own
-//    loop. A poll's spin loop makes the
-//    compiler reload what it reads from shared memory, so the any-shape form
-//    rebuilt every operand's address after every poll; resolving all
-//    kPlanMaxOperands slots the same way spilled.
+//    loop. A poll's spin loop makes the compiler reload what it reads from
+//    shared memory, so the any-shape form rebuilt every operand's address
+//    after every poll; resolving all kPlanMaxOperands slots the same way
+//    spilled.
 // Both forms give packet p to thread p mod threads (packetOf), so an op that
 // reads the packets another packet op of the block wrote, chunk for chunk,
 // reads only what the same thread wrote; the forms may follow each other.
