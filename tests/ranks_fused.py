@@ -78,12 +78,24 @@ def _placed(t: torch.Tensor, device, misaligned: bool) -> torch.Tensor:
 def fused_cases(rank, world, store, on_gpu, seed, count, max_hidden, engine_options=None):
     """Random fused calls, checked against float64 and for bitwise equality of
     both results across ranks. Returns (failures, the device's error record)."""
+    return _run_cases(rank, world, store, on_gpu, seed, random_cases(seed, count, world, max_hidden), engine_options)
+
+
+def fused_two_shot_row_counts(rank, world, store, seed, hidden, row_counts):
+    """Two-shot calls of every row count in `row_counts` (float32 rows of
+    `hidden`), in host mode: long calls go in pieces, and a last piece of fewer
+    rows than ranks runs one-shot. Checked as fused_cases checks."""
+    cases = [(torch.float32, rows, hidden, "two_shot", False, 1e-5, False) for rows in row_counts]
+    return _run_cases(rank, world, store, False, seed, cases)
+
+
+def _run_cases(rank, world, store, on_gpu, seed, cases, engine_options=None):
+    """Runs `cases` (random_cases' form) and checks each. Returns (failures, the device's error record)."""
     comm, device = _setup(store, rank, world, on_gpu, engine_options=engine_options)
     pyccl.all_reduce(torch.ones(1, device=device), comm=comm)  # makes the engine
     max_row = comm._engine.fused_max_row_bytes
     bad = []
-    for i, (dtype, rows, hidden, algo, in_place, eps, misaligned) in enumerate(
-            random_cases(seed, count, world, max_hidden)):
+    for i, (dtype, rows, hidden, algo, in_place, eps, misaligned) in enumerate(cases):
         if algo in ("one_shot", "two_shot") and hidden * dtype.itemsize > max_row:
             algo = None  # rows the one-kernel algorithms cannot take: the automatic choice takes two_kernel
         xs, residual, weight = case_tensors(seed, i, world, rows, hidden, dtype)

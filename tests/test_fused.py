@@ -18,6 +18,15 @@ def test_fused_random_cases_match_float64_reference(world):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
+def test_fused_two_shot_pieces_of_every_length():
+    # Rows of 32 KiB: a call takes several two-shot pieces, and its last piece,
+    # of any length, may run one-shot with the rows it has left (11 rows at 4
+    # ranks once overran the one-shot piece's LL regions).
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rf.fused_two_shot_row_counts, 4, args=(seed, 8192, list(range(4, 25))), timeout=300):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
 def test_fused_on_one_block_per_row_and_small_regions():
     # One block per row (no row groups), and LL regions of 2 KiB per block: long
     # rows need every segment, and the calls split into many pieces.

@@ -517,14 +517,17 @@ void CollectiveEngine::allReduceRMSNorm(const void* input, const void* residual,
                                                                    hidden)
                                                           : std::string());
   const uint64_t groupsMost = options_.llBlocks / segments;
-  const uint64_t perCall = (algo == FusedNormAlgorithm::kOneShot ? 1 : world) * groupsMost * rowsPerBlock;
+  const uint64_t oneShotPerCall = groupsMost * rowsPerBlock;
+  const uint64_t perCall = (algo == FusedNormAlgorithm::kOneShot ? 1 : world) * oneShotPerCall;
   CollectiveContext ctx = context_;
   ctx.abort.call = tag;
   for (uint64_t done = 0; done < rows;) {
-    const uint64_t n = rows - done < perCall ? rows - done : perCall;
+    uint64_t n = rows - done < perCall ? rows - done : perCall;
     const uint64_t at = done * rowBytes;
-    // A last two-shot piece of fewer rows than ranks runs one-shot.
+    // A last two-shot piece of fewer rows than ranks runs one-shot, whose
+    // blocks' LL regions hold world times fewer rows: it may take more pieces.
     const bool twoShot = algo == FusedNormAlgorithm::kTwoShot && n >= static_cast<uint64_t>(world);
+    if (!twoShot && n > oneShotPerCall) n = oneShotPerCall;
     const uint64_t groupRows = twoShot ? fusedRowsOf(n, world, 0) : n;
     FusedNormCall call{{static_cast<const char*>(input) + at, static_cast<const char*>(residual) + at, weight,
                         static_cast<char*>(normed) + at, static_cast<char*>(residualOut) + at, n, hidden, eps,
