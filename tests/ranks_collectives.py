@@ -60,6 +60,34 @@ def error_scale(inputs, chunk=slice(None)) -> float:
     return torch.stack([x[chunk].to(torch.float64) for x in inputs]).abs().sum(0).max().item()
 
 
+def random_engine_options(rng: random.Random) -> dict:
+    """A valid CollectiveEngine configuration drawn at random, as a user may set
+    one: few blocks, small LL regions and HB rounds, push or pull, rounds per
+    launch, LL calls on fewer blocks, fused segments; unset keys keep their
+    host-mode defaults (2 blocks, 64 KiB LL regions, 1 MiB HB rounds)."""
+    options: dict = {}
+    ll_blocks = rng.choice([1, 2, 3, 5, 8])
+    options["ll_blocks"] = ll_blocks
+    if rng.random() < 0.5:
+        options["hb_blocks"] = rng.choice([1, 3, 6])
+    if rng.random() < 0.6:
+        options["ll_max_bytes"] = rng.choice([4096, 24_576, 100_000])
+    if rng.random() < 0.6:
+        options["hb_piece_bytes"] = rng.choice([16_384, 49_152, 100_000])
+    if rng.random() < 0.4:
+        options["hb_rounds_per_launch"] = rng.choice([1, 2, 3])
+    options["hb_push"] = rng.random() < 0.5
+    if rng.random() < 0.4:
+        options["ll_packets_per_block"] = rng.choice([16, 64, 256])
+    if rng.random() < 0.4:
+        options["one_phase_hb_bytes_per_block"] = rng.choice([1024, 8192])
+    if rng.random() < 0.5:
+        options["fused_segments"] = rng.randrange(1, min(ll_blocks, 4) + 1)
+    if rng.random() < 0.3:
+        options["fused_two_shot_bytes"] = rng.choice([1, 4096])
+    return options
+
+
 def random_cases(seed: int, count: int, max_elems: int):
     """(dtype, op, elements, algorithm, in_place, offset): odd sizes and
     misaligned views included; algorithm None means the automatic choice."""

@@ -183,3 +183,16 @@ def test_ll_calls_on_fewer_blocks_for_small_messages():
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
     for bad, record in run_ranks(rcol.all_reduce_cases, 3, args=(False, seed, 30, 3000, options), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+def test_random_engine_configurations():
+    # Every run draws two configurations of the engine's options and runs
+    # random all-reduces and exchanges on each, so that over many runs the
+    # tests cover the settings users may choose, not only the defaults.
+    seed = random.randrange(1 << 20)
+    rng = random.Random(seed)
+    for _ in range(2):
+        options, world = rcol.random_engine_options(rng), rng.choice([2, 3, 4, 5])
+        for body, count in ((rcol.all_reduce_cases, 24), (rcol.exchange_cases, 24)):
+            for bad, record in run_ranks(body, world, args=(False, seed, count, 30_000, options), timeout=300):
+                assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import pyccl
+import ranks_collectives as rcol
 import ranks_fused as rf
 import ranks_ops as ro
 from pyccl._spawn import run_ranks
@@ -34,6 +35,16 @@ def test_fused_on_one_block_per_row_and_small_regions():
     for options in ({"fused_segments": 1}, {"ll_blocks": 4, "ll_max_bytes": 8 << 10}):
         for bad, record in run_ranks(rf.fused_cases, 3, args=(False, seed, 24, 1024, options), timeout=300):
             assert bad == [], f"seed {seed} {options}: {bad} (device record {record})"
+
+
+def test_fused_on_random_engine_configurations():
+    # Block counts, LL region sizes and fused segments as users may set them.
+    seed = random.randrange(1 << 20)
+    rng = random.Random(seed)
+    for _ in range(2):
+        options, world = rcol.random_engine_options(rng), rng.choice([2, 3, 4, 5])
+        for bad, record in run_ranks(rf.fused_cases, world, args=(False, seed, 16, 4096, options), timeout=300):
+            assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"
 
 
 def test_fused_at_eight_ranks():
