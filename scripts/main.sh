@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: set up, then run the demo (all local GPUs, or 4 host-mode
-# processes when there is none), and on 2 or more GPUs the collective benchmark
-# (python -m pyccl.bench: every collective against NCCL and torch symmetric
-# memory; its CSV and JSON go to $PYCCL_BENCH_OUT, default ./bench-results).
+# processes where fewer than two are visible), and on 2 or more GPUs the
+# collective benchmark (python -m pyccl.bench: every collective against NCCL
+# and torch symmetric memory; its CSV and JSON go to $PYCCL_BENCH_OUT, default
+# ./bench-results).
 # Extra arguments go to `python -m pyccl.demo`; PYCCL_BENCH_ARGS to the benchmark.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"

@@ -1,5 +1,5 @@
 """The main job, for now: bring up a communicator over every local GPU (or 4
-host-mode processes when there is none), register memory, exchange data through
+host-mode processes where fewer than two are visible), register memory, exchange data through
 it with peer stores and semaphores, and print what was checked.
 
     python -m pyccl.demo [--world-size N] [--host] [--words N]
@@ -11,6 +11,7 @@ import argparse
 import random
 import sys
 import time
+from typing import Optional, Tuple
 
 import torch
 
@@ -56,6 +57,24 @@ def _rank_main(rank: int, world_size: int, store, host: bool, words: int, seed: 
     return report
 
 
+def choose_ranks(host: bool, world_size: int, gpus: int) -> Tuple[bool, int, Optional[str]]:
+    """(host mode, ranks, why host mode was taken where it was not asked for)
+    for `--host`, `--world-size` (0: every GPU, or 4 in host mode) and the
+    number of visible GPUs. A machine with one GPU runs host mode, as a
+    collective needs two; asking for more GPUs than are visible is an error."""
+    if world_size < 0 or world_size == 1:
+        raise ValueError(f"--world-size must be 0 (every GPU, or 4 in host mode) or at least 2, got {world_size}")
+    if host:
+        return True, world_size or 4, None
+    if gpus == 0:
+        return True, world_size or 4, "no GPU visible (or pyccl built without CUDA)"
+    if gpus == 1 and world_size == 0:
+        return True, 4, "one GPU visible, and the demo's exchange needs one GPU per rank"
+    if world_size > gpus:
+        raise ValueError(f"--world-size {world_size} needs {world_size} GPUs; {gpus} visible (--host for host mode)")
+    return False, world_size or gpus, None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=0,
@@ -65,14 +84,15 @@ def main(argv=None) -> int:
                         help="int32 words each rank writes into each peer (default 1Mi)")
     args = parser.parse_args(argv)
 
-    host = args.host or not pyccl.cuda_available()
-    world = args.world_size or (4 if host else torch.cuda.device_count())
-    if not host and world > torch.cuda.device_count():
-        print(f"--world-size {world} needs {world} GPUs; {torch.cuda.device_count()} visible", file=sys.stderr)
-        return 2
-    if world < 2:
-        print(f"need at least 2 ranks, have {world}; use --host for host mode", file=sys.stderr)
-        return 2
+    gpus = torch.cuda.device_count() if pyccl.cuda_available() else 0
+    try:
+        host, world, why = choose_ranks(args.host, args.world_size, gpus)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.words < 1:
+        parser.error(f"--words must be at least 1, got {args.words}")
+    if why:
+        print(f"{why}: running {world} host-mode processes", file=sys.stderr)
     mode = "host mode (CPU)" if host else f"{world} x {torch.cuda.get_device_name(0)}"
     print(f"pyccl {pyccl.__version__}: {world} ranks, {mode}; CUDA build: {pyccl._C.cuda_built()}")
     seed = random.randrange(1 << 31)
