@@ -1,6 +1,7 @@
 """The main job, for now: bring up a communicator over every local GPU (or 4
-host-mode processes where fewer than two are visible), register memory, exchange data through
-it with peer stores and semaphores, and print what was checked.
+host-mode processes where fewer than two are visible), register memory,
+exchange data through it with peer stores and semaphores, and print what was
+checked.
 
     python -m pyccl.demo [--world-size N] [--host] [--words N]
 """
