@@ -127,7 +127,10 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (1u << 20);
   if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
   // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (benchmarks/RESULTS.md).
-  if (options_.llThresholdBytes == 0) options_.llThresholdBytes = host ? options_.llMaxBytes / 2 : (128u << 10);
+  // A smaller ll_max_bytes lowers the default with it (1PA LL takes no more than the LL region).
+  if (options_.llThresholdBytes == 0) {
+    options_.llThresholdBytes = host ? options_.llMaxBytes / 2 : std::min<uint64_t>(128u << 10, options_.llMaxBytes);
+  }
   const bool ll2Default = options_.ll2ThresholdBytes == 0;
   if (ll2Default) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (1u << 20);
   if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;

@@ -45,7 +45,7 @@ struct CollectiveOptions {
   /// exchange_device.hpp.
   bool hbPush = true;
   /// All-reduce, automatic choice: 1PA LL up to here; 0: default (128 KiB on
-  /// GPUs, llMaxBytes / 2 in host mode).
+  /// GPUs, or llMaxBytes if smaller; llMaxBytes / 2 in host mode).
   uint64_t llThresholdBytes = 0;
   /// All-reduce, automatic choice: 2PA LL up to here, 2PA HB above; 0: default
   /// (1 MiB on GPUs, llMaxBytes in host mode).
