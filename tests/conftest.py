@@ -8,10 +8,12 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import pyccl  # noqa: E402
+from gpu_sharing import SHARE_ENV, physical_gpu_count, shared_world  # noqa: E402
 
 
 def gpu_count() -> int:
-    return pyccl._C.device_count() if pyccl._C.cuda_built() else 0
+    """GPUs the GPU tests may use: those visible, or PYCCL_TEST_SHARE_GPU's number (gpu_sharing.py)."""
+    return shared_world() or physical_gpu_count()
 
 
 def _chosen_worlds() -> set | None:
@@ -46,10 +48,19 @@ def slowed(seconds: float) -> float:
     return seconds * float(os.environ.get("PYCCL_TEST_SLOWDOWN", "1"))
 
 
-def requires_gpus(n: int):
-    """Skips (saying why) unless this build has CUDA and at least n GPUs are visible."""
+def shared_rounds(rounds: int) -> int:
+    """A round-trip test's round count: `rounds`, or a fiftieth of it (at least
+    100) where PYCCL_TEST_SHARE_GPU time-slices the ranks on one GPU and every
+    round waits for a context switch (about a millisecond)."""
+    return max(100, rounds // 50) if shared_world() else rounds
+
+
+def requires_gpus(n: int, own: bool = False):
+    """Skips (saying why) unless this build has CUDA and at least n GPUs are
+    visible. With `own`, each rank needs a GPU of its own: the test skips
+    where PYCCL_TEST_SHARE_GPU puts several ranks on one GPU."""
     if not pyccl._C.cuda_built():
-        reason = "pyccl was built without CUDA"
-    else:
-        reason = f"needs {n} CUDA GPU(s), {gpu_count()} visible"
-    return pytest.mark.skipif(gpu_count() < n, reason=reason)
+        return pytest.mark.skipif(True, reason="pyccl was built without CUDA")
+    if own and shared_world():
+        return pytest.mark.skipif(True, reason=f"needs a GPU per rank; {SHARE_ENV} puts several ranks on one")
+    return pytest.mark.skipif(gpu_count() < n, reason=f"needs {n} CUDA GPU(s), {gpu_count()} visible")

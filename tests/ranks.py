@@ -11,6 +11,7 @@ import time
 import torch
 
 import pyccl
+from gpu_sharing import rank_gpu
 
 
 def refusal(call, errors=pyccl.PycclError):
@@ -222,8 +223,8 @@ def selftest_peer_absent(rank, world, store, on_gpu):
     kernel on GPU) give up at the 2 s timeout and the error record names rank 1."""
     device = "cpu"
     if on_gpu:
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
+        torch.cuda.set_device(rank_gpu(rank))
+        device = f"cuda:{rank_gpu(rank)}"
     comm = _comm(store, rank, world, device=device, timeout_s=2)
     buf = pyccl.empty(world * 16, dtype=torch.int32, device=device)
     local = comm.register(buf)

@@ -9,6 +9,7 @@ import random
 import torch
 
 import pyccl
+from gpu_sharing import rank_gpu
 from ranks import refusal
 from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input, reference
 
@@ -27,7 +28,7 @@ def collectives(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_nod
     so that more ranks than GPUs can run (as long as a node's ranks are on
     different GPUs). Returns (failures, node layout seen, refusals of bad calls)."""
     os.environ["PYCCL_NODE_ID"] = f"node{rank // gpus_per_node}"
-    comm, device = _setup(store, rank, world, on_gpu, gpu_index=None if gpus is None else rank % gpus)
+    comm, device = _setup(store, rank, world, on_gpu, gpu_index=None if gpus is None else rank_gpu(rank % gpus))
     rng = random.Random(seed)
     bad = []
     for i in range(calls):
@@ -118,11 +119,11 @@ def torch_group(rank, world, store, on_gpu, seed, gpus_per_node):
     os.environ["PYCCL_NODE_ID"] = f"node{rank // gpus_per_node}"
     kwargs = {}
     if on_gpu:
-        torch.cuda.set_device(rank)
-        kwargs["device_id"] = torch.device("cuda", rank)
+        torch.cuda.set_device(rank_gpu(rank))
+        kwargs["device_id"] = torch.device("cuda", rank_gpu(rank))
     dist.init_process_group("pyccl" if on_gpu else "cpu:pyccl", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60), **kwargs)
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     rng = random.Random(seed)
     bad = []
     for i in range(12):

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import pyccl  # noqa: F401  (registers the backend)
+from gpu_sharing import rank_gpu
 from ranks_collectives import TOLERANCE, error_scale, movement_input, rank_input, reference
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
@@ -19,11 +20,11 @@ OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.
 def _init(rank, world, store, backend, on_gpu, timeout_s=120):
     kwargs = {}
     if on_gpu:
-        torch.cuda.set_device(rank)
-        kwargs["device_id"] = torch.device("cuda", rank)
+        torch.cuda.set_device(rank_gpu(rank))
+        kwargs["device_id"] = torch.device("cuda", rank_gpu(rank))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    return torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    return torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
 
 
 def _close(x, ref, dtype, inputs, chunk=slice(None)):
@@ -179,7 +180,7 @@ def bad_input(rank, world, store):
 def mixed_string(rank, world, store):
     """'cpu:gloo,cuda:pyccl': CPU tensors go to gloo."""
     if torch.cuda.device_count() >= world:
-        torch.cuda.set_device(rank)  # the pyccl half sets up on the current GPU
+        torch.cuda.set_device(rank_gpu(rank))  # the pyccl half sets up on the current GPU
     _init(rank, world, store, "cpu:gloo,cuda:pyccl", False)
     x = torch.full((3,), float(rank))
     dist.all_reduce(x)

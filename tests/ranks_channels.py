@@ -13,6 +13,7 @@ import torch
 import pyccl
 from pyccl.primitives import Op, run
 from pyccl.primitives import pingpong as pyccl_pingpong
+from gpu_sharing import rank_gpu
 
 from conftest import slowed
 
@@ -27,8 +28,8 @@ def _setup(store, rank, world, on_gpu, timeout_s=None, name=None):
         timeout_s = slowed(20.0)
     device = "cpu"
     if on_gpu:
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
+        torch.cuda.set_device(rank_gpu(rank))
+        device = f"cuda:{rank_gpu(rank)}"
     comm = pyccl.Communicator(store, rank, world, device=device, name=name,
                               timeout=datetime.timedelta(seconds=timeout_s))
     return comm, device

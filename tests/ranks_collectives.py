@@ -9,6 +9,7 @@ import random
 import torch
 
 import pyccl
+from gpu_sharing import rank_gpu
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOLERANCE = {torch.float32: (1e-5, 1e-6), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
@@ -20,7 +21,7 @@ def _setup(store, rank, world, on_gpu, timeout_s=60.0, engine_options=None, gpu_
     (pyccl._C.CollectiveEngine keyword arguments)."""
     device = "cpu"
     if on_gpu:
-        index = rank if gpu_index is None else gpu_index
+        index = rank_gpu(rank) if gpu_index is None else gpu_index
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
     comm = pyccl.Communicator(store, rank, world, device=device, name="coll",
@@ -250,8 +251,8 @@ def group_path(rank, world, store):
     place: the group's backend), eagerly and in a CUDA graph; all correct."""
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
+    torch.cuda.set_device(rank_gpu(rank))
+    device = torch.device("cuda", rank_gpu(rank))
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
     bad = []
     cases = [(1000, "sum", False), (5_000_000, "sum", False), (5_000_000, "max", False), (5_000_000, "avg", True)]

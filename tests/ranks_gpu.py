@@ -9,12 +9,13 @@ import time
 import torch
 
 import pyccl
+from gpu_sharing import rank_gpu
 from ranks import refusal
 
 
 def _gpu_comm(store, rank, world, timeout_s=60.0):
-    torch.cuda.set_device(rank)
-    return pyccl.Communicator(store, rank, world, device=f"cuda:{rank}",
+    torch.cuda.set_device(rank_gpu(rank))
+    return pyccl.Communicator(store, rank, world, device=f"cuda:{rank_gpu(rank)}",
                               timeout=datetime.timedelta(seconds=timeout_s))
 
 
@@ -22,7 +23,7 @@ def _buffers(rank, world, words, allocator):
     """The buffer under test, from the allocator named."""
     n = world * words
     if allocator == "pyccl.empty":
-        return pyccl.empty(n, dtype=torch.int32, device=f"cuda:{rank}")
+        return pyccl.empty(n, dtype=torch.int32, device=f"cuda:{rank_gpu(rank)}")
     if allocator == "expandable":
         assert "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         # Something first, so the buffer starts inside a segment and spans several.
@@ -60,7 +61,7 @@ def peer_writes(rank, world, store, words, allocator, seed):
 
 def device_selftest(rank, world, store, words, seeds):
     comm = _gpu_comm(store, rank, world)
-    buf = pyccl.empty(world * words, dtype=torch.int32, device=f"cuda:{rank}")
+    buf = pyccl.empty(world * words, dtype=torch.int32, device=f"cuda:{rank_gpu(rank)}")
     local = comm.register(buf)
     mapped = comm.exchange(local)
     sems = [comm.create_semaphore(p) for p in range(world) if p != rank]
@@ -78,7 +79,7 @@ def host_semaphores_on_gpu(rank, world, store, rounds):
     comm = _gpu_comm(store, rank, world)
     peer = 1 - rank
     sem = comm.create_semaphore(peer)
-    buf = pyccl.empty(4, dtype=torch.int64, device=f"cuda:{rank}")
+    buf = pyccl.empty(4, dtype=torch.int64, device=f"cuda:{rank_gpu(rank)}")
     mapped = comm.exchange(comm.register(buf))
     bad = 0
     for r in range(rounds):
@@ -117,11 +118,11 @@ def gpu_bad_input(rank, world, store):
 
 def gpu_create_destroy_cycles(rank, world, store, cycles):
     def one(i):
-        torch.cuda.set_device(rank)
-        comm = pyccl.Communicator(store, rank, world, device=f"cuda:{rank}", name=f"gcycle{i}",
+        torch.cuda.set_device(rank_gpu(rank))
+        comm = pyccl.Communicator(store, rank, world, device=f"cuda:{rank_gpu(rank)}", name=f"gcycle{i}",
                                   timeout=datetime.timedelta(seconds=60))
         buf = torch.empty(1 << 20, dtype=torch.int32, device="cuda")
-        sym = pyccl.empty(1 << 20, dtype=torch.int32, device=f"cuda:{rank}")
+        sym = pyccl.empty(1 << 20, dtype=torch.int32, device=f"cuda:{rank_gpu(rank)}")
         mapped = comm.exchange(comm.register(buf))
         mapped2 = comm.exchange(comm.register(sym))
         sems = [comm.create_semaphore(p) for p in range(world) if p != rank]
@@ -154,8 +155,8 @@ def crossed_first_launches(rank, world, store, seed):
     peer. Returns the wrong results, the errors and the seconds it took."""
     import threading
 
-    torch.cuda.set_device(rank)
-    comms = [pyccl.Communicator(store, rank, world, device=f"cuda:{rank}", name=f"crossed{g}",
+    torch.cuda.set_device(rank_gpu(rank))
+    comms = [pyccl.Communicator(store, rank, world, device=f"cuda:{rank_gpu(rank)}", name=f"crossed{g}",
                                 timeout=datetime.timedelta(seconds=20)) for g in range(2)]
     streams = [torch.cuda.Stream() for _ in range(2)]
     n = 1 << 20  # 2 MiB of 16-bit values: the HB kernels
@@ -209,3 +210,19 @@ def _crossed_inputs(seed, rank, n):
     a = (1 + torch.rand(n, generator=gen, dtype=torch.float64) / 64).to(torch.float16)
     b = torch.randn(n, generator=gen, dtype=torch.float64).to(torch.bfloat16)
     return a, b
+
+
+def ranks_on_one_gpu(rank, world, store):
+    """Every rank on cuda:0. Returns the communicator's refusal (InvalidArgumentError),
+    or None and whether an all-reduce on the shared GPU was right."""
+    torch.cuda.set_device(0)
+    try:
+        comm = pyccl.Communicator(store, rank, world, device="cuda:0", timeout=datetime.timedelta(seconds=60))
+    except pyccl.InvalidArgumentError as e:
+        return str(e), None
+    x = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(rank)) + 2
+    want = sum(torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(q)) + 2
+               for q in range(world))
+    y = pyccl.all_reduce(x.to(torch.float32).cuda(), comm=comm).cpu().double()
+    comm.close()
+    return None, bool(torch.allclose(y, want, rtol=1e-5, atol=1e-5))

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from pyccl.collectives import _engine
 from pyccl.errors import ClosedError, InvalidArgumentError
 from pyccl.integrations.group import GroupCommunicator
+from gpu_sharing import rank_gpu
 
 RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -21,11 +22,11 @@ RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 def _init(rank: int, world: int, store, on_gpu: bool):
     """An engine's set-up: the world, a gloo group and a device group of all ranks."""
     if on_gpu:
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank_gpu(rank))
     dist.init_process_group("cpu:gloo,cuda:nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world)
     cpu_group = dist.new_group(list(range(world)), backend="gloo")
     device_group = dist.new_group(list(range(world)), backend="nccl" if on_gpu else "gloo")
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     return cpu_group, device_group, device
 
 

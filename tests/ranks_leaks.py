@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import pyccl
+from gpu_sharing import rank_gpu
 from ranks import _resources
 from ranks_collectives import TOLERANCE
 
@@ -38,7 +39,7 @@ def communicator_cycles(rank, world, store, on_gpu, cycles):
     """Creates a communicator, runs every collective at an LL and an HB size,
     destroys it; `cycles` times. Returns the resources after a warm-up and at
     the end, and whether every result was right."""
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     wrong = []
@@ -77,7 +78,7 @@ def mixed_load(rank, world, store, on_gpu, seconds, seed):
     """Two process groups, each driven by its own thread (and CUDA stream),
     run random collectives of random sizes for `seconds`; every result is
     checked. Returns the calls made per group and the wrong results."""
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(os.environ.get("LOAD_TIMEOUT", "120")))
@@ -263,7 +264,7 @@ def across_nodes_cycles(rank, world, store, on_gpu, cycles):
     proxy channels and host mirrors for the plans across nodes (an LL and an
     HB all-reduce, an all-gather, a reduce-scatter) and closes them."""
     os.environ["PYCCL_NODE_ID"] = f"node{rank}"
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     wrong = []

@@ -6,14 +6,15 @@ import torch
 import torch.distributed as dist
 
 import pyccl  # noqa: F401  (registers torch.ops.pyccl)
+from gpu_sharing import rank_gpu
 
 
 def _init(rank, world, store, on_gpu):
     if on_gpu:
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank_gpu(rank))
         dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
-                                device_id=torch.device("cuda", rank))
-        return torch.device("cuda", rank)
+                                device_id=torch.device("cuda", rank_gpu(rank)))
+        return torch.device("cuda", rank_gpu(rank))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     return torch.device("cpu")
 

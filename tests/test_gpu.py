@@ -46,6 +46,17 @@ def test_device_semaphores_order_peer_writes(world):
         assert [(m, f) for m, f, _ in per_seed] == [(0, 0)] * len(seeds)
 
 
+@requires_gpus(1)
+def test_ranks_sharing_a_gpu_are_refused_unless_allowed():
+    # As NCCL refuses a duplicate GPU: two ranks on one GPU is most often a missing set_device.
+    for message, _ in run_ranks(ranks_gpu.ranks_on_one_gpu, 3, env={"PYCCL_ALLOW_SHARED_GPU": "0"}, timeout=120):
+        assert message is not None and "'device'" in message and "ranks 0 and 1 are on the same GPU" in message
+        assert "PYCCL_ALLOW_SHARED_GPU=1" in message and "set_device" in message, message
+    # Allowed, for testing: the GPU time-slices between the ranks, and results are right.
+    assert run_ranks(ranks_gpu.ranks_on_one_gpu, 2, env={"PYCCL_ALLOW_SHARED_GPU": "1"}, timeout=120) == \
+        [(None, True)] * 2
+
+
 @requires_gpus(2)
 def test_host_semaphores_on_gpu_memory():
     rounds = 100
@@ -68,7 +79,7 @@ def test_bad_gpu_registrations_name_the_argument():
             assert message is not None and "'tensor'" in message, (label, message)
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)  # it measures the whole GPU's memory, which ranks sharing it allocate in turn
 def test_gpu_create_destroy_cycles_leak_nothing():
     for before, after in run_ranks(ranks_gpu.gpu_create_destroy_cycles, 2, args=(20,), timeout=300):
         assert after["fds"] == before["fds"] and after["threads"] == before["threads"], (before, after)

@@ -57,7 +57,7 @@ def test_all_reduce_across_nodes_in_cuda_graphs():
         assert bad == [], f"seed {seed}: {bad}"
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)
 @pytest.mark.parametrize("world", gpu_worlds(2, 4, 6, 8))
 def test_torch_backend_across_two_nodes_on_gpus(world):
     """The "pyccl" backend on GPUs split into two nodes: the three collectives
@@ -68,7 +68,7 @@ def test_torch_backend_across_two_nodes_on_gpus(world):
         assert refusals == {"int_all_reduce": None, "broadcast": None}, refusals
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)
 def test_torchrun_on_gpus_split_into_two_nodes():
     """docs/multinode.md's recipe: one torchrun agent per "node", each seeing
     its half of the GPUs, backend "pyccl"."""

@@ -23,7 +23,7 @@ def test_torch_compile_fullgraph_with_functional_collectives_on_gpus():
         assert bad == []
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)
 def test_graph_captured_through_the_backend_and_nccl_hand_off():
     for bad in run_ranks(rb.gpu_extras, min(gpu_count(), 4), args=(300,), timeout=300):
         assert bad == []

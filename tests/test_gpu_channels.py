@@ -5,7 +5,7 @@ import random
 import pytest
 
 import ranks_channels as rc
-from conftest import gpu_worlds, requires_gpus, slowed
+from conftest import gpu_worlds, requires_gpus, shared_rounds, slowed
 from pyccl._spawn import run_ranks
 
 
@@ -17,7 +17,7 @@ def test_random_transfers_all_protocols_bitwise(blocks):
         assert bad == [], f"seed {seed}: {bad}"
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)  # time-sliced on a shared GPU, a million rounds would take about half an hour
 def test_one_million_signal_rounds_no_lost_or_early_wakeups():
     # Every message carries its round number, written to the peer before the
     # signal: an early wake-up reads the previous round's value (a mismatch),
@@ -30,7 +30,7 @@ def test_one_million_signal_rounds_no_lost_or_early_wakeups():
 @requires_gpus(2)
 @pytest.mark.parametrize("kind", ["relaxed_signal", "ll8", "ll16", "port_signal"])
 def test_pingpong_carries_every_round(kind):
-    rounds = 100_000 if kind != "port_signal" else 20_000
+    rounds = shared_rounds(100_000 if kind != "port_signal" else 20_000)
     for failures, mismatches, done, _, record in run_ranks(rc.pingpong, 2, args=(True, rounds, kind),
                                                            timeout=slowed(150)):
         assert (failures, mismatches, done) == (0, 0, rounds), record
@@ -39,13 +39,14 @@ def test_pingpong_carries_every_round(kind):
 @requires_gpus(2)
 @pytest.mark.parametrize("kind", ["signal", "ll", "port"])
 def test_op_runner_pingpong_rounds(kind):
-    for failures, _, record in run_ranks(rc.op_runner_pingpong, 2, args=(True, 20000, kind), timeout=slowed(150)):
+    rounds = shared_rounds(20000)
+    for failures, _, record in run_ranks(rc.op_runner_pingpong, 2, args=(True, rounds, kind), timeout=slowed(150)):
         assert failures == 0, record
 
 
 @requires_gpus(2)
 def test_fifo_wraps_around_under_load():
-    count = 100_000
+    count = shared_rounds(100_000)
     results = run_ranks(rc.port_flood, 2, args=(True, count), timeout=slowed(150))
     assert [r[0] for r in results] == [0, 0]
     assert results[0][1] == count + 1

@@ -55,7 +55,7 @@ def test_all_reduce_push_random_cases(world):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)
 def test_all_reduce_on_a_torch_nccl_group():
     # The size rule, not the shipped tuning table: on 2 H200s the table keeps
     # 20 MB on 2PA HB, and this test is about the hand-off to NCCL.
@@ -98,7 +98,21 @@ def test_every_collective_in_a_graph_captured_before_any_eager_call():
         assert bad == []
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)
 def test_zeros_infinities_and_nan_as_nccl():
     for bad in run_ranks(rcol.special_values, min(gpu_count(), 4), args=(True,), timeout=300):
         assert bad == [], bad[:3]
+
+
+@requires_gpus(2)
+def test_random_engine_configurations_on_gpus():
+    # tests/test_collectives.py's random configurations, on GPUs, where the
+    # options left unset take the GPU defaults (a small ll_max_bytes was once
+    # refused there for the 128 KiB 1PA LL threshold, which the user never set).
+    seed = random.randrange(1 << 20)
+    rng = random.Random(seed)
+    for _ in range(2):
+        options, world = rcol.random_engine_options(rng), rng.choice(gpu_worlds(2, 3, 4))
+        for body, count in ((rcol.all_reduce_cases, 16), (rcol.exchange_cases, 16)):
+            for bad, record in run_ranks(body, world, args=(True, seed, count, 300_000, options), timeout=300):
+                assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"

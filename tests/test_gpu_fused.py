@@ -38,7 +38,7 @@ def test_fused_in_cuda_graph_replays():
         assert bad == []
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)
 def test_fused_op_passes_opcheck_on_gpus():
     for bad in run_ranks(ro.opcheck_fused, 2, args=(True,), timeout=300):
         assert bad == {}

@@ -26,7 +26,7 @@ def test_group_communicator_in_cuda_graph():
         assert bad == [], f"seed {seed}: {bad}"
 
 
-@requires_gpus(2)
+@requires_gpus(2, own=True)
 def test_vllm_adapter_on_gpus():
     seed = random.randrange(1 << 20)
     for res in run_ranks(ri.vllm_adapter, 2, args=(True, seed), timeout=300):

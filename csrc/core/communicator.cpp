@@ -106,6 +106,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
     for (int p = 0; p < worldSize_; ++p) {
       topology_.sameNode[p] = topology_.ranks[p].nodeKey == nodeKey_;
     }
+    checkGpusDistinct();
     probePeers();
     bootstrap_->barrier();
   } catch (...) {
@@ -384,6 +385,27 @@ std::shared_ptr<void> Communicator::allocateHostMapped(size_t size) const {
   return std::shared_ptr<void>(gpu::allocPinnedMapped(size), [](void* q) { gpu::freePinned(q); });
 }
 
+void Communicator::checkGpusDistinct() {
+  auto [p, q] = topology_.ranksSharingGpu();
+  if (p < 0) return;
+  const RankInfo& a = topology_.ranks[p];
+  const RankInfo& b = topology_.ranks[q];
+  // Every rank sees the same pair, so all of them stop here (or all go on).
+  std::string what = strCat("ranks ", p, " and ", q, " are on the same GPU (", a.deviceUuid, ": cuda:", a.device,
+                            " of rank ", p, ", cuda:", b.device, " of rank ", q, ", host ", a.hostname, ")");
+  if (!sharedGpuAllowed()) {
+    throw InvalidArgument(strCat(
+        "invalid argument 'device': ", what,
+        "; each rank needs its own GPU (call torch.cuda.set_device(local_rank) before creating the group). "
+        "PYCCL_ALLOW_SHARED_GPU=1 lets ranks share a GPU for testing: the GPU then time-slices between "
+        "their processes, and each collective takes milliseconds"));
+  }
+  if (rank_ == p) {
+    PYCCL_LOG(Warn, "communicator '" << options_.name << "': " << what
+                                      << "; allowed by PYCCL_ALLOW_SHARED_GPU=1, collectives take milliseconds");
+  }
+}
+
 void Communicator::probePeers() {
   const int n = worldSize_;
   std::vector<bool> reached(n, false);  // reached[p]: this rank wrote into p's probe slot
@@ -407,7 +429,9 @@ void Communicator::probePeers() {
         // The driver's "no" is final; its "yes" is checked by the probe below.
         int peerDev = -1;
         if (cudaDeviceGetByPCIBusId(&peerDev, topology_.ranks[p].pciBusId.c_str()) == cudaSuccess &&
-            peerDev != device_) {
+            peerDev == device_) {
+          topology_.remoteAtomics[p] = true;  // a peer on this GPU (PYCCL_ALLOW_SHARED_GPU)
+        } else if (peerDev >= 0) {
           int can = 0;
           PYCCL_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, device_, peerDev));
           if (!can) {

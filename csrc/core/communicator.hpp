@@ -175,6 +175,9 @@ class Communicator {
   RegisteredMemory importMemoryFrom(const Bytes& descriptor, bool sameNodeOnly);
   std::shared_ptr<PortChannel> createSocketPortChannel(int peer, const RegisteredMemory& local);
   std::shared_ptr<PortChannel> createRdmaPortChannel(int peer, const RegisteredMemory& local);
+  /// Throws InvalidArgument if two ranks of one node are on the same GPU,
+  /// unless PYCCL_ALLOW_SHARED_GPU=1 (then warns). Same answer on every rank.
+  void checkGpusDistinct();
   void probePeers();
   RegisteredMemory trackMemory(std::shared_ptr<RegisteredMemory::Impl> impl);
   SemaphoreSlot* allocateSemaphoreSlot(RegisteredMemory* page);

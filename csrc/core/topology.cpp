@@ -71,6 +71,24 @@ int Topology::numRanksOnNode() const {
   return n;
 }
 
+std::pair<int, int> Topology::ranksSharingGpu() const {
+  // Node keys, not this rank's sameNode, so that every rank finds the same pair.
+  for (size_t q = 1; q < ranks.size(); ++q) {
+    for (size_t p = 0; p < q; ++p) {
+      if (ranks[p].device >= 0 && !ranks[p].deviceUuid.empty() && ranks[p].nodeKey == ranks[q].nodeKey &&
+          ranks[p].deviceUuid == ranks[q].deviceUuid) {
+        return {static_cast<int>(p), static_cast<int>(q)};
+      }
+    }
+  }
+  return {-1, -1};
+}
+
+bool sharedGpuAllowed() {
+  const char* v = std::getenv("PYCCL_ALLOW_SHARED_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
 std::string Topology::describe(int rank) const {
   std::string out;
   for (size_t p = 0; p < ranks.size(); ++p) {

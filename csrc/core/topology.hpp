@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/serialize.hpp"
@@ -42,6 +43,13 @@ struct Topology {
 
   int numRanksOnNode() const;
   std::string describe(int rank) const;
+  /// The first two ranks of one node on the same GPU (by UUID), as
+  /// {lower, higher}; {-1, -1} if every rank of each node has its own GPU.
+  /// Needs `ranks` and `sameNode` filled.
+  std::pair<int, int> ranksSharingGpu() const;
 };
+
+/// Whether PYCCL_ALLOW_SHARED_GPU=1 lets ranks of one node share a GPU.
+bool sharedGpuAllowed();
 
 }  // namespace pyccl
