@@ -6,8 +6,9 @@ were visible: rank r runs on GPU r % (the GPUs really visible), so several
 ranks share one GPU. The GPU then time-slices between their processes, so a
 collective takes milliseconds, but every kernel, flag and packet path runs as
 it does across GPUs (peer memory is mapped the same way). It is for checking
-results on a machine with fewer GPUs than ranks; tests whose subject needs a
-GPU per rank (NCCL, which refuses shared GPUs, and P2P between devices) skip.
+results on a machine with fewer GPUs than ranks. Tests that need a GPU per
+rank skip (requires_gpus(n, own=True)): NCCL's groups (NCCL refuses shared
+GPUs), the whole GPU's memory as a leak measure, a million ping-pong rounds.
 It sets PYCCL_ALLOW_SHARED_GPU=1, without which a communicator refuses ranks
 that share a GPU, and PYCCL_NCCL_DELEGATE=0.
 """

@@ -45,7 +45,7 @@ struct Topology {
   std::string describe(int rank) const;
   /// The first two ranks of one node on the same GPU (by UUID), as
   /// {lower, higher}; {-1, -1} if every rank of each node has its own GPU.
-  /// Needs `ranks` and `sameNode` filled.
+  /// Needs `ranks` filled.
   std::pair<int, int> ranksSharingGpu() const;
 };
 
