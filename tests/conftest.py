@@ -10,6 +10,12 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 import pyccl  # noqa: E402
 from gpu_sharing import SHARE_ENV, physical_gpu_count, shared_world  # noqa: E402
 
+# Set before any rank process starts, which inherits them.
+if shared_world():
+    os.environ["PYCCL_ALLOW_SHARED_GPU"] = "1"
+    # NCCL refuses ranks that share a GPU: the backend keeps no NCCL delegate, so every size runs pyccl's kernels.
+    os.environ.setdefault("PYCCL_NCCL_DELEGATE", "0")
+
 
 def gpu_count() -> int:
     """GPUs the GPU tests may use: those visible, or PYCCL_TEST_SHARE_GPU's number (gpu_sharing.py)."""

@@ -9,8 +9,8 @@ it does across GPUs (peer memory is mapped the same way). It is for checking
 results on a machine with fewer GPUs than ranks. Tests that need a GPU per
 rank skip (requires_gpus(n, own=True)): NCCL's groups (NCCL refuses shared
 GPUs), the whole GPU's memory as a leak measure, a million ping-pong rounds.
-It sets PYCCL_ALLOW_SHARED_GPU=1, without which a communicator refuses ranks
-that share a GPU, and PYCCL_NCCL_DELEGATE=0.
+conftest.py then sets PYCCL_ALLOW_SHARED_GPU=1, without which a communicator
+refuses ranks that share a GPU, and PYCCL_NCCL_DELEGATE=0.
 """
 
 from __future__ import annotations
@@ -38,9 +38,6 @@ def shared_world() -> int:
         raise ValueError(f"{SHARE_ENV}={value!r}: expected a number of ranks, e.g. 4") from None
     if n < 2:
         raise ValueError(f"{SHARE_ENV}={value!r}: expected at least 2 ranks")
-    os.environ["PYCCL_ALLOW_SHARED_GPU"] = "1"
-    # NCCL refuses ranks that share a GPU: the backend keeps no NCCL delegate, so every size runs pyccl's kernels.
-    os.environ.setdefault("PYCCL_NCCL_DELEGATE", "0")
     return n
 
 

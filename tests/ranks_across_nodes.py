@@ -117,13 +117,13 @@ def torch_group(rank, world, store, on_gpu, seed, gpus_per_node):
     from ranks_backend import OPS
 
     os.environ["PYCCL_NODE_ID"] = f"node{rank // gpus_per_node}"
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     kwargs = {}
     if on_gpu:
-        torch.cuda.set_device(rank_gpu(rank))
-        kwargs["device_id"] = torch.device("cuda", rank_gpu(rank))
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
     dist.init_process_group("pyccl" if on_gpu else "cpu:pyccl", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60), **kwargs)
-    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     rng = random.Random(seed)
     bad = []
     for i in range(12):

@@ -18,13 +18,14 @@ OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.
 
 
 def _init(rank, world, store, backend, on_gpu, timeout_s=120):
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
     kwargs = {}
     if on_gpu:
-        torch.cuda.set_device(rank_gpu(rank))
-        kwargs["device_id"] = torch.device("cuda", rank_gpu(rank))
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    return torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
+    return device
 
 
 def _close(x, ref, dtype, inputs, chunk=slice(None)):

@@ -220,9 +220,8 @@ def ranks_on_one_gpu(rank, world, store):
         comm = pyccl.Communicator(store, rank, world, device="cuda:0", timeout=datetime.timedelta(seconds=60))
     except pyccl.InvalidArgumentError as e:
         return str(e), None
-    x = torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(rank)) + 2
-    want = sum(torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(q)) + 2
-               for q in range(world))
-    y = pyccl.all_reduce(x.to(torch.float32).cuda(), comm=comm).cpu().double()
+    inputs = [torch.randn(1000, dtype=torch.float64, generator=torch.Generator().manual_seed(q)) + 2
+              for q in range(world)]
+    y = pyccl.all_reduce(inputs[rank].to(torch.float32).cuda(), comm=comm).cpu().double()
     comm.close()
-    return None, bool(torch.allclose(y, want, rtol=1e-5, atol=1e-5))
+    return None, bool(torch.allclose(y, sum(inputs), rtol=1e-5, atol=1e-5))

@@ -11,10 +11,10 @@ from gpu_sharing import rank_gpu
 
 def _init(rank, world, store, on_gpu):
     if on_gpu:
-        torch.cuda.set_device(rank_gpu(rank))
-        dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
-                                device_id=torch.device("cuda", rank_gpu(rank)))
-        return torch.device("cuda", rank_gpu(rank))
+        device = torch.device("cuda", rank_gpu(rank))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
+        return device
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     return torch.device("cpu")
 
