@@ -6,14 +6,17 @@ import torch
 import torch.distributed as dist
 
 import pyccl  # noqa: F401  (registers torch.ops.pyccl)
-from gpu_sharing import rank_gpu
+from gpu_sharing import rank_gpu, shared_world
 
 
 def _init(rank, world, store, on_gpu):
     if on_gpu:
         device = torch.device("cuda", rank_gpu(rank))
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
+        if shared_world():  # NCCL refuses ranks sharing a GPU; pyccl only needs the group's store
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+        else:
+            dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
         return device
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     return torch.device("cpu")
@@ -127,3 +130,48 @@ def wrong_group_size(rank, world, store, on_gpu):
     dist.destroy_process_group()
     assert messages[0] == messages[1], messages
     return messages[0]
+
+
+def no_backward(rank, world, store, on_gpu):
+    """Each op on inputs that require grad: the forward runs and is right, the
+    result requires grad, and a backward through it raises naming the op; under
+    torch.no_grad the result does not require grad. Returns the failures."""
+    device = _init(rank, world, store, on_gpu)
+    name = dist.group.WORLD.group_name
+    # Every rank's input, drawn here from its seed: the reference needs no collective.
+    parts = [torch.randn(2 * world, 3, generator=torch.Generator().manual_seed(300 + q)).to(device)
+             for q in range(world)]
+    x = parts[rank].clone().requires_grad_()
+    total = sum(p.double() for p in parts)
+    residual = torch.randn(2 * world, 3, generator=torch.Generator().manual_seed(3)).to(device)
+    weight = torch.ones(3, device=device)
+    calls = {
+        "all_reduce": (lambda: torch.ops.pyccl.all_reduce(x, "sum", name), total),
+        "all_gather": (lambda: torch.ops.pyccl.all_gather(x, world, name), torch.cat(parts).double()),
+        "reduce_scatter": (lambda: torch.ops.pyccl.reduce_scatter(x, "sum", world, name),
+                           total.chunk(world)[rank]),
+        "all_to_all": (lambda: torch.ops.pyccl.all_to_all(x, name), torch.cat([p.chunk(world)[rank] for p in parts])
+                       .double()),
+        "broadcast": (lambda: torch.ops.pyccl.broadcast(x, 0, name), parts[0].double()),
+        "fused_all_reduce_rmsnorm": (lambda: torch.ops.pyccl.fused_all_reduce_rmsnorm(x, residual, weight, 1e-5,
+                                                                                       name)[1],
+                                     total + residual.double()),
+    }
+    bad = []
+    for label, (call, expected) in calls.items():
+        y = call()
+        if not torch.allclose(y.detach().double(), expected, rtol=1e-5, atol=1e-5):
+            bad.append(f"{label}: wrong result")
+        if not y.requires_grad:
+            bad.append(f"{label}: the result of inputs that require grad does not require grad")
+        try:
+            y.sum().backward()
+            bad.append(f"{label}: backward ran")
+        except RuntimeError as e:
+            if f"pyccl::{label}" not in str(e) or "not implemented" not in str(e):
+                bad.append(f"{label}: backward raised {e}")
+        with torch.no_grad():
+            if call().requires_grad:
+                bad.append(f"{label}: under no_grad the result requires grad")
+    dist.destroy_process_group()
+    return bad

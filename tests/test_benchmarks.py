@@ -56,3 +56,20 @@ def test_e2e_decode_model_runs_on_cpu():
         ref = ref @ vc[:, head // group].double()
         got = grouped[:, head // group, head % group].double()
         assert torch.allclose(got, ref[:, 0], atol=1e-4), head
+
+
+def test_host_overhead_bench_runs_in_host_mode(tmp_path):
+    """Every entry point is checked against a float64 reference, then timed."""
+    out_json = tmp_path / "host.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "host_overhead.py"), "--host", "--world", "2",
+         "--sizes", "1K", "--calls", "3", "--trials", "2", "--out", str(out_json)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for needle in ("torch copy_", "pyccl.all_reduce (group)", "torch.ops.pyccl.all_reduce", "dist.all_reduce (pyccl)",
+                   "engine (C++)"):
+        assert needle in proc.stdout, proc.stdout
+    import json
+
+    rows = json.loads(out_json.read_text())["rows"]
+    assert rows[0]["bytes"] == 1024 and all(r["host_us"] > 0 for r in rows[0]["results"].values())

@@ -1,5 +1,7 @@
-"""torch.ops.pyccl.* on GPUs: opcheck, and a tensor-parallel MLP under
-torch.compile(fullgraph=True) with inductor."""
+"""torch.ops.pyccl.* on GPUs: opcheck, inputs that require grad, and a
+tensor-parallel MLP under torch.compile(fullgraph=True) with inductor. The
+default group is NCCL's where every rank has its own GPU, gloo's where ranks
+share one (PYCCL_TEST_SHARE_GPU): the ops run on pyccl either way."""
 
 import pytest
 
@@ -8,13 +10,19 @@ from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
-@requires_gpus(2, own=True)
+@requires_gpus(2)
 def test_opcheck_passes_for_every_op_on_gpus():
     for bad in run_ranks(ro.opcheck_all, min(gpu_count(), 4), args=(True,), timeout=300):
         assert bad == {}
 
 
-@requires_gpus(2, own=True)
+@requires_gpus(2)
+def test_ops_run_on_inputs_that_require_grad_and_refuse_backward_on_gpus():
+    for bad in run_ranks(ro.no_backward, 2, args=(True,), timeout=300):
+        assert bad == []
+
+
+@requires_gpus(2)
 @pytest.mark.parametrize("world", gpu_worlds(2, 4, 8))
 def test_compiled_tensor_parallel_mlp_on_gpus(world):
     assert run_ranks(ro.compiled_mlp, world, args=(True,), timeout=400) == [True] * world

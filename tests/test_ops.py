@@ -35,3 +35,8 @@ def test_gather_and_scatter_shapes_follow_group_size_not_a_lookup():
 def test_a_wrong_group_size_is_refused():
     for message in run_ranks(ro.wrong_group_size, 2, args=(False,), timeout=300):
         assert "group_size is 3" in message and "2 ranks" in message, message
+
+
+def test_ops_run_on_inputs_that_require_grad_and_refuse_backward():
+    for bad in run_ranks(ro.no_backward, 2, args=(False,), timeout=300):
+        assert bad == []

@@ -61,9 +61,9 @@ class PycclWork : public c10d::Work {
       : c10d::Work(rank, type), seq_(seq), outputs_(std::move(outputs)), comm_(std::move(comm)) {
     if (!outputs_.empty() && outputs_[0].is_cuda()) {
       device_ = outputs_[0].device().index();
-      void* stream = currentStreamOf(outputs_[0]);
+      stream_ = currentStreamOf(outputs_[0]);
       // A captured op completes when the graph is replayed; nothing to track here.
-      if (!gpu::isCapturing(stream)) event_ = std::make_unique<gpu::StreamEvent>(device_, stream);
+      if (!gpu::isCapturing(stream_)) event_ = std::make_unique<gpu::StreamEvent>(device_, stream_);
     }
   }
 
@@ -79,8 +79,11 @@ class PycclWork : public c10d::Work {
     if (event_ != nullptr) {
       if (blockingWait()) {
         waitOnHost(timeout);
-      } else {
-        event_->block(currentStreamOf(outputs_[0]));
+      } else if (void* caller = currentStreamOf(outputs_[0]); caller != stream_) {
+        // The op ran on the caller's stream when it is still current (the usual
+        // synchronous call): the stream is ordered after it already, and a wait
+        // on its own event would cost the host a CUDA call for nothing.
+        event_->block(caller);
       }
     }
     raiseIfBroken();
@@ -137,6 +140,7 @@ class PycclWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::shared_ptr<Communicator> comm_;
   int device_ = -1;
+  void* stream_ = nullptr;  // the stream the op was enqueued on
   std::unique_ptr<gpu::StreamEvent> event_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

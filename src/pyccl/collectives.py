@@ -20,14 +20,13 @@ values are reduced in fp32); data movement takes every dtype.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import _C, across_nodes, registry, tuning
+from . import _C, _env, across_nodes, registry, tuning
 from ._logging import logger
 from .communicator import Communicator
 from .errors import ClosedError, InvalidArgumentError, UnsupportedError
@@ -40,7 +39,7 @@ REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO): those it can be tuned to.
 ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tuning.COLLECTIVES}
 _lock = threading.Lock()
-_communicators: Dict[Tuple[int, str], Communicator] = {}
+_communicators: Dict[Tuple[int, torch.device], Communicator] = {}
 
 
 def _engine(comm: Communicator) -> "_C.CollectiveEngine":
@@ -84,7 +83,7 @@ def _forced_algorithm(collective: str, algorithm: Optional[str]) -> Optional[str
             raise InvalidArgumentError(f"invalid argument 'algorithm': {algorithm!r} is not an algorithm of "
                                        f"{collective} (expected one of {', '.join(allowed)})")
         return algorithm
-    text = os.environ.get("PYCCL_ALGO", "").strip()
+    text = (_env.get("PYCCL_ALGO") or "").strip()
     if not text:
         return None
     chosen = None
@@ -117,7 +116,12 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     pg = group if group is not None else dist.group.WORLD
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    key = (id(pg), str(device))
+    key = (id(pg), device)
+    # Every eager collective asks: a live communicator is read without the lock
+    # (one dict read, atomic in CPython); making one takes it.
+    comm = _communicators.get(key)
+    if comm is not None and not comm.closed:
+        return comm
     with _lock:
         comm = _communicators.get(key)
         if comm is None or comm.closed:
@@ -182,9 +186,12 @@ def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[
     table matches (see pyccl.tuning). In host mode, only the one
     ``PYCCL_TUNING_FILE`` names: the shipped tables are measured on GPUs.
     Looked up once per key: every collective call asks."""
-    if device.type != "cuda" and not os.environ.get("PYCCL_TUNING_FILE"):
+    if device.type != "cuda" and not _env.get("PYCCL_TUNING_FILE"):
         return None
     key = (device, world, dtype)
+    table = _tables.get(key, _tables)  # _tables itself: not looked up yet (no lock for a table looked up)
+    if table is not _tables:
+        return table
     with _tables_lock:
         if key not in _tables:
             gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "host"
@@ -204,29 +211,39 @@ _ACROSS_NODES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 class _Call:
-    """What every collective resolves first: the communicator, the algorithm, NCCL or not."""
+    """What every collective resolves first: the communicator, the algorithm, NCCL or not.
+
+    Every eager call pays for this on the host, so it reads what it can from
+    caches (the communicator of the group, the tuning table, whether the group
+    has NCCL) and each environment variable once."""
+
+    __slots__ = ("from_group", "comm", "group", "algorithm", "forced", "nbytes", "tuned_plan", "spans_nodes",
+                 "use_nccl", "nccl_here")
 
     def __init__(self, collective: str, tensor: torch.Tensor, group, comm: Optional[Communicator],
                  algorithm: Optional[str], nbytes_of) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise InvalidArgumentError(
                 f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
+        device = tensor.device
         self.from_group = comm is None
-        self.comm = communicator_for(group, tensor.device) if comm is None else comm
-        if self.comm.closed:
-            raise ClosedError(f"{collective}: communicator '{self.comm.name}' is closed")
+        if comm is None:
+            comm = communicator_for(group, device)  # never a closed one
+        elif comm.closed:
+            raise ClosedError(f"{collective}: communicator '{comm.name}' is closed")
+        self.comm = comm
         self.group = group
         self.algorithm = _forced_algorithm(collective, algorithm)
         self.forced = self.algorithm is not None
-        self.nbytes = nbytes = nbytes_of(self.comm.world_size)
-        nccl_here = self.from_group and tensor.is_cuda and _has_nccl(group)
+        self.nbytes = nbytes = nbytes_of(comm.world_size)
+        nccl_here = self.from_group and device.type == "cuda" and _group_has_nccl(comm, group)
         self.tuned_plan: Optional[dict] = None  # a table entry naming a library plan
         # The shipped tables are for ranks of one node.
-        self.spans_nodes = collective in _ACROSS_NODES and across_nodes.node_layout(self.comm) is not None
-        if self.algorithm is None and not self.spans_nodes and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
+        self.spans_nodes = collective in _ACROSS_NODES and across_nodes.node_layout(comm) is not None
+        nccl_min_text = _env.get("PYCCL_NCCL_MIN_BYTES")
+        if self.algorithm is None and not self.spans_nodes and not nccl_min_text:
             # The measured table for this GPU and world size, where there is one.
-            entry = tuning.select_entry(table_for(tensor.device, self.comm.world_size, tensor.dtype), collective,
-                                        nbytes)
+            entry = tuning.select_entry(table_for(device, comm.world_size, tensor.dtype), collective, nbytes)
             tuned = None if entry is None else entry["algorithm"]
             if tuned == "plan":
                 self.tuned_plan = entry
@@ -235,8 +252,9 @@ class _Call:
         self.use_nccl = False
         self.nccl_here = nccl_here
         if nccl_here:
-            self.use_nccl = self.algorithm == "nccl" or (self.algorithm is None and self.tuned_plan is None and
-                                                         nbytes >= _nccl_min_bytes(collective))
+            self.use_nccl = self.algorithm == "nccl" or (
+                self.algorithm is None and self.tuned_plan is None
+                and nbytes >= _nccl_min_bytes_from(nccl_min_text, collective, None))
         if self.algorithm == "nccl" and not self.use_nccl:
             raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a torch "
                                        "group with an NCCL backend")
@@ -273,7 +291,7 @@ def _choose_symmetric(call: _Call, engine, tensor: torch.Tensor) -> None:
     engine's threshold (and NCCL from PYCCL_NCCL_MIN_BYTES, if set)."""
     nbytes = call.nbytes
     chosen = None
-    if not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
+    if not _env.get("PYCCL_NCCL_MIN_BYTES"):
         chosen = tuning.select(table_for(tensor.device, call.comm.world_size, tensor.dtype),
                                "all_reduce_symmetric", nbytes)
     elif call.nccl_here and nbytes >= _nccl_min_bytes("all_reduce"):
@@ -488,7 +506,11 @@ def _nccl_min_bytes(collective: str = "all_reduce", table: Optional[dict] = None
     """Messages from here on go to NCCL when the group has it: PYCCL_NCCL_MIN_BYTES
     (one size for every collective) if set, else where `table` hands every size
     to NCCL, else NCCL_MIN_BYTES[collective]."""
-    text = os.environ.get("PYCCL_NCCL_MIN_BYTES")
+    return _nccl_min_bytes_from(_env.get("PYCCL_NCCL_MIN_BYTES"), collective, table)
+
+
+def _nccl_min_bytes_from(text: Optional[str], collective: str, table: Optional[dict]) -> int:
+    """_nccl_min_bytes with PYCCL_NCCL_MIN_BYTES already read (`text`)."""
     if not text:
         tuned = tuning.nccl_from(table, collective)
         return tuned if tuned is not None else NCCL_MIN_BYTES[collective]
@@ -499,6 +521,16 @@ def _nccl_min_bytes(collective: str = "all_reduce", table: Optional[dict] = None
     if value < 0:
         raise InvalidArgumentError(f"invalid PYCCL_NCCL_MIN_BYTES {text!r}: expected a byte count >= 0")
     return value
+
+
+def _group_has_nccl(comm: Communicator, group) -> bool:
+    """_has_nccl(group) for the group whose communicator `comm` is
+    (communicator_for's), asked once per communicator: a group's backend does
+    not change."""
+    has = comm.__dict__.get("_group_has_nccl")
+    if has is None:
+        has = comm._group_has_nccl = _has_nccl(group)
+    return has
 
 
 def _has_nccl(group) -> bool:

@@ -95,6 +95,7 @@ class Communicator:
         self._device = _parse_device(device)
         self.name = name if name is not None else _next_name(store)
         self._comm = _C.Communicator(store, rank, world_size, self._device, self.name, timeout_ms)
+        self._world_size = world_size  # every collective call reads it: no call into the module
         logger.info("communicator %s: rank %d of %d on %s", self.name, rank, world_size, self.device)
         # The collectives' scratch is set up now, while no CUDA graph is being
         # captured, so that a graph may capture the very first collective.
@@ -116,6 +117,7 @@ class Communicator:
         self._device = native.device
         self.name = native.name
         self._comm = native
+        self._world_size = native.world_size
         self._engine = None
         self._collectives_error = "made by the torch backend without a collective engine"
         return self
@@ -127,7 +129,7 @@ class Communicator:
 
     @property
     def world_size(self) -> int:
-        return self._comm.world_size
+        return self._world_size
 
     @property
     def device(self) -> torch.device:

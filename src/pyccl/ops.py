@@ -22,6 +22,14 @@ The ops whose output shape depends on the group's size take that size as an
 argument, as torch's functional collectives do: it is then part of the traced
 graph, so a compiled graph cached for one group size (torch.compile's FX and
 AOT caches key on the graph and its inputs) is never reused for another.
+
+The ops are defined with ``torch.library.Library`` (schema, a CPU and a CUDA
+kernel, a fake implementation), not ``torch.library.custom_op``: the latter's
+Python autograd layer cost an eager call more host time than the collective
+itself (about 60 µs per call against 15 on an H100 host; benchmarks/RESULTS.md).
+They have no derivative: their Autograd kernel (csrc/torch/custom_ops.cpp)
+lets a call on tensors that require grad run, and a backward through its
+result raise, naming the op.
 """
 
 from __future__ import annotations
@@ -32,9 +40,28 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
+from . import _C  # noqa: F401  (the ops' Autograd kernel)
 from . import collectives, fused
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "fused_all_reduce_rmsnorm", "reduce_scatter"]
+
+_LIB = torch.library.Library("pyccl", "DEF")
+
+
+def _define(schema: str, fake):
+    """Defines ``pyccl::<name>`` with `schema` (``name(args) -> result``); the
+    decorated function is its CPU (host mode) and CUDA kernel, `fake` its fake
+    implementation. Returns the function, callable directly as well."""
+    name = schema.split("(", 1)[0]
+
+    def register(kernel):
+        _LIB.define(schema)
+        _LIB.impl(name, kernel, "CPU")
+        _LIB.impl(name, kernel, "CUDA")
+        torch.library.register_fake(f"pyccl::{name}", fake, lib=_LIB)
+        return kernel
+
+    return register
 
 
 def _group(group_name: str) -> dist.ProcessGroup:
@@ -49,32 +76,46 @@ def _group_of_size(group_name: str, group_size: int) -> dist.ProcessGroup:
     return group
 
 
-@torch.library.custom_op("pyccl::all_reduce", mutates_args=())
+def _like(x: torch.Tensor, *args) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _gathered(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    torch._check(group_size >= 1, lambda: f"all_gather: group_size must be positive, got {group_size}")
+    shape = (group_size * x.shape[0], *x.shape[1:]) if x.dim() > 0 else (group_size,)
+    return x.new_empty(shape)
+
+
+def _scattered(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
+    torch._check(group_size >= 1, lambda: f"reduce_scatter: group_size must be positive, got {group_size}")
+    torch._check(x.shape[0] % group_size == 0,
+                 lambda: f"reduce_scatter: dim 0 ({x.shape[0]}) must divide by group_size {group_size}")
+    return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
+
+
+def _normed(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+            group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    torch._check(residual.shape == x.shape, lambda: "fused_all_reduce_rmsnorm: residual must have x's shape")
+    torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+                 lambda: "fused_all_reduce_rmsnorm: weight must have shape [x.shape[-1]]")
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(residual, memory_format=torch.contiguous_format))
+
+
+@_define("all_reduce(Tensor x, str op, str group_name) -> Tensor", _like)
 def all_reduce(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """All-reduce of ``x`` over the group named ``group_name``; a new tensor."""
     return collectives.all_reduce(x.contiguous(), op, group=_group(group_name))
 
 
-@all_reduce.register_fake
-def _(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("pyccl::all_gather", mutates_args=())
+@_define("all_gather(Tensor x, int group_size, str group_name) -> Tensor", _gathered)
 def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
     """Every rank's ``x`` concatenated along dim 0, in rank order; ``group_size``
     is the group's size (checked)."""
     return collectives.all_gather(x.contiguous(), group=_group_of_size(group_name, group_size))
 
 
-@all_gather.register_fake
-def _(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
-    torch._check(group_size >= 1, lambda: f"all_gather: group_size must be positive, got {group_size}")
-    shape = (group_size * x.shape[0], *x.shape[1:]) if x.dim() > 0 else (group_size,)
-    return x.new_empty(shape)
-
-
-@torch.library.custom_op("pyccl::reduce_scatter", mutates_args=())
+@_define("reduce_scatter(Tensor x, str op, int group_size, str group_name) -> Tensor", _scattered)
 def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
     """The reduction of ``x`` over the group, split along dim 0; this rank's
     part. ``group_size`` is the group's size (checked)."""
@@ -83,49 +124,22 @@ def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -
     return collectives.reduce_scatter(x.contiguous(), op, group=group, out=out)
 
 
-@reduce_scatter.register_fake
-def _(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
-    torch._check(group_size >= 1, lambda: f"reduce_scatter: group_size must be positive, got {group_size}")
-    torch._check(x.shape[0] % group_size == 0,
-                 lambda: f"reduce_scatter: dim 0 ({x.shape[0]}) must divide by group_size {group_size}")
-    return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
-
-
-@torch.library.custom_op("pyccl::all_to_all", mutates_args=())
+@_define("all_to_all(Tensor x, str group_name) -> Tensor", _like)
 def all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Part q of ``x`` (equal splits along dim 0) to rank q; what arrives, in rank order."""
     return collectives.all_to_all(x.contiguous(), group=_group(group_name))
 
 
-@all_to_all.register_fake
-def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("pyccl::broadcast", mutates_args=())
+@_define("broadcast(Tensor x, int src, str group_name) -> Tensor", _like)
 def broadcast(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
     """Rank ``src``'s ``x`` on every rank of the group."""
     return collectives.broadcast(x.contiguous(), src, group=_group(group_name))
 
 
-@broadcast.register_fake
-def _(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("pyccl::fused_all_reduce_rmsnorm", mutates_args=())
+@_define("fused_all_reduce_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps, str group_name) "
+         "-> (Tensor, Tensor)", _normed)
 def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                              group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """All-reduce of ``x`` + ``residual``, then RMSNorm with ``weight``: (normed, new residual)."""
     return fused.fused_all_reduce_rmsnorm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
                                           group=_group(group_name))
-
-
-@fused_all_reduce_rmsnorm.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-      group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    torch._check(residual.shape == x.shape, lambda: "fused_all_reduce_rmsnorm: residual must have x's shape")
-    torch._check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-                 lambda: "fused_all_reduce_rmsnorm: weight must have shape [x.shape[-1]]")
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(residual, memory_format=torch.contiguous_format))
