@@ -18,7 +18,13 @@ table gives the median time per call, measured in the same run on the same GPUs:
   ``pyccl.graph_capture`` (zero-copy on graph buffers where the symmetric
   choice is), and ``pyccl_graph_2pa_hb`` forced zero-copy (``--all-algos``);
 - ``nccl_direct``: ``ncclAllReduce`` & co. on the stream through the NCCL torch
-  loaded (as vLLM's pynccl calls it), and ``nccl``: ProcessGroupNCCL;
+  loaded (as vLLM's pynccl calls it), and ``nccl``: ProcessGroupNCCL (in place
+  for all-reduce and broadcast, the only form ``torch.distributed`` has);
+- ``pyccl_inplace`` and ``nccl_direct_inplace``: the same calls in place, as
+  nccl-tests' second group of columns: all-reduce, broadcast and all-to-all
+  (pyccl only: NCCL has no in-place all-to-all) with the output as the input,
+  all-gather with the input as this rank's part of the output. Not for
+  reduce-scatter.
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
   (multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``).
 
@@ -26,8 +32,10 @@ Every rank starts each replay at the same moment (a barrier and a GPU sleep
 before it, outside the timed region: ``align_trials``), so no rank's time
 holds the others' host launch lag. Each result is checked against NCCL's
 before it is timed. busbw uses
-nccl-tests' factors; the ratio columns divide NCCL direct's time and the best
-other implementation's time by pyccl's.
+nccl-tests' factors; the ratio columns divide NCCL direct's time by pyccl's,
+out of place and in place, and the best other implementation's time by
+pyccl's. ``--world 1`` runs every column on one GPU: a check that the
+benchmark runs, not a measure of any collective.
 
     python -m pyccl.bench --world 4 --collectives all --dtype bfloat16 --min-bytes 1K --max-bytes 256M
 """
@@ -162,7 +170,7 @@ _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: 
 _COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_1pa_hb", "pyccl_2pa_hb",
             "pyccl_ll", "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "pyccl_graph", "pyccl_graph_2pa_hb",
             "nccl_direct", "nccl", "symm_one_shot",
-            "symm_two_shot")
+            "symm_two_shot", "pyccl_inplace", "nccl_direct_inplace")
 
 
 def _tensors(collective, nbytes, world, dtype, device, rank):
@@ -200,6 +208,29 @@ def _dist_fn(dist, collective, x, out, group=None):
     if collective == "all_to_all":
         return lambda: dist.all_to_all_single(out, x, group=group)
     return lambda: dist.broadcast(out, 0, group=group)
+
+
+def _in_place(lib, collective, x, out, rank):
+    """The in-place form of the call through ``lib`` (the pyccl module, or a
+    NcclComm), as nccl-tests times it: ``(fn, result, prepare)``, where
+    `prepare` puts this rank's input in place before a checked call; or None
+    where there is no in-place form (reduce-scatter; all-to-all in NCCL)."""
+    is_pyccl = not hasattr(lib, "comm")
+    if collective == "all_gather":
+        buf = torch.empty_like(out)
+        mine = buf[rank * x.numel():(rank + 1) * x.numel()]
+        fn = (lambda: lib.all_gather(mine, out=buf)) if is_pyccl else (lambda: lib.all_gather(mine, buf))
+        return fn, buf, lambda: mine.copy_(x)
+    if collective == "reduce_scatter" or (collective == "all_to_all" and not is_pyccl):
+        return None
+    buf = torch.empty_like(x)
+    if collective == "all_reduce":
+        fn = (lambda: lib.all_reduce(buf, out=buf)) if is_pyccl else (lambda: lib.all_reduce(buf))
+    elif collective == "broadcast":
+        fn = (lambda: lib.broadcast(buf, 0, out=buf)) if is_pyccl else (lambda: lib.broadcast(buf, buf))
+    else:
+        fn = lambda: lib.all_to_all(buf, out=buf)  # noqa: E731
+    return fn, buf, lambda: buf.copy_(x)
 
 
 def _check(collective: str, label: str, got: torch.Tensor, ref: torch.Tensor, nbytes: int) -> None:
@@ -313,14 +344,21 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 row["pyccl_algo"] = comm._engine.select_exchange(collective, whole)
             buf = x.clone() if collective == "all_reduce" else out
             row["nccl"] = _time_graph(_dist_fn(dist, collective, x, buf), iters, trials)
-            direct = {"all_reduce": lambda: nccl.all_reduce(buf), "all_gather": lambda: nccl.all_gather(x, buf),
+            direct = {"all_reduce": lambda: nccl.all_reduce(x, buf), "all_gather": lambda: nccl.all_gather(x, buf),
                       "reduce_scatter": lambda: nccl.reduce_scatter(x, buf), "all_to_all": lambda: nccl.all_to_all(x, buf),
-                      "broadcast": lambda: nccl.broadcast(buf, buf)}[collective]
+                      "broadcast": lambda: nccl.broadcast(x, buf)}[collective]
+            buf.fill_(float("nan"))
             direct()
-            torch.cuda.synchronize()
-            if collective not in ("all_reduce", "reduce_scatter") and not torch.equal(buf, ref):
-                raise AssertionError(f"{collective} NCCL direct: differs from ProcessGroupNCCL at {whole} bytes")
+            _check(collective, "NCCL direct", buf, ref, whole)
             row["nccl_direct"] = _time_graph(direct, iters, trials)
+            for label, made in (("pyccl_inplace", _in_place(pyccl, collective, x, out, rank)),
+                                ("nccl_direct_inplace", _in_place(nccl, collective, x, out, rank))):
+                if made is not None:
+                    fn, result, prepare = made
+                    prepare()
+                    fn()
+                    _check(collective, label, result, ref, whole)
+                    row[label] = _time_graph(fn, iters, trials)
             # The same call through a process group whose backend is pyccl.
             got = ref.clone()
             if collective == "broadcast":
@@ -421,10 +459,12 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", default=None, help="write the PNG here (needs matplotlib; or later: "
                                                      "python -m pyccl.bench_plot results.json out.png)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        print("pyccl.bench needs at least 2 GPUs", file=sys.stderr)
+    if not torch.cuda.is_available() or torch.cuda.device_count() < (2 if args.world != 1 else 1):
+        print("pyccl.bench needs at least 2 GPUs (--world 1 checks that it runs on one)", file=sys.stderr)
         return 2
     world = args.world or torch.cuda.device_count()
+    if world > torch.cuda.device_count():
+        parser.error(f"--world {world}: only {torch.cuda.device_count()} GPUs are visible")
     sizes = doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
     from ._spawn import run_ranks
 
@@ -447,13 +487,15 @@ def main(argv=None) -> int:
         cols = [c for c in _COLUMNS if any(r.get(c) is not None for r in rows)]
         factor = _BUS_FACTOR[collective](world)
         print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
-              + f" {'algo':>7} {'busbw GB/s':>10} {'NCCLd/pyccl':>10} {'best other/pyccl':>16}")
+              + f" {'algo':>7} {'busbw GB/s':>10} {'NCCLd/pyccl':>11} {'in place':>8} {'best other/pyccl':>16}")
         for r in rows:
             vals = " ".join(f"{r[c]:>15.2f}" if r.get(c) is not None else f"{'-':>15}" for c in cols)
             others = [r[c] for c in ("nccl_direct", "nccl", "symm_one_shot", "symm_two_shot") if r.get(c) is not None]
             busbw = r["bytes"] * factor / (r["pyccl"] * 1e-6) / 1e9
+            in_place = (f"{r['nccl_direct_inplace'] / r['pyccl_inplace']:>8.2f}"
+                        if r.get("nccl_direct_inplace") and r.get("pyccl_inplace") else f"{'-':>8}")
             print(f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {busbw:>10.1f} "
-                  f"{r['nccl_direct'] / r['pyccl']:>10.2f} {min(others) / r['pyccl']:>16.2f}")
+                  f"{r['nccl_direct'] / r['pyccl']:>11.2f} {in_place} {min(others) / r['pyccl']:>16.2f}")
         for c in _plan_columns(rows):
             cells = ", ".join(f"{r['bytes']}: {r[c]:.2f} ({r[c + ':shape'][0]} x {r[c + ':shape'][1]})"
                               for r in rows if r.get(c) is not None)
