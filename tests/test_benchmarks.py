@@ -73,3 +73,48 @@ def test_host_overhead_bench_runs_in_host_mode(tmp_path):
 
     rows = json.loads(out_json.read_text())["rows"]
     assert rows[0]["bytes"] == 1024 and all(r["host_us"] > 0 for r in rows[0]["results"].values())
+
+
+def test_bench_in_place_forms_are_nccl_tests_ones():
+    """pyccl.bench's in-place calls: the output is the input (all-gather: the
+    input is this rank's part of the output); none for reduce-scatter, nor for
+    NCCL's all-to-all."""
+    import torch
+
+    from pyccl import bench
+
+    calls = []
+
+    class Lib:  # records (collective, input, output) as pyccl's functions and NcclComm's methods take them
+        def __init__(self, nccl):
+            if nccl:
+                self.comm = object()
+
+        def all_reduce(self, x, out=None):
+            calls.append(("all_reduce", x, x if out is None else out))
+
+        def all_gather(self, x, out):
+            calls.append(("all_gather", x, out))
+
+        def broadcast(self, x, src_or_out, out=None):
+            calls.append(("broadcast", x, out if out is not None else src_or_out))
+
+        def all_to_all(self, x, out):
+            calls.append(("all_to_all", x, out))
+
+    x, out = torch.randn(6), torch.empty(18)
+    for nccl in (False, True):
+        lib = Lib(nccl)
+        assert bench._in_place(lib, "reduce_scatter", x, out, 1) is None
+        assert (bench._in_place(lib, "all_to_all", x, out, 1) is None) == nccl
+        for collective in ("all_reduce", "broadcast", "all_gather") + (() if nccl else ("all_to_all",)):
+            fn, result, prepare = bench._in_place(lib, collective, x, out, 1)
+            prepare()
+            fn()
+            name, given, into = calls[-1]
+            assert name == collective and into.data_ptr() == result.data_ptr()
+            if collective == "all_gather":
+                assert result.numel() == 18 and given.data_ptr() == result.data_ptr() + 6 * result.element_size()
+            else:
+                assert given.data_ptr() == result.data_ptr()
+            assert torch.equal(given, x)  # this rank's input, put in place before the call
