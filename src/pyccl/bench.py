@@ -23,8 +23,8 @@ table gives the median time per call, measured in the same run on the same GPUs:
 - ``pyccl_inplace`` and ``nccl_direct_inplace``: the same calls in place, as
   nccl-tests' second group of columns: all-reduce, broadcast and all-to-all
   (pyccl only: NCCL has no in-place all-to-all) with the output as the input,
-  all-gather with the input as this rank's part of the output. Not for
-  reduce-scatter.
+  all-gather with the input as this rank's part of the output. Not yet for
+  reduce-scatter (whose output may be this rank's part of its input).
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
   (multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``).
 

@@ -407,6 +407,7 @@ def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessG
         op: "sum", "avg", "min", "max", "prod", or a ``torch.distributed.ReduceOp``.
         out: tensor.numel() / world_size elements of the same dtype, or None for a new tensor
             (shape (tensor.shape[0] / world_size, ...) when dim 0 divides, else flat).
+            In place: ``out`` may be this rank's part of ``tensor``.
         algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
     """
     call = _Call("reduce_scatter", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
