@@ -145,12 +145,6 @@ def _rank(rank, world, store, sizes, calls, trials, on_gpu, own_gpu):
     return rows
 
 
-def _parse_size(text: str) -> int:
-    text = text.strip().upper()
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(text.rstrip("KMG")) * scale
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=2, help="ranks (may exceed the GPUs: they then share)")
@@ -164,6 +158,7 @@ def main(argv=None) -> int:
     import torch
 
     from pyccl._spawn import run_ranks
+    from pyccl.bench import parse_bytes, size_label
 
     on_gpu = not args.host
     if on_gpu and not torch.cuda.is_available():
@@ -173,7 +168,7 @@ def main(argv=None) -> int:
     env = {}
     if on_gpu and not own_gpu:
         env = {"PYCCL_ALLOW_SHARED_GPU": "1", "PYCCL_NCCL_DELEGATE": "0"}
-    sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = [parse_bytes(s) for s in args.sizes.split(",") if s.strip()]
     rows = run_ranks(_rank, args.world, args=(sizes, args.calls, args.trials, on_gpu, own_gpu), env=env,
                      timeout=600)[0]
     where = (f"{args.world} rank(s) on {torch.cuda.get_device_name(0)}"
@@ -181,7 +176,7 @@ def main(argv=None) -> int:
     print(f"# eager all-reduce, bf16, {where}; µs per call (rank 0), median of {args.trials} loops of "
           f"{args.calls} calls")
     labels = list(rows[0]["results"])
-    print(f"{'entry point':<28}" + "".join(f"{'host ' + _label(r['bytes']):>14}{'GPU':>8}" for r in rows))
+    print(f"{'entry point':<28}" + "".join(f"{'host ' + size_label(r['bytes']):>14}{'GPU':>8}" for r in rows))
     for label in labels:
         cells = ""
         for r in rows:
@@ -194,10 +189,6 @@ def main(argv=None) -> int:
             json.dump({"world": args.world, "own_gpu": own_gpu, "where": where, "calls": args.calls,
                        "trials": args.trials, "rows": rows}, f, indent=1)
     return 0
-
-
-def _label(n: int) -> str:
-    return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K" if n >= 1 << 10 else f"{n}B"
 
 
 if __name__ == "__main__":

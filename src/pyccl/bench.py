@@ -158,8 +158,8 @@ def doubling_sizes(min_bytes: int, max_bytes: int) -> list:
 
 
 def size_label(n: int) -> str:
-    """`n` bytes as "4 KiB" / "16 MiB" (powers of two)."""
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+    """`n` bytes as "512 B" / "4 KiB" / "16 MiB" (powers of two)."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
 
 
 # Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
