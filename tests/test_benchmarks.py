@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -77,8 +79,8 @@ def test_host_overhead_bench_runs_in_host_mode(tmp_path):
 
 def test_bench_in_place_forms_are_nccl_tests_ones():
     """pyccl.bench's in-place calls: the output is the input (all-gather: the
-    input is this rank's part of the output); none for reduce-scatter, nor for
-    NCCL's all-to-all."""
+    input is this rank's part of the output; reduce-scatter: the output is
+    this rank's part of the input); none for NCCL's all-to-all."""
     import torch
 
     from pyccl import bench
@@ -102,11 +104,19 @@ def test_bench_in_place_forms_are_nccl_tests_ones():
         def all_to_all(self, x, out):
             calls.append(("all_to_all", x, out))
 
+        def reduce_scatter(self, x, out):
+            calls.append(("reduce_scatter", x, out))
+
     x, out = torch.randn(6), torch.empty(18)
     for nccl in (False, True):
         lib = Lib(nccl)
-        assert bench._in_place(lib, "reduce_scatter", x, out, 1) is None
         assert (bench._in_place(lib, "all_to_all", x, out, 1) is None) == nccl
+        fn, result, prepare = bench._in_place(lib, "reduce_scatter", torch.randn(18), torch.empty(6), 1)
+        prepare()
+        fn()
+        name, given, into = calls[-1]
+        assert name == "reduce_scatter" and into.data_ptr() == result.data_ptr() and result.numel() == 6
+        assert given.numel() == 18 and result.data_ptr() == given.data_ptr() + 6 * given.element_size()
         for collective in ("all_reduce", "broadcast", "all_gather") + (() if nccl else ("all_to_all",)):
             fn, result, prepare = bench._in_place(lib, collective, x, out, 1)
             prepare()
@@ -118,3 +128,33 @@ def test_bench_in_place_forms_are_nccl_tests_ones():
             else:
                 assert given.data_ptr() == result.data_ptr()
             assert torch.equal(given, x)  # this rank's input, put in place before the call
+
+
+def test_bench_sizes_are_nccl_tests_b_e_f():
+    from pyccl import bench
+
+    assert bench.doubling_sizes(1024, 8192) == [1024, 2048, 4096, 8192]
+    assert bench.doubling_sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
+    assert bench.doubling_sizes(1000, 5000, 3) == [1000, 3000]
+    assert bench.doubling_sizes(4096, 4096) == [4096]
+    for bad in ((0, 10, 2), (2048, 1024, 2), (1024, 4096, 1)):
+        with pytest.raises(ValueError, match="sizes"):
+            bench.doubling_sizes(*bad)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-b", "4K", "-e", "1K"], "-b/-e/-f"),
+    (["-f", "1"], "-b/-e/-f"),
+    (["-b", "lots"], "-b/-e/-f"),
+    (["--iters", "0"], "--iters"),
+    (["--world", "0"], "--world"),
+    (["--collectives", "all_reduce,gather"], "--collectives"),
+])
+def test_bench_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, capsys):
+    """A bad argument is named at once, on any machine."""
+    from pyccl import bench
+
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err

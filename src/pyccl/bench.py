@@ -23,8 +23,8 @@ table gives the median time per call, measured in the same run on the same GPUs:
 - ``pyccl_inplace`` and ``nccl_direct_inplace``: the same calls in place, as
   nccl-tests' second group of columns: all-reduce, broadcast and all-to-all
   (pyccl only: NCCL has no in-place all-to-all) with the output as the input,
-  all-gather with the input as this rank's part of the output. Not yet for
-  reduce-scatter (whose output may be this rank's part of its input).
+  all-gather with the input as this rank's part of the output, reduce-scatter
+  with the output as this rank's part of the input.
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
   (multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``).
 
@@ -37,7 +37,13 @@ out of place and in place, and the best other implementation's time by
 pyccl's. ``--world 1`` runs every column on one GPU: a check that the
 benchmark runs, not a measure of any collective.
 
-    python -m pyccl.bench --world 4 --collectives all --dtype bfloat16 --min-bytes 1K --max-bytes 256M
+``--eager`` launches the ``--iters`` calls of a trial one by one instead of
+replaying a graph (nccl-tests without ``-G``), and leaves out the
+``pyccl_graph`` columns. Where a call's launch takes the host longer than the
+call takes the GPU (small sizes), the time per call is then the host's: what an
+engine without CUDA graphs sees.
+
+    python -m pyccl.bench --world 4 --collectives all --dtype bfloat16 -b 1K -e 256M -f 2
 """
 
 from __future__ import annotations
@@ -137,6 +143,35 @@ def _time_graph(fn, iters: int, trials: int, capture_in=None, check=None, output
     return statistics.median(times)
 
 
+def _time_eager(fn, iters: int, trials: int, check=None, output=None) -> float:
+    """Median µs per call of `fn` launched `iters` times in a row without a
+    graph (nccl-tests without -G): where the host takes longer to launch a
+    call than the GPU takes to run it, this is the host's time per call.
+    Trials start after a barrier where align_trials was called, without the
+    GPU sleep of graph mode: the launches are part of what is timed.
+    `check` and `output` as in _time_graph, for one call."""
+    fn()  # warm-up
+    torch.cuda.synchronize()
+    if output is not None:
+        output.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+    if check is not None:
+        check()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if _trial_barrier is not None:
+            _trial_barrier()
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / iters)
+    return statistics.median(times)
+
+
 def time_in_turn(calls: dict, iters: int, rounds: int, trials: int = 5) -> dict:
     """{name: median µs per call} of each of `calls` (see _time_graph), the
     calls timed one after another `rounds` times, so that drift between the
@@ -148,12 +183,17 @@ def time_in_turn(calls: dict, iters: int, rounds: int, trials: int = 5) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def doubling_sizes(min_bytes: int, max_bytes: int) -> list:
-    """min_bytes, twice that, and so on while at most max_bytes (-b/-e/-f 2 of nccl-tests)."""
+def doubling_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list:
+    """min_bytes, `factor` times that, and so on while at most max_bytes
+    (nccl-tests' -b/-e/-f)."""
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise ValueError(f"sizes: need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
+    if factor < 2:
+        raise ValueError(f"sizes: the step factor must be at least 2, got {factor}")
     sizes, n = [], min_bytes
     while n <= max_bytes:
         sizes.append(n)
-        n *= 2
+        n *= factor
     return sizes
 
 
@@ -214,14 +254,20 @@ def _in_place(lib, collective, x, out, rank):
     """The in-place form of the call through ``lib`` (the pyccl module, or a
     NcclComm), as nccl-tests times it: ``(fn, result, prepare)``, where
     `prepare` puts this rank's input in place before a checked call; or None
-    where there is no in-place form (reduce-scatter; all-to-all in NCCL)."""
+    where there is no in-place form (all-to-all in NCCL)."""
     is_pyccl = not hasattr(lib, "comm")
     if collective == "all_gather":
         buf = torch.empty_like(out)
         mine = buf[rank * x.numel():(rank + 1) * x.numel()]
         fn = (lambda: lib.all_gather(mine, out=buf)) if is_pyccl else (lambda: lib.all_gather(mine, buf))
         return fn, buf, lambda: mine.copy_(x)
-    if collective == "reduce_scatter" or (collective == "all_to_all" and not is_pyccl):
+    if collective == "reduce_scatter":
+        # The output is this rank's part of the input (ncclReduceScatter's recvbuff = sendbuff + rank * recvcount).
+        buf = torch.empty_like(x)
+        mine = buf[rank * out.numel():(rank + 1) * out.numel()]
+        fn = (lambda: lib.reduce_scatter(buf, out=mine)) if is_pyccl else (lambda: lib.reduce_scatter(buf, mine))
+        return fn, mine, lambda: buf.copy_(x)
+    if collective == "all_to_all" and not is_pyccl:
         return None
     buf = torch.empty_like(x)
     if collective == "all_reduce":
@@ -256,10 +302,13 @@ def _progress(done: int, total: int, label: str) -> None:
 
 
 def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos, progress=False,
-                engine_options=None, plans=False):
+                engine_options=None, plans=False, eager=False):
     import torch.distributed as dist
 
     import pyccl
+
+    def timed(fn):
+        return _time_eager(fn, iters, trials) if eager else _time_graph(fn, iters, trials)
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
@@ -317,7 +366,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 fn = _pyccl_fn(pyccl, collective, x, out, use, algo)
                 fn()
                 _check(collective, label, out, ref, whole)
-                row[label] = _time_graph(fn, iters, trials)
+                row[label] = timed(fn)
             if collective == "all_reduce":
                 # The same call on symmetric buffers (zero-copy from the engine's threshold).
                 sx = sym_in[:x.numel() * x.element_size()].view(dtype)
@@ -327,9 +376,11 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     fn = _pyccl_fn(pyccl, collective, sx, sy, comm, algo)
                     fn()
                     _check(collective, label, sy, ref, whole)
-                    row[label] = _time_graph(fn, iters, trials)
+                    row[label] = timed(fn)
                 # Plain tensors captured under pyccl.graph_capture (zero-copy on graph buffers where chosen so).
-                for label, algo in [("pyccl_graph", None)] + ([("pyccl_graph_2pa_hb", "2pa_hb")] if all_algos else []):
+                graph_columns = [] if eager else [("pyccl_graph", None)] + (
+                    [("pyccl_graph_2pa_hb", "2pa_hb")] if all_algos else [])
+                for label, algo in graph_columns:
                     fn = _pyccl_fn(pyccl, collective, x, out, comm, algo)
                     row[label] = _time_graph(fn, iters, trials, capture_in=pyccl.graph_capture(comm=comm),
                                              check=lambda: _check(collective, label, out, ref, whole), output=out)
@@ -343,14 +394,14 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             else:
                 row["pyccl_algo"] = comm._engine.select_exchange(collective, whole)
             buf = x.clone() if collective == "all_reduce" else out
-            row["nccl"] = _time_graph(_dist_fn(dist, collective, x, buf), iters, trials)
+            row["nccl"] = timed(_dist_fn(dist, collective, x, buf))
             direct = {"all_reduce": lambda: nccl.all_reduce(x, buf), "all_gather": lambda: nccl.all_gather(x, buf),
                       "reduce_scatter": lambda: nccl.reduce_scatter(x, buf), "all_to_all": lambda: nccl.all_to_all(x, buf),
                       "broadcast": lambda: nccl.broadcast(x, buf)}[collective]
             buf.fill_(float("nan"))
             direct()
             _check(collective, "NCCL direct", buf, ref, whole)
-            row["nccl_direct"] = _time_graph(direct, iters, trials)
+            row["nccl_direct"] = timed(direct)
             for label, made in (("pyccl_inplace", _in_place(pyccl, collective, x, out, rank)),
                                 ("nccl_direct_inplace", _in_place(nccl, collective, x, out, rank))):
                 if made is not None:
@@ -358,7 +409,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     prepare()
                     fn()
                     _check(collective, label, result, ref, whole)
-                    row[label] = _time_graph(fn, iters, trials)
+                    row[label] = timed(fn)
             # The same call through a process group whose backend is pyccl.
             got = ref.clone()
             if collective == "broadcast":
@@ -367,14 +418,14 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 got.copy_(x)
             _dist_fn(dist, collective, x, got, pyccl_group)()
             _check(collective, "the pyccl process group", got, ref, whole)
-            row["pyccl_pg"] = _time_graph(_dist_fn(dist, collective, x, got, pyccl_group), iters, trials)
+            row["pyccl_pg"] = timed(_dist_fn(dist, collective, x, got, pyccl_group))
             if symm is not None and collective == "all_reduce":
                 view = symm[:x.numel()]
                 view.copy_(x)
                 for label, op in (("symm_one_shot", "one_shot_all_reduce"), ("symm_two_shot", "two_shot_all_reduce_")):
                     try:
                         fn = getattr(torch.ops.symm_mem, op)
-                        row[label] = _time_graph(lambda: fn(view, "sum", group_name), iters, trials)
+                        row[label] = timed(lambda: fn(view, "sum", group_name))
                     except Exception as e:
                         row[label] = None
                         row[label + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -383,7 +434,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 _progress(len(tables) * len(sizes) + len(rows), len(collectives) * len(sizes),
                           f"{collective} {whole} B")
         if plans and collective in pyccl.tuning.PLANS:
-            _time_plans(comm, collective, rows, world, dtype, device, rank, iters, trials)
+            _time_plans(comm, collective, rows, world, dtype, device, rank, timed)
         tables[collective] = rows
     align_trials(None)
     comm.close()
@@ -392,7 +443,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
     return {"tables": tables, "symm_error": symm_error} if rank == 0 else None
 
 
-def _time_plans(comm, collective, rows, world, dtype, device, rank, iters, trials) -> None:
+def _time_plans(comm, collective, rows, world, dtype, device, rank, timed) -> None:
     """The library plans' columns (pyccl.bench_plans), checked against ProcessGroupNCCL."""
     import torch.distributed as dist
 
@@ -407,7 +458,7 @@ def _time_plans(comm, collective, rows, world, dtype, device, rank, iters, trial
                        make_tensors=lambda nbytes: _tensors(collective, nbytes, world, dtype, device, rank),
                        reference=reference,
                        check=lambda label, got, expected, nbytes: _check(collective, label, got, expected, nbytes),
-                       time_graph=lambda fn: _time_graph(fn, iters, trials),
+                       time_graph=timed,
                        ll_max_bytes=comm._engine.ll_max_bytes)
 
 
@@ -441,10 +492,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--min-bytes", default="1K")
-    parser.add_argument("--max-bytes", default="256M")
-    parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
-    parser.add_argument("--trials", type=int, default=15, help="graph replays (median)")
+    parser.add_argument("-b", "--min-bytes", default="1K", help="smallest size, whole buffer (nccl-tests' -b)")
+    parser.add_argument("-e", "--max-bytes", default="256M", help="largest size (nccl-tests' -e)")
+    parser.add_argument("-f", "--step-factor", type=int, default=2, help="each size is this times the last")
+    parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph (eager: calls per trial)")
+    parser.add_argument("--trials", type=int, default=15, help="graph replays, or eager runs of --iters calls (median)")
+    parser.add_argument("--eager", action="store_true",
+                        help="launch the calls one by one instead of replaying a CUDA graph (nccl-tests without -G); "
+                             "at small sizes this times the host's launch cost")
     parser.add_argument("--all-algos", action="store_true", help="also time each pyccl algorithm forced")
     parser.add_argument("--plans", action="store_true",
                         help="also time the library's DSL plans (pyccl.algorithms) at several launch shapes")
@@ -459,13 +514,12 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", default=None, help="write the PNG here (needs matplotlib; or later: "
                                                      "python -m pyccl.bench_plot results.json out.png)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available() or torch.cuda.device_count() < (2 if args.world != 1 else 1):
-        print("pyccl.bench needs at least 2 GPUs (--world 1 checks that it runs on one)", file=sys.stderr)
-        return 2
-    world = args.world or torch.cuda.device_count()
-    if world > torch.cuda.device_count():
-        parser.error(f"--world {world}: only {torch.cuda.device_count()} GPUs are visible")
-    sizes = doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
+    try:
+        sizes = doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step_factor)
+    except ValueError as e:
+        parser.error(f"-b/-e/-f: {e}")
+    if args.iters < 1 or args.trials < 1:
+        parser.error(f"--iters and --trials must be at least 1, got {args.iters} and {args.trials}")
     from ._spawn import run_ranks
 
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
@@ -474,16 +528,25 @@ def main(argv=None) -> int:
     for c in collectives:
         if c not in _BUS_FACTOR:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(_BUS_FACTOR)} (or all)")
+    if args.world is not None and args.world < 1:
+        parser.error(f"--world must be at least 1, got {args.world}")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < (2 if args.world != 1 else 1):
+        print("pyccl.bench needs at least 2 GPUs (--world 1 checks that it runs on one)", file=sys.stderr)
+        return 2
+    world = args.world or torch.cuda.device_count()
+    if world > torch.cuda.device_count():
+        parser.error(f"--world {world}: only {torch.cuda.device_count()} GPUs are visible")
     engine_options = json.loads(args.engine) if args.engine else None
     res = run_ranks(_bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials,
-                                              args.all_algos, False, engine_options, args.plans),
+                                              args.all_algos, False, engine_options, args.plans, args.eager),
                      timeout=args.timeout)[0]
     gpu = torch.cuda.get_device_name(0)
     if res["symm_error"]:
         print(f"# torch symmetric memory unavailable: {res['symm_error']}")
     for collective, rows in res["tables"].items():
-        print(f"# pyccl {collective}, {world} x {gpu}, {args.dtype}, CUDA graph ({args.iters} calls/graph, "
-              f"median of {args.trials} replays), {datetime.date.today()}")
+        how = (f"eager ({args.iters} calls in a row, median of {args.trials} trials)" if args.eager
+               else f"CUDA graph ({args.iters} calls/graph, median of {args.trials} replays)")
+        print(f"# pyccl {collective}, {world} x {gpu}, {args.dtype}, {how}, {datetime.date.today()}")
         cols = [c for c in _COLUMNS if any(r.get(c) is not None for r in rows)]
         factor = _BUS_FACTOR[collective](world)
         print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
@@ -503,16 +566,17 @@ def main(argv=None) -> int:
         errors = {k: v for r in rows for k, v in r.items() if k.endswith("_error")}
         for k, v in errors.items():
             print(f"# {k}: {v}")
+    about = {"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()),
+             "mode": "eager" if args.eager else "graph", "iters": args.iters, "trials": args.trials}
     if args.csv:
         _write_csv(args.csv, res["tables"], world, args.dtype)
     if args.plot:
         from .bench_plot import plot
 
-        plot({"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()), **res}, args.plot)
+        plot({**about, **res}, args.plot)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()), **res},
-                      f, indent=1)
+            json.dump({**about, **res}, f, indent=1)
     return 0
 
 
