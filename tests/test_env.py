@@ -38,3 +38,20 @@ def test_collectives_see_pyccl_algo_change_between_calls(monkeypatch):
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "-1")
     with pytest.raises(InvalidArgumentError, match="PYCCL_NCCL_MIN_BYTES"):
         collectives._nccl_min_bytes("all_reduce")
+
+
+def test_raw_values_change_exactly_when_the_variable_is_set(monkeypatch):
+    """_env.raw keys the per-communicator memo of collective choices."""
+    name = "PYCCL_TEST_ENV_RAW"
+    monkeypatch.delenv(name, raising=False)
+    assert _env.raw(name) is None
+    monkeypatch.setenv(name, "a")
+    first = _env.raw(name)
+    assert first is not None and _env.raw(name) is first
+    assert first != _env.raw("PYCCL_TEST_ENV_OTHER")
+    monkeypatch.setenv(name, "b")
+    assert _env.raw(name) != first
+    monkeypatch.setenv(name, "a")
+    assert _env.raw(name) == first  # equal values: the same key
+    del os.environ[name]
+    assert _env.raw(name) is None

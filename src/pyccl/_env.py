@@ -38,3 +38,15 @@ def get(name: str) -> Optional[str]:
         key = _KEYS[name] = name.encode(_ENCODING, "surrogateescape")
     value = _DATA.get(key)
     return None if value is None else value.decode(_ENCODING, "surrogateescape")
+
+
+def raw(name: str):
+    """The variable's value as ``os.environ`` stores it (bytes on POSIX), or
+    None: the same object until the variable is set again, so a cheap key for
+    what was computed from it."""
+    if _DATA is None:
+        return os.environ.get(name)
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = name.encode(_ENCODING, "surrogateescape")
+    return _DATA.get(key)

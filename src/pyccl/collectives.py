@@ -206,6 +206,9 @@ def new_engine(native: "_C.Communicator", device: torch.device, world: int) -> "
     return _C.CollectiveEngine(native, kernel_choices=tuning.kernel_choices(table_for(device, world, torch.bfloat16)))
 
 
+# The most automatic choices a communicator keeps (_Call): far more sizes than a model calls with.
+_CHOICES_KEPT = 4096
+
 # The collectives that run on communicators spanning nodes (pyccl.across_nodes).
 _ACROSS_NODES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -213,51 +216,78 @@ _ACROSS_NODES = ("all_reduce", "all_gather", "reduce_scatter")
 class _Call:
     """What every collective resolves first: the communicator, the algorithm, NCCL or not.
 
-    Every eager call pays for this on the host, so it reads what it can from
-    caches (the communicator of the group, the tuning table, whether the group
-    has NCCL) and each environment variable once."""
+    Every eager call pays for this on the host, so the choice is memoized per
+    communicator, keyed by everything it depends on that can change between
+    calls: the collective, dtype, size and device, the algorithm argument,
+    whether the call came through a group, ``PYCCL_ALGO`` and
+    ``PYCCL_NCCL_MIN_BYTES`` (their raw values: a change takes effect at the
+    next call) and ``NCCL_MIN_BYTES[collective]``. What it does not key on is
+    read once per process or communicator anyway: the tuning table of a
+    (device, world size, dtype), whether the group has NCCL, the nodes the
+    communicator spans. A call that raises memoizes nothing."""
 
     __slots__ = ("from_group", "comm", "group", "algorithm", "forced", "nbytes", "tuned_plan", "spans_nodes",
                  "use_nccl", "nccl_here")
 
     def __init__(self, collective: str, tensor: torch.Tensor, group, comm: Optional[Communicator],
-                 algorithm: Optional[str], nbytes_of) -> None:
+                 algorithm: Optional[str], gathers: bool = False) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise InvalidArgumentError(
                 f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
         device = tensor.device
-        self.from_group = comm is None
-        if comm is None:
+        from_group = self.from_group = comm is None
+        if from_group:
             comm = communicator_for(group, device)  # never a closed one
         elif comm.closed:
             raise ClosedError(f"{collective}: communicator '{comm.name}' is closed")
         self.comm = comm
         self.group = group
-        self.algorithm = _forced_algorithm(collective, algorithm)
-        self.forced = self.algorithm is not None
-        self.nbytes = nbytes = nbytes_of(comm.world_size)
+        nbytes = tensor.numel() * tensor.element_size()
+        if gathers:
+            nbytes *= comm.world_size
+        self.nbytes = nbytes
+        if algorithm is not None and algorithm not in ALGORITHMS[collective]:
+            _forced_algorithm(collective, algorithm)  # raises, naming the argument (and never an unhashable key)
+        key = (collective, tensor.dtype, nbytes, device, algorithm, from_group, _env.raw("PYCCL_ALGO"),
+               _env.raw("PYCCL_NCCL_MIN_BYTES"), NCCL_MIN_BYTES.get(collective))
+        choices = comm.__dict__.get("_call_choices")
+        if choices is None:
+            choices = comm.__dict__.setdefault("_call_choices", {})
+        choice = choices.get(key)
+        if choice is None:
+            choice = self._choose(collective, tensor, group, comm, algorithm, device, nbytes)
+            if len(choices) >= _CHOICES_KEPT:
+                choices.clear()  # sizes seen in turn beyond the bound: start again rather than grow
+            choices[key] = choice
+        (self.algorithm, self.forced, self.tuned_plan, self.spans_nodes, self.use_nccl, self.nccl_here) = choice
+
+    def _choose(self, collective: str, tensor: torch.Tensor, group, comm: Communicator, algorithm: Optional[str],
+                device: torch.device, nbytes: int) -> tuple:
+        """(algorithm, forced, tuned_plan, spans_nodes, use_nccl, nccl_here), from the sources the memo keys on."""
+        algorithm = _forced_algorithm(collective, algorithm)
+        forced = algorithm is not None
         nccl_here = self.from_group and device.type == "cuda" and _group_has_nccl(comm, group)
-        self.tuned_plan: Optional[dict] = None  # a table entry naming a library plan
+        tuned_plan: Optional[dict] = None  # a table entry naming a library plan
         # The shipped tables are for ranks of one node.
-        self.spans_nodes = collective in _ACROSS_NODES and across_nodes.node_layout(comm) is not None
+        spans_nodes = collective in _ACROSS_NODES and across_nodes.node_layout(comm) is not None
         nccl_min_text = _env.get("PYCCL_NCCL_MIN_BYTES")
-        if self.algorithm is None and not self.spans_nodes and not nccl_min_text:
+        if algorithm is None and not spans_nodes and not nccl_min_text:
             # The measured table for this GPU and world size, where there is one.
             entry = tuning.select_entry(table_for(device, comm.world_size, tensor.dtype), collective, nbytes)
             tuned = None if entry is None else entry["algorithm"]
             if tuned == "plan":
-                self.tuned_plan = entry
+                tuned_plan = entry
             elif tuned is not None and (tuned != "nccl" or nccl_here):
-                self.algorithm = tuned
-        self.use_nccl = False
-        self.nccl_here = nccl_here
+                algorithm = tuned
+        use_nccl = False
         if nccl_here:
-            self.use_nccl = self.algorithm == "nccl" or (
-                self.algorithm is None and self.tuned_plan is None
+            use_nccl = algorithm == "nccl" or (
+                algorithm is None and tuned_plan is None
                 and nbytes >= _nccl_min_bytes_from(nccl_min_text, collective, None))
-        if self.algorithm == "nccl" and not self.use_nccl:
+        if algorithm == "nccl" and not use_nccl:
             raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a torch "
                                        "group with an NCCL backend")
+        return algorithm, forced, tuned_plan, spans_nodes, use_nccl, nccl_here
 
     @property
     def kernel_algorithm(self) -> Optional[str]:
@@ -326,7 +356,7 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     Returns the result tensor. 16-bit inputs are reduced in fp32; results are
     bitwise identical on every rank.
     """
-    call = _Call("all_reduce", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    call = _Call("all_reduce", tensor, group, comm, algorithm)
     op_name = _op_name(op)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -377,8 +407,7 @@ def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
             In place: ``tensor`` may be the rank's slice of ``out``.
         algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
     """
-    call = _Call("all_gather", tensor, group, comm, algorithm,
-                 lambda w: w * tensor.numel() * tensor.element_size())
+    call = _Call("all_gather", tensor, group, comm, algorithm, gathers=True)
     world = call.comm.world_size
     if out is None:
         shape = (world * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() > 0 else (world,)
@@ -410,7 +439,7 @@ def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessG
             In place: ``out`` may be this rank's part of ``tensor``.
         algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
     """
-    call = _Call("reduce_scatter", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    call = _Call("reduce_scatter", tensor, group, comm, algorithm)
     op_name = _op_name(op)
     world = call.comm.world_size
     if tensor.numel() % world != 0:
@@ -447,7 +476,7 @@ def all_to_all(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
         out: same numel and dtype (may be ``tensor`` itself), or None for a new tensor.
         algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
     """
-    call = _Call("all_to_all", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    call = _Call("all_to_all", tensor, group, comm, algorithm)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     if _run_plan(call, "all_to_all", tensor, out):
@@ -472,7 +501,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional[dist.ProcessGr
             ``torch.distributed.broadcast``), or None for a new tensor.
         algorithm: "ll", "hb" or "nccl" (default: ``PYCCL_ALGO``, else by size).
     """
-    call = _Call("broadcast", tensor, group, comm, algorithm, lambda w: tensor.numel() * tensor.element_size())
+    call = _Call("broadcast", tensor, group, comm, algorithm)
     if not isinstance(src, int) or not 0 <= src < call.comm.world_size:
         raise InvalidArgumentError(f"invalid argument 'src': must be a rank of the group (0 to "
                                    f"{call.comm.world_size - 1}), got {src!r}")

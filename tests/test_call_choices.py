@@ -1,0 +1,111 @@
+"""The automatic choice of a collective call is memoized per communicator
+(pyccl.collectives._Call): a memoized choice is the one a fresh call makes,
+and every source the choice depends on that can change between calls
+invalidates it at the next call."""
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import pyccl
+from pyccl import collectives
+from pyccl.errors import InvalidArgumentError
+
+
+@pytest.fixture
+def comm():
+    c = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu", name="choices")
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the calls that compute a choice instead of reading the memo."""
+    made = []
+    choose = collectives._Call._choose
+
+    def counting(self, *args):
+        made.append(args[0])
+        return choose(self, *args)
+
+    monkeypatch.setattr(collectives._Call, "_choose", counting)
+    monkeypatch.delenv("PYCCL_ALGO", raising=False)
+    monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
+    return made
+
+
+def _fields(call):
+    return (call.algorithm, call.forced, call.tuned_plan, call.spans_nodes, call.use_nccl, call.nccl_here,
+            call.nbytes)
+
+
+def test_a_memoized_choice_is_the_fresh_one(comm, counted):
+    x = torch.randn(random.randrange(1, 5000))
+    first = collectives._Call("all_reduce", x, None, comm, None)
+    again = collectives._Call("all_reduce", x, None, comm, None)
+    assert len(counted) == 1 and _fields(again) == _fields(first)
+    assert first.nbytes == x.numel() * 4
+    gathered = collectives._Call("all_gather", x, None, comm, None, gathers=True)
+    assert gathered.nbytes == x.numel() * 4 * comm.world_size and len(counted) == 2
+    forced = collectives._Call("all_reduce", x, None, comm, "2pa_ll")
+    assert forced.algorithm == "2pa_ll" and forced.forced and not first.forced and len(counted) == 3
+
+
+def test_each_changing_source_invalidates_the_memo(comm, counted, monkeypatch):
+    x = torch.randn(1000)
+    collectives._Call("all_reduce", x, None, comm, None)
+    collectives._Call("all_reduce", torch.randn(1001), None, comm, None)  # another size
+    collectives._Call("all_reduce", x.to(torch.bfloat16), None, comm, None)  # another dtype
+    collectives._Call("reduce_scatter", x, None, comm, None)  # another collective
+    assert len(counted) == 4
+    monkeypatch.setenv("PYCCL_ALGO", "all_reduce=1pa_ll")
+    assert collectives._Call("all_reduce", x, None, comm, None).algorithm == "1pa_ll"
+    monkeypatch.setenv("PYCCL_ALGO", "all_reduce=2pa_hb")  # changed again: the next call sees it
+    assert collectives._Call("all_reduce", x, None, comm, None).algorithm == "2pa_hb"
+    monkeypatch.delenv("PYCCL_ALGO")
+    assert collectives._Call("all_reduce", x, None, comm, None).algorithm is None
+    assert len(counted) == 6  # the unset value's choice was still memoized
+    monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
+    collectives._Call("all_reduce", x, None, comm, None)
+    monkeypatch.setitem(collectives.NCCL_MIN_BYTES, "all_reduce", 1 << 10)
+    collectives._Call("all_reduce", x, None, comm, None)
+    assert len(counted) == 8
+
+
+def test_a_bad_choice_raises_at_every_call_and_is_not_memoized(comm, counted, monkeypatch):
+    x = torch.randn(64)
+    for _ in range(2):
+        with pytest.raises(InvalidArgumentError, match="'algorithm'"):
+            collectives._Call("all_reduce", x, None, comm, "warp")
+        with pytest.raises(InvalidArgumentError, match="'algorithm'"):
+            collectives._Call("all_reduce", x, None, comm, ["2pa_ll"])  # unhashable: still named
+    monkeypatch.setenv("PYCCL_ALGO", "all_reduce=warp")
+    for _ in range(2):
+        with pytest.raises(InvalidArgumentError, match="PYCCL_ALGO"):
+            collectives._Call("all_reduce", x, None, comm, None)
+    assert comm.__dict__.get("_call_choices", {}) == {}
+    monkeypatch.delenv("PYCCL_ALGO")
+    with pytest.raises(pyccl.errors.ClosedError):
+        closed = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu", name="closed")
+        closed.close()
+        collectives._Call("all_reduce", x, None, closed, None)
+
+
+def test_the_memo_is_bounded(comm, counted, monkeypatch):
+    monkeypatch.setattr(collectives, "_CHOICES_KEPT", 8)
+    for n in range(1, 30):
+        collectives._Call("all_reduce", torch.randn(n), None, comm, None)
+        assert len(comm.__dict__["_call_choices"]) <= 8
+    assert len(counted) == 29
+
+
+def test_collectives_run_the_memoized_choice(comm):
+    """Host mode, one rank: the calls that hit the memo give the same results."""
+    for _ in range(3):
+        x = torch.randn(777)
+        assert torch.equal(pyccl.all_reduce(x, comm=comm), x)
+        assert torch.equal(pyccl.all_gather(x, comm=comm), x)
+        assert torch.equal(pyccl.reduce_scatter(x, comm=comm), x)
