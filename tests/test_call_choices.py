@@ -109,3 +109,21 @@ def test_collectives_run_the_memoized_choice(comm):
         assert torch.equal(pyccl.all_reduce(x, comm=comm), x)
         assert torch.equal(pyccl.all_gather(x, comm=comm), x)
         assert torch.equal(pyccl.reduce_scatter(x, comm=comm), x)
+
+
+def test_host_mode_follows_a_tuning_file_set_between_calls(comm, counted, monkeypatch, tmp_path):
+    import json
+
+    from pyccl import tuning
+
+    monkeypatch.setattr(collectives, "_tables", {})  # this process's table look-ups stay in this test
+    monkeypatch.delenv("PYCCL_TUNING_FILE", raising=False)
+    x = torch.randn(1024)
+    assert collectives._Call("all_reduce", x, None, comm, None).algorithm is None
+    table = tuning.build_table({"all_reduce": [{"bytes": 4096, "pyccl_2pa_ll": 1.0, "pyccl_1pa_ll": 2.0}]},
+                               gpu="host", world=1, dtype="float32", date="today", command="test")
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv("PYCCL_TUNING_FILE", str(path))
+    assert collectives._Call("all_reduce", x, None, comm, None).algorithm == "2pa_ll"
+    assert len(counted) == 2

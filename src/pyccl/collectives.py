@@ -221,10 +221,11 @@ class _Call:
     calls: the collective, dtype, size and device, the algorithm argument,
     whether the call came through a group, ``PYCCL_ALGO`` and
     ``PYCCL_NCCL_MIN_BYTES`` (their raw values: a change takes effect at the
-    next call) and ``NCCL_MIN_BYTES[collective]``. What it does not key on is
-    read once per process or communicator anyway: the tuning table of a
-    (device, world size, dtype), whether the group has NCCL, the nodes the
-    communicator spans. A call that raises memoizes nothing."""
+    next call), ``NCCL_MIN_BYTES[collective]``, and in host mode
+    ``PYCCL_TUNING_FILE``. What it does not key on is read once per process
+    or communicator anyway: the tuning table of a (device, world size, dtype),
+    whether the group has NCCL, the nodes the communicator spans. A call that
+    raises memoizes nothing."""
 
     __slots__ = ("from_group", "comm", "group", "algorithm", "forced", "nbytes", "tuned_plan", "spans_nodes",
                  "use_nccl", "nccl_here")
@@ -248,8 +249,10 @@ class _Call:
         self.nbytes = nbytes
         if algorithm is not None and algorithm not in ALGORITHMS[collective]:
             _forced_algorithm(collective, algorithm)  # raises, naming the argument (and never an unhashable key)
+        # Host mode looks a tuning table up only while PYCCL_TUNING_FILE is set (table_for).
+        tuning_file = _env.raw("PYCCL_TUNING_FILE") if device.type != "cuda" else None
         key = (collective, tensor.dtype, nbytes, device, algorithm, from_group, _env.raw("PYCCL_ALGO"),
-               _env.raw("PYCCL_NCCL_MIN_BYTES"), NCCL_MIN_BYTES.get(collective))
+               _env.raw("PYCCL_NCCL_MIN_BYTES"), NCCL_MIN_BYTES.get(collective), tuning_file)
         choices = comm.__dict__.get("_call_choices")
         if choices is None:
             choices = comm.__dict__.setdefault("_call_choices", {})
