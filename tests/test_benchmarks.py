@@ -158,3 +158,57 @@ def test_bench_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, caps
         bench.main(argv)
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_path):
+    """pyccl.bench_plot on a stand-in matplotlib (an optional dependency, not
+    installed for the tests): one row of axes per collective, latency points
+    up to 1 MiB and bandwidth from 1 MiB, and a title that says graph or eager."""
+    import json
+    import types
+
+    from pyccl import bench_plot
+
+    drawn = {"titles": [], "points": 0, "saved": None}
+
+    class Axes:
+        def plot(self, xs, ys, **kwargs):
+            drawn["points"] += len(xs)
+
+        def set(self, **kwargs):
+            drawn["titles"].append(kwargs.get("title"))
+
+        def grid(self, *args, **kwargs):
+            pass
+
+        def legend(self, **kwargs):
+            pass
+
+    class Figure:
+        def suptitle(self, text):
+            drawn["suptitle"] = text
+
+        def tight_layout(self):
+            pass
+
+        def savefig(self, path, **kwargs):
+            drawn["saved"] = path
+
+    def subplots(rows, cols, **kwargs):
+        return Figure(), [[Axes() for _ in range(cols)] for _ in range(rows)]
+
+    pyplot = types.SimpleNamespace(subplots=subplots)
+    matplotlib = types.ModuleType("matplotlib")
+    matplotlib.use = lambda backend: None
+    matplotlib.pyplot = pyplot
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    path = os.path.join(ROOT, "benchmarks", "2026-11-23l-h100-w1-eager-after-run1.json")
+    results = json.load(open(path))
+    bench_plot.plot(results, str(tmp_path / "eager.png"))
+    assert drawn["saved"] == str(tmp_path / "eager.png") and "eager calls" in drawn["suptitle"]
+    assert drawn["titles"][:2] == ["all_reduce: latency", "all_reduce: bus bandwidth"]
+    assert drawn["points"] > 0
+    del results["mode"]  # a run from before the eager mode
+    bench_plot.plot(results, str(tmp_path / "graph.png"))
+    assert "CUDA graphs" in drawn["suptitle"]

@@ -46,7 +46,8 @@ def plot(results: dict, path: str) -> None:
         for ax in row_axes:
             ax.grid(True, which="both", alpha=0.3)
         row_axes[0].legend(fontsize=7)
-    fig.suptitle(f"pyccl, {world} x {results.get('gpu', '?')}, {results.get('dtype', '?')}, CUDA graphs, "
+    how = "eager calls" if results.get("mode") == "eager" else "CUDA graphs"  # runs before --eager: graphs
+    fig.suptitle(f"pyccl, {world} x {results.get('gpu', '?')}, {results.get('dtype', '?')}, {how}, "
                  f"{results.get('date', '')}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
