@@ -160,6 +160,16 @@ def test_bench_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, caps
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["-b", "4K", "-e", "1K"], ["-f", "0"], ["-e", "many"]])
+def test_tune_rejects_bad_sizes_before_it_looks_for_gpus(argv, capsys):
+    from pyccl import tune
+
+    with pytest.raises(SystemExit) as e:
+        tune.main(argv)
+    assert e.value.code == 2
+    assert "-b/-e/-f" in capsys.readouterr().err
+
+
 def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_path):
     """pyccl.bench_plot on a stand-in matplotlib (an optional dependency, not
     installed for the tests): one row of axes per collective, latency points

@@ -31,13 +31,10 @@ _KEYS: Dict[str, bytes] = {}
 
 def get(name: str) -> Optional[str]:
     """``os.environ.get(name)``."""
-    if _DATA is None:
-        return os.environ.get(name)
-    key = _KEYS.get(name)
-    if key is None:
-        key = _KEYS[name] = name.encode(_ENCODING, "surrogateescape")
-    value = _DATA.get(key)
-    return None if value is None else value.decode(_ENCODING, "surrogateescape")
+    value = raw(name)
+    if value is None or _DATA is None:
+        return value
+    return value.decode(_ENCODING, "surrogateescape")
 
 
 def raw(name: str):

@@ -128,47 +128,43 @@ def _time_graph(fn, iters: int, trials: int, capture_in=None, check=None, output
     torch.cuda.synchronize()
     if check is not None:
         check()
-    times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if _trial_barrier is not None:
-            _trial_barrier()
-            torch.cuda._sleep(_ALIGN_SLEEP_CYCLES)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / iters)
+    per_call = _median_per_call(graph.replay, iters, trials, align_sleep=True)
     del graph
-    return statistics.median(times)
+    return per_call
 
 
-def _time_eager(fn, iters: int, trials: int, check=None, output=None) -> float:
+def _time_eager(fn, iters: int, trials: int) -> float:
     """Median µs per call of `fn` launched `iters` times in a row without a
     graph (nccl-tests without -G): where the host takes longer to launch a
     call than the GPU takes to run it, this is the host's time per call.
     Trials start after a barrier where align_trials was called, without the
-    GPU sleep of graph mode: the launches are part of what is timed.
-    `check` and `output` as in _time_graph, for one call."""
+    GPU sleep of graph mode: the launches are part of what is timed."""
     fn()  # warm-up
     torch.cuda.synchronize()
-    if output is not None:
-        output.fill_(float("nan"))
-        fn()
-        torch.cuda.synchronize()
-    if check is not None:
-        check()
+
+    def launch() -> None:
+        for _ in range(iters):
+            fn()
+
+    return _median_per_call(launch, iters, trials, align_sleep=False)
+
+
+def _median_per_call(launch, calls: int, trials: int, align_sleep: bool) -> float:
+    """Median over `trials` of the GPU's µs per call while `launch()` enqueues
+    `calls` calls, each trial after the align_trials barrier (and, with
+    `align_sleep`, its GPU sleep) where one is set."""
     times = []
     for _ in range(trials):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if _trial_barrier is not None:
             _trial_barrier()
+            if align_sleep:
+                torch.cuda._sleep(_ALIGN_SLEEP_CYCLES)
         start.record()
-        for _ in range(iters):
-            fn()
+        launch()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / iters)
+        times.append(start.elapsed_time(end) * 1000 / calls)
     return statistics.median(times)
 
 
