@@ -19,6 +19,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from .. import _env, collectives
 from .._logging import logger
 from ..collectives import (REDUCIBLE_DTYPES, _nccl_min_bytes, all_gather, all_reduce, communicator_for,
                            reduce_scatter, table_for)
@@ -87,10 +88,14 @@ class GroupCommunicator:
             return self._max_bytes
         if collective == "fused_all_reduce_rmsnorm":
             return FUSED_MAX_BYTES
-        key = (collective, dtype)
-        if key not in self._limits:
-            self._limits[key] = _nccl_min_bytes(collective, table_for(self.device, self.world_size, dtype)) - 1
-        return self._limits[key]
+        # Keyed as pyccl's own choice is (collectives._Call): a changed variable counts from the next call.
+        key = (collective, dtype, _env.raw("PYCCL_NCCL_MIN_BYTES"), collectives.NCCL_MIN_BYTES.get(collective))
+        limit = self._limits.get(key)
+        if limit is None:
+            if len(self._limits) >= 64:
+                self._limits.clear()
+            limit = self._limits[key] = _nccl_min_bytes(collective, table_for(self.device, self.world_size, dtype)) - 1
+        return limit
 
     def should_use(self, tensor: torch.Tensor, collective: str = "all_reduce") -> bool:
         """Whether ``collective`` on ``tensor`` should go through pyccl: the
