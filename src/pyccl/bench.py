@@ -193,6 +193,21 @@ def doubling_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list:
     return sizes
 
 
+def add_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """nccl-tests' -b/-e/-f (sizes of the whole buffer), for sizes_from_args."""
+    parser.add_argument("-b", "--min-bytes", default="1K", help="smallest size, whole buffer (nccl-tests' -b)")
+    parser.add_argument("-e", "--max-bytes", default="256M", help="largest size (nccl-tests' -e)")
+    parser.add_argument("-f", "--step-factor", type=int, default=2, help="each size is this times the last")
+
+
+def sizes_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list:
+    """The sizes add_size_arguments' flags ask for; a bad one is a usage error naming them."""
+    try:
+        return doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step_factor)
+    except ValueError as e:
+        parser.error(f"-b/-e/-f: {e}")
+
+
 def size_label(n: int) -> str:
     """`n` bytes as "512 B" / "4 KiB" / "16 MiB" (powers of two)."""
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
@@ -488,9 +503,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("-b", "--min-bytes", default="1K", help="smallest size, whole buffer (nccl-tests' -b)")
-    parser.add_argument("-e", "--max-bytes", default="256M", help="largest size (nccl-tests' -e)")
-    parser.add_argument("-f", "--step-factor", type=int, default=2, help="each size is this times the last")
+    add_size_arguments(parser)
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph (eager: calls per trial)")
     parser.add_argument("--trials", type=int, default=15, help="graph replays, or eager runs of --iters calls (median)")
     parser.add_argument("--eager", action="store_true",
@@ -510,10 +523,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", default=None, help="write the PNG here (needs matplotlib; or later: "
                                                      "python -m pyccl.bench_plot results.json out.png)")
     args = parser.parse_args(argv)
-    try:
-        sizes = doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step_factor)
-    except ValueError as e:
-        parser.error(f"-b/-e/-f: {e}")
+    sizes = sizes_from_args(parser, args)
     if args.iters < 1 or args.trials < 1:
         parser.error(f"--iters and --trials must be at least 1, got {args.iters} and {args.trials}")
     from ._spawn import run_ranks

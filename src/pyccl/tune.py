@@ -37,9 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--collectives", default="all", help="comma-separated, or all")
-    parser.add_argument("-b", "--min-bytes", default="1K", help="smallest size, whole buffer (nccl-tests' -b)")
-    parser.add_argument("-e", "--max-bytes", default="256M", help="largest size (nccl-tests' -e)")
-    parser.add_argument("-f", "--step-factor", type=int, default=2, help="each size is this times the last")
+    bench.add_size_arguments(parser)
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--trials", type=int, default=9, help="graph replays (median)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before the ranks are stopped")
@@ -51,11 +49,7 @@ def main(argv=None) -> int:
     for c in collectives:
         if c not in tuning.COLLECTIVES:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(tuning.COLLECTIVES)} (or all)")
-    try:
-        sizes = bench.doubling_sizes(bench.parse_bytes(args.min_bytes), bench.parse_bytes(args.max_bytes),
-                                     args.step_factor)
-    except ValueError as e:
-        parser.error(f"-b/-e/-f: {e}")
+    sizes = bench.sizes_from_args(parser, args)
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         print("pyccl.tune needs at least 2 GPUs", file=sys.stderr)
         return 2
