@@ -252,7 +252,7 @@ class _Call:
         # Host mode looks a tuning table up only while PYCCL_TUNING_FILE is set (table_for).
         tuning_file = _env.raw("PYCCL_TUNING_FILE") if device.type != "cuda" else None
         key = (collective, tensor.dtype, nbytes, device, algorithm, from_group, _env.raw("PYCCL_ALGO"),
-               _env.raw("PYCCL_NCCL_MIN_BYTES"), NCCL_MIN_BYTES.get(collective), tuning_file)
+               _nccl_min_sources(collective), tuning_file)
         choices = comm.__dict__.get("_call_choices")
         if choices is None:
             choices = comm.__dict__.setdefault("_call_choices", {})
@@ -540,6 +540,12 @@ def _nccl_min_bytes(collective: str = "all_reduce", table: Optional[dict] = None
     (one size for every collective) if set, else where `table` hands every size
     to NCCL, else NCCL_MIN_BYTES[collective]."""
     return _nccl_min_bytes_from(_env.get("PYCCL_NCCL_MIN_BYTES"), collective, table)
+
+
+def _nccl_min_sources(collective: str) -> tuple:
+    """What _nccl_min_bytes reads that may change between calls (a table is
+    read once per key): a memo of a choice made from it keys on this."""
+    return _env.raw("PYCCL_NCCL_MIN_BYTES"), NCCL_MIN_BYTES.get(collective)
 
 
 def _nccl_min_bytes_from(text: Optional[str], collective: str, table: Optional[dict]) -> int:

@@ -19,10 +19,9 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from .. import _env, collectives
 from .._logging import logger
-from ..collectives import (REDUCIBLE_DTYPES, _nccl_min_bytes, all_gather, all_reduce, communicator_for,
-                           reduce_scatter, table_for)
+from ..collectives import (REDUCIBLE_DTYPES, _nccl_min_bytes, _nccl_min_sources, all_gather, all_reduce,
+                           communicator_for, reduce_scatter, table_for)
 from ..communicator import Communicator
 from ..errors import ClosedError, InvalidArgumentError
 from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
@@ -89,7 +88,7 @@ class GroupCommunicator:
         if collective == "fused_all_reduce_rmsnorm":
             return FUSED_MAX_BYTES
         # Keyed as pyccl's own choice is (collectives._Call): a changed variable counts from the next call.
-        key = (collective, dtype, _env.raw("PYCCL_NCCL_MIN_BYTES"), collectives.NCCL_MIN_BYTES.get(collective))
+        key = (collective, dtype, _nccl_min_sources(collective))
         limit = self._limits.get(key)
         if limit is None:
             if len(self._limits) >= 64:
