@@ -54,7 +54,7 @@ def captured_cases(rank, world, store, seed, count, max_elems, replays, zero_cop
         cases.append((i, dtype, op, n, rng.random() < 0.5, offset, algo))
     inputs = [_case_tensor(n, dtype, offset, device) for (_, dtype, _, n, _, offset, _) in cases]
 
-    def zero_copy(n, dtype, algo):  # as _choose_symmetric decides without a table
+    def zero_copy(n, dtype, algo):  # as _symmetric_choice decides without a table
         nbytes = n * torch.tensor([], dtype=dtype).element_size()
         chosen = algo if algo is not None else engine.select(nbytes, symmetric=True)
         return chosen == "2pa_hb" and nbytes <= zero_copy_max

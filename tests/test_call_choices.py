@@ -127,3 +127,73 @@ def test_host_mode_follows_a_tuning_file_set_between_calls(comm, counted, monkey
     monkeypatch.setenv("PYCCL_TUNING_FILE", str(path))
     assert collectives._Call("all_reduce", x, None, comm, None).algorithm == "2pa_ll"
     assert len(counted) == 2
+
+
+class _CountingEngine:
+    """The communicator's engine, with its symmetric-buffer look-ups counted."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.looked_up, self.launched = engine, 0, []
+
+    def is_symmetric(self, tensor) -> bool:
+        self.looked_up += 1
+        return self.engine.is_symmetric(tensor)
+
+    def all_reduce(self, *args):
+        self.launched.append(args[4:])
+        return self.engine.all_reduce(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_the_symmetric_choice_is_memoized_and_made_by_the_engine_at_the_launch(comm, monkeypatch):
+    """An automatic all-reduce gives the engine both choices, plain and symmetric, and asks nothing per call;
+    the engine takes the symmetric one only where the tensors are symmetric buffers (2PA HB: zero-copy)."""
+    monkeypatch.delenv("PYCCL_ALGO", raising=False)
+    monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
+    made = []
+    monkeypatch.setattr(collectives, "_symmetric_choice", lambda *args: made.append(1) or "2pa_hb")
+    n = random.randrange(100, 3000)
+    a = pyccl.symmetric_empty(n, comm=comm)
+    b = pyccl.symmetric_empty(n, comm=comm)
+    engine = comm._engine
+    counting = comm._engine = _CountingEngine(engine)
+    try:
+        zero_copy = engine.zero_copy_calls
+        for _ in range(3):
+            a.copy_(torch.randn(n))
+            assert torch.equal(pyccl.all_reduce(a, out=b, comm=comm), a)
+        assert engine.zero_copy_calls == zero_copy + 3
+        x = torch.randn(n)
+        assert torch.equal(pyccl.all_reduce(x, comm=comm), x)  # plain tensors: the plain choice, staged
+        assert engine.zero_copy_calls == zero_copy + 3
+        assert len(made) == 1 and counting.looked_up == 0
+        assert all(launch[1] == "2pa_hb" for launch in counting.launched)
+        # A forced algorithm holds for symmetric buffers too: no symmetric choice.
+        assert torch.equal(pyccl.all_reduce(a, out=b, comm=comm, algorithm="2pa_ll"), a)
+        assert counting.launched[-1] == ("2pa_ll", None) and engine.zero_copy_calls == zero_copy + 3
+        # A symmetric choice that would leave the engine (NCCL) is settled before the launch, by asking.
+        monkeypatch.setattr(collectives, "_symmetric_choice", lambda *args: "nccl")
+        y = torch.randn(n + 1)  # a new size: a new choice
+        assert torch.equal(pyccl.all_reduce(y, comm=comm), y)
+        assert counting.looked_up >= 1 and counting.launched[-1][1] is None
+    finally:
+        comm._engine = engine
+
+
+def test_the_engine_takes_its_symmetric_algorithm_for_symmetric_buffers_only(comm):
+    n = random.randrange(100, 3000)
+    a, b = pyccl.symmetric_empty(n, comm=comm), pyccl.symmetric_empty(n, comm=comm)
+    engine = comm._engine
+    before = engine.zero_copy_calls
+    a.copy_(torch.randn(n))
+    engine.all_reduce(comm._comm, a, b, "sum", "1pa_ll", "2pa_hb")
+    assert torch.equal(b, a) and engine.zero_copy_calls == before + 1
+    x, y = torch.randn(n), torch.empty(n)
+    engine.all_reduce(comm._comm, x, y, "sum", "1pa_ll", "2pa_hb")
+    assert torch.equal(y, x) and engine.zero_copy_calls == before + 1
+    engine.all_reduce(comm._comm, a, b, "sum", "2pa_hb", "2pa_ll")  # the symmetric one wins: staged
+    assert engine.zero_copy_calls == before + 1
+    with pytest.raises(InvalidArgumentError, match="'symmetric_algorithm'"):
+        engine.all_reduce(comm._comm, a, b, "sum", None, "warp")

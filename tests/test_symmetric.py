@@ -43,10 +43,9 @@ def test_symmetric_choice_follows_the_table(monkeypatch, nccl_here):
     engine = SimpleNamespace(zero_copy_threshold_bytes=4096, select=lambda n: "2pa_ll")
 
     def choose(nbytes):
-        call = SimpleNamespace(comm=SimpleNamespace(world_size=4), nccl_here=nccl_here, algorithm=None,
-                               use_nccl=None, nbytes=nbytes)
-        collectives._choose_symmetric(call, engine, torch.empty(nbytes // 4))
-        return call.algorithm, call.use_nccl
+        call = SimpleNamespace(comm=SimpleNamespace(world_size=4), nccl_here=nccl_here, nbytes=nbytes)
+        chosen = collectives._symmetric_choice(call, engine, torch.empty(nbytes // 4))
+        return chosen, chosen == "nccl"
 
     assert choose(512) == ("1pa_ll", False)
     assert choose(1 << 20) == ("2pa_hb", False)

@@ -368,7 +368,8 @@ void CollectiveEngine::checkUsable(const char* op) const {
 }
 
 void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
-                                 std::optional<AllReduceAlgorithm> algorithm, void* stream) {
+                                 std::optional<AllReduceAlgorithm> algorithm, void* stream,
+                                 std::optional<AllReduceAlgorithm> symmetricAlgorithm) {
   checkUsable("all_reduce");
   if (count == 0) return;
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
@@ -378,7 +379,10 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
   const SymmetricBuffer* symOut = symIn != nullptr ? findSymmetric(output, bytes) : nullptr;
   // Plain tensors captured under graph buffers: chosen as symmetric buffers are, and zero-copy where they would be.
   const bool graphCall = symOut == nullptr && graphBuffers_.active() && !comm_.hostMode() && gpu::isCapturing(stream);
-  const AllReduceAlgorithm algo = algorithm ? *algorithm : select(bytes, symOut != nullptr || graphCall);
+  const bool symmetricCall = symOut != nullptr || graphCall;
+  const AllReduceAlgorithm algo = symmetricCall && symmetricAlgorithm ? *symmetricAlgorithm
+                                  : algorithm                         ? *algorithm
+                                                                      : select(bytes, symmetricCall);
   if (algo == AllReduceAlgorithm::kOnePhaseLL) {
     PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
                     " bytes per call in this communicator, the message has ", bytes);

@@ -114,8 +114,12 @@ class CollectiveEngine {
   /// All-reduces `count` elements of `input` into `output` (may be the same
   /// buffer) with `algorithm` (or the size-based choice), enqueued on `stream`
   /// (a cudaStream_t; ignored in host mode, where it returns when done).
+  /// `symmetricAlgorithm`, where given, takes the place of both when input
+  /// and output lie in symmetric buffers or the call is captured on graph
+  /// buffers: a caller's own choice for those calls, made without asking.
   void allReduce(const void* input, void* output, uint64_t count, DataType dtype, ReduceOp op,
-                 std::optional<AllReduceAlgorithm> algorithm, void* stream);
+                 std::optional<AllReduceAlgorithm> algorithm, void* stream,
+                 std::optional<AllReduceAlgorithm> symmetricAlgorithm = std::nullopt);
 
   /// Moves chunks between all ranks (see exchange_device.hpp for `kind`):
   /// `chunkBytes` per (source, destination) pair, the chunk for/from rank q at

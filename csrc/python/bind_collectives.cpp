@@ -121,15 +121,22 @@ void bindCollectives(py::module_& m) {
            py::arg("tensor"), "Whether the tensor's bytes lie within one symmetric buffer.")
       .def("all_reduce",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
-              const std::string& op, const std::optional<std::string>& algorithm) {
+              const std::string& op, const std::optional<std::string>& algorithm,
+              const std::optional<std::string>& symmetricAlgorithm) {
              const ReduceOp rop = reduceOpOf(op);
              std::optional<AllReduceAlgorithm> algo;
              if (algorithm && !algorithm->empty()) algo = parseAllReduceAlgorithm(*algorithm, "algorithm");
+             std::optional<AllReduceAlgorithm> symmetricAlgo;
+             if (symmetricAlgorithm && !symmetricAlgorithm->empty()) {
+               symmetricAlgo = parseAllReduceAlgorithm(*symmetricAlgorithm, "symmetric_algorithm");
+             }
              py::gil_scoped_release release;
-             allReduceTensor(e, comm, input, output, rop, algo);
+             allReduceTensor(e, comm, input, output, rop, algo, symmetricAlgo);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum",
-           py::arg("algorithm") = std::nullopt)
+           py::arg("algorithm") = std::nullopt, py::arg("symmetric_algorithm") = std::nullopt,
+           "All-reduce enqueued on the current stream; `symmetric_algorithm` (where given) is used instead of "
+           "`algorithm` when input and output lie in symmetric buffers or the call is captured on graph buffers.")
       .def("all_reduce_rmsnorm",
            [](CollectiveEngine& e, Communicator& comm, const at::Tensor& input, const at::Tensor& residual,
               const at::Tensor& weight, const at::Tensor& normed, const at::Tensor& residualOut, double eps,

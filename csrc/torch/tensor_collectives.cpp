@@ -89,13 +89,14 @@ void* currentStream(const Communicator& comm) {
 }
 
 void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
-                     const at::Tensor& output, ReduceOp op, std::optional<AllReduceAlgorithm> algorithm) {
+                     const at::Tensor& output, ReduceOp op, std::optional<AllReduceAlgorithm> algorithm,
+                     std::optional<AllReduceAlgorithm> symmetricAlgorithm) {
   checkPair(comm, input, output);
   PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
                   input.numel());
   const DataType dtype = reductionTypeOf(input, "tensor");
   e.allReduce(input.data_ptr(), output.data_ptr(), static_cast<uint64_t>(input.numel()), dtype, op, algorithm,
-              currentStream(comm));
+              currentStream(comm), symmetricAlgorithm);
 }
 
 void allGatherTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,

@@ -24,8 +24,10 @@ void checkTensorFor(const Communicator& comm, const at::Tensor& t, const char* a
 /// The current CUDA stream of the communicator's device (nullptr in host mode).
 void* currentStream(const Communicator& comm);
 
+/// `symmetricAlgorithm`: as CollectiveEngine::allReduce takes it.
 void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
-                     const at::Tensor& output, ReduceOp op, std::optional<AllReduceAlgorithm> algorithm);
+                     const at::Tensor& output, ReduceOp op, std::optional<AllReduceAlgorithm> algorithm,
+                     std::optional<AllReduceAlgorithm> symmetricAlgorithm = std::nullopt);
 /// output: world_size * input.numel() elements, rank order.
 void allGatherTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                      const at::Tensor& output, std::optional<Protocol> protocol);

@@ -109,19 +109,19 @@ def _forced_algorithm(collective: str, algorithm: Optional[str]) -> Optional[str
 def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None) -> Communicator:
     """The pyccl communicator of a torch process group on ``device`` (made on
     first use, collectively, over the group's store)."""
-    if not dist.is_initialized():
-        raise InvalidArgumentError(
-            "invalid argument 'group': torch.distributed is not initialized; call init_process_group "
-            "first, or pass comm= (a pyccl.Communicator)")
-    pg = group if group is not None else dist.group.WORLD
+    pg = group if group is not None else dist.group.WORLD  # None before init_process_group: never a key
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     key = (id(pg), device)
     # Every eager collective asks: a live communicator is read without the lock
     # (one dict read, atomic in CPython); making one takes it.
     comm = _communicators.get(key)
-    if comm is not None and not comm.closed:
+    if comm is not None and not comm._comm.closed:  # the native flag: the property adds a call per collective
         return comm
+    if not dist.is_initialized():
+        raise InvalidArgumentError(
+            "invalid argument 'group': torch.distributed is not initialized; call init_process_group "
+            "first, or pass comm= (a pyccl.Communicator)")
     with _lock:
         comm = _communicators.get(key)
         if comm is None or comm.closed:
@@ -213,6 +213,20 @@ _CHOICES_KEPT = 4096
 _ACROSS_NODES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
+class _Choice:
+    """A memoized automatic choice (see _Call). ``symmetric`` is filled in on
+    the first all-reduce that needs it: the choice for input and output in
+    symmetric buffers (or captured on graph buffers), which needs the engine."""
+
+    __slots__ = ("algorithm", "forced", "tuned_plan", "spans_nodes", "use_nccl", "nccl_here", "symmetric")
+
+    def __init__(self, algorithm: Optional[str], forced: bool, tuned_plan: Optional[dict], spans_nodes: bool,
+                 use_nccl: bool, nccl_here: bool) -> None:
+        self.algorithm, self.forced, self.tuned_plan = algorithm, forced, tuned_plan
+        self.spans_nodes, self.use_nccl, self.nccl_here = spans_nodes, use_nccl, nccl_here
+        self.symmetric: Optional[str] = None
+
+
 class _Call:
     """What every collective resolves first: the communicator, the algorithm, NCCL or not.
 
@@ -228,7 +242,7 @@ class _Call:
     raises memoizes nothing."""
 
     __slots__ = ("from_group", "comm", "group", "algorithm", "forced", "nbytes", "tuned_plan", "spans_nodes",
-                 "use_nccl", "nccl_here")
+                 "use_nccl", "nccl_here", "choice")
 
     def __init__(self, collective: str, tensor: torch.Tensor, group, comm: Optional[Communicator],
                  algorithm: Optional[str], gathers: bool = False) -> None:
@@ -239,7 +253,7 @@ class _Call:
         from_group = self.from_group = comm is None
         if from_group:
             comm = communicator_for(group, device)  # never a closed one
-        elif comm.closed:
+        elif comm._comm.closed:
             raise ClosedError(f"{collective}: communicator '{comm.name}' is closed")
         self.comm = comm
         self.group = group
@@ -250,7 +264,8 @@ class _Call:
         if algorithm is not None and algorithm not in ALGORITHMS[collective]:
             _forced_algorithm(collective, algorithm)  # raises, naming the argument (and never an unhashable key)
         # Host mode looks a tuning table up only while PYCCL_TUNING_FILE is set (table_for).
-        tuning_file = _env.raw("PYCCL_TUNING_FILE") if device.type != "cuda" else None
+        # (tensor.is_cuda: device.type makes a new string at every call.)
+        tuning_file = None if tensor.is_cuda else _env.raw("PYCCL_TUNING_FILE")
         key = (collective, tensor.dtype, nbytes, device, algorithm, from_group, _env.raw("PYCCL_ALGO"),
                _nccl_min_sources(collective), tuning_file)
         choices = comm.__dict__.get("_call_choices")
@@ -262,11 +277,13 @@ class _Call:
             if len(choices) >= _CHOICES_KEPT:
                 choices.clear()  # sizes seen in turn beyond the bound: start again rather than grow
             choices[key] = choice
-        (self.algorithm, self.forced, self.tuned_plan, self.spans_nodes, self.use_nccl, self.nccl_here) = choice
+        self.choice = choice
+        self.algorithm, self.forced, self.tuned_plan = choice.algorithm, choice.forced, choice.tuned_plan
+        self.spans_nodes, self.use_nccl, self.nccl_here = choice.spans_nodes, choice.use_nccl, choice.nccl_here
 
     def _choose(self, collective: str, tensor: torch.Tensor, group, comm: Communicator, algorithm: Optional[str],
-                device: torch.device, nbytes: int) -> tuple:
-        """(algorithm, forced, tuned_plan, spans_nodes, use_nccl, nccl_here), from the sources the memo keys on."""
+                device: torch.device, nbytes: int) -> _Choice:
+        """The choice, from the sources the memo keys on."""
         algorithm = _forced_algorithm(collective, algorithm)
         forced = algorithm is not None
         nccl_here = self.from_group and device.type == "cuda" and _group_has_nccl(comm, group)
@@ -290,7 +307,15 @@ class _Call:
         if algorithm == "nccl" and not use_nccl:
             raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a torch "
                                        "group with an NCCL backend")
-        return algorithm, forced, tuned_plan, spans_nodes, use_nccl, nccl_here
+        return _Choice(algorithm, forced, tuned_plan, spans_nodes, use_nccl, nccl_here)
+
+    def symmetric_algorithm(self, engine, tensor: torch.Tensor) -> str:
+        """The all-reduce's choice where input and output lie in symmetric
+        buffers (or are captured on graph buffers): memoized with the rest."""
+        chosen = self.choice.symmetric
+        if chosen is None:
+            chosen = self.choice.symmetric = _symmetric_choice(self, engine, tensor)
+        return chosen
 
     @property
     def kernel_algorithm(self) -> Optional[str]:
@@ -317,7 +342,7 @@ def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Ten
     return True
 
 
-def _choose_symmetric(call: _Call, engine, tensor: torch.Tensor) -> None:
+def _symmetric_choice(call: _Call, engine, tensor: torch.Tensor) -> str:
     """The automatic choice for an all-reduce whose input and output lie in
     symmetric buffers, where 2PA HB runs zero-copy: the table's
     ``all_reduce_symmetric`` entries where it has them, else zero-copy from the
@@ -333,7 +358,7 @@ def _choose_symmetric(call: _Call, engine, tensor: torch.Tensor) -> None:
         chosen = "2pa_hb" if nbytes >= engine.zero_copy_threshold_bytes else engine.select(nbytes)
     if chosen == "nccl" and not call.nccl_here:
         chosen = "2pa_hb"
-    call.algorithm, call.use_nccl = chosen, chosen == "nccl"
+    return chosen
 
 
 def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup] = None,
@@ -366,11 +391,17 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     if _run_plan(call, "all_reduce", tensor, out, op_name):
         return out
     engine = getattr(call.comm, "_engine", None)
-    # Symmetric buffers, and plain tensors captured on graph buffers (pyccl.graph_capture), which are chosen alike.
-    if not call.forced and engine is not None and (
-            (engine.is_symmetric(tensor) and engine.is_symmetric(out))
-            or (engine.graph_capturing and tensor.is_cuda and torch.cuda.is_current_stream_capturing())):
-        _choose_symmetric(call, engine, tensor)
+    # Symmetric buffers, and plain tensors captured on graph buffers (pyccl.graph_capture), are chosen alike. The
+    # engine tells them apart at the launch, given their choice; only a choice that may leave the engine (NCCL
+    # for one kind of call) is settled here, by asking.
+    symmetric = None
+    if not call.forced and engine is not None:
+        symmetric = call.symmetric_algorithm(engine, tensor)
+        if call.use_nccl or symmetric == "nccl":
+            if ((engine.is_symmetric(tensor) and engine.is_symmetric(out))
+                    or (engine.graph_capturing and tensor.is_cuda and torch.cuda.is_current_stream_capturing())):
+                call.algorithm, call.use_nccl = symmetric, symmetric == "nccl"
+            symmetric = None
     if call.use_nccl:
         # Large messages: NCCL's ring is faster than the 2PA kernel here (see
         # benchmarks/RESULTS.md), so hand them to NCCL: in place, the group's
@@ -394,7 +425,7 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
 
         across_nodes.run(call.comm, "all_reduce", tensor, out, op_name, nccl if call.nccl_here else None)
         return out
-    _engine(call.comm).all_reduce(call.comm._comm, tensor, out, op_name, call.kernel_algorithm)
+    _engine(call.comm).all_reduce(call.comm._comm, tensor, out, op_name, call.kernel_algorithm, symmetric)
     return out
 
 
