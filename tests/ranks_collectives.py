@@ -628,3 +628,34 @@ def group_communicator_with_a_table(rank, world, store):
     choice = pyccl.collectives.communicator_for(None, torch.device("cpu"))._engine.select(4096)
     dist.destroy_process_group()
     return ok, choice
+
+
+def communicators_of_destroyed_groups(rank, world, store):
+    """pyccl.all_reduce on the torch groups of two init_process_group's in
+    turn: the second init's world group gets a new communicator, and making it
+    closes those of the groups destroyed before."""
+    import torch.distributed as dist
+
+    cpu = torch.device("cpu")
+    inputs = [rank_input(37, 0, r, 2000, torch.float32, "sum") for r in range(world)]
+    expect = reference(inputs, "sum")
+
+    def right(y):
+        return torch.allclose(y.to(torch.float64), expect, rtol=1e-5, atol=1e-4)
+
+    seen = {}
+    dist.init_process_group("gloo", store=dist.PrefixStore("first", store), rank=rank, world_size=world)
+    sub = dist.new_group(list(range(world)))
+    seen["first"] = right(pyccl.all_reduce(inputs[rank].clone())) and right(
+        pyccl.all_reduce(inputs[rank].clone(), group=sub))
+    first, first_sub = pyccl.communicator_for(None, cpu), pyccl.communicator_for(sub, cpu)
+    dist.destroy_process_group(sub)
+    seen["world kept"] = right(pyccl.all_reduce(inputs[rank].clone())) and pyccl.communicator_for(None, cpu) is first
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.PrefixStore("second", store), rank=rank, world_size=world)
+    seen["second"] = right(pyccl.all_reduce(inputs[rank].clone()))
+    second = pyccl.communicator_for(None, cpu)
+    seen["new communicator"] = second is not first and not second.closed
+    seen["destroyed closed"] = first.closed and first_sub.closed
+    dist.destroy_process_group()
+    return seen

@@ -196,3 +196,10 @@ def test_random_engine_configurations():
         for body, count in ((rcol.all_reduce_cases, 24), (rcol.exchange_cases, 24)):
             for bad, record in run_ranks(body, world, args=(False, seed, count, 30_000, options), timeout=300):
                 assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"
+
+
+def test_destroyed_groups_give_up_their_communicators():
+    # A new group may take a destroyed one's id; it must never be handed the old communicator.
+    for seen in run_ranks(rcol.communicators_of_destroyed_groups, 2, timeout=120):
+        assert seen == {"first": True, "world kept": True, "second": True, "new communicator": True,
+                        "destroyed closed": True}

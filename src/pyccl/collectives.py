@@ -21,6 +21,7 @@ values are reduced in fp32); data movement takes every dtype.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -39,7 +40,9 @@ REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO): those it can be tuned to.
 ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tuning.COLLECTIVES}
 _lock = threading.Lock()
-_communicators: Dict[Tuple[int, torch.device], Communicator] = {}
+# (id(group), device) -> (a weak reference to the group, its communicator). The reference tells a live group
+# from a new one that took a destroyed group's id.
+_communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator]] = {}
 
 
 def _engine(comm: Communicator) -> "_C.CollectiveEngine":
@@ -108,33 +111,57 @@ def _forced_algorithm(collective: str, algorithm: Optional[str]) -> Optional[str
 
 def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None) -> Communicator:
     """The pyccl communicator of a torch process group on ``device`` (made on
-    first use, collectively, over the group's store)."""
+    first use, collectively, over the group's store). A group destroyed
+    (``dist.destroy_process_group``) has its communicators closed when the
+    next one is made, and a new group never gets them."""
     pg = group if group is not None else dist.group.WORLD  # None before init_process_group: never a key
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     key = (id(pg), device)
     # Every eager collective asks: a live communicator is read without the lock
     # (one dict read, atomic in CPython); making one takes it.
-    comm = _communicators.get(key)
-    if comm is not None and not comm._comm.closed:  # the native flag: the property adds a call per collective
-        return comm
+    entry = _communicators.get(key)
+    # _comm.closed, the native flag: the property would add a call per collective.
+    if entry is not None and entry[0]() is pg and not entry[1]._comm.closed:
+        return entry[1]
     if not dist.is_initialized():
         raise InvalidArgumentError(
             "invalid argument 'group': torch.distributed is not initialized; call init_process_group "
             "first, or pass comm= (a pyccl.Communicator)")
     with _lock:
-        comm = _communicators.get(key)
-        if comm is None or comm.closed:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise InvalidArgumentError(
-                    "invalid argument 'group': pyccl has no communicator for this group yet, and cannot make one "
-                    "while a CUDA graph is being captured; call pyccl.communicator_for(group) (or any pyccl "
-                    "collective) on the group once before capturing")
-            # The name must be the same on every rank (device indices differ).
-            comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
-                                name=f"pyccl_{pg.group_name}_{device.type}")
-            _communicators[key] = comm
+        entry = _communicators.get(key)
+        if entry is not None and entry[0]() is pg and not entry[1].closed:
+            return entry[1]
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise InvalidArgumentError(
+                "invalid argument 'group': pyccl has no communicator for this group yet, and cannot make one "
+                "while a CUDA graph is being captured; call pyccl.communicator_for(group) (or any pyccl "
+                "collective) on the group once before capturing")
+        _close_communicators_of_destroyed_groups()
+        # The name must be the same on every rank (device indices differ).
+        comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
+                            name=f"pyccl_{pg.group_name}_{device.type}")
+        _communicators[key] = (weakref.ref(pg), comm)
     return comm
+
+
+def _close_communicators_of_destroyed_groups() -> None:
+    """Closes and forgets the communicators of groups that are gone or
+    destroyed; with _lock held. Every rank makes a group's communicators at
+    the same calls, so they close theirs at the same point too (closing is
+    local: it waits for this rank's kernels only)."""
+    try:
+        registered = dist.distributed_c10d._world.pg_map
+    except AttributeError:  # a torch without the registry: only groups that are gone
+        registered = None
+    for key, (ref, comm) in list(_communicators.items()):
+        pg = ref()
+        if pg is not None and (registered is None or pg in registered) and not comm.closed:
+            continue
+        del _communicators[key]
+        if not comm.closed:
+            logger.info("communicator %s: closed, its torch process group was destroyed", comm.name)
+            comm.close()
 
 
 def _group_store(group: Optional[dist.ProcessGroup]):
