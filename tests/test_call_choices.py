@@ -1,5 +1,5 @@
 """The automatic choice of a collective call is memoized per communicator
-(pyccl.collectives._Call): a memoized choice is the one a fresh call makes,
+(pyccl.selection._Call): a memoized choice is the one a fresh call makes,
 and every source the choice depends on that can change between calls
 invalidates it at the next call."""
 
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import pyccl
-from pyccl import collectives
+from pyccl import selection
 from pyccl.errors import InvalidArgumentError
 
 
@@ -25,13 +25,13 @@ def comm():
 def counted(monkeypatch):
     """Counts the calls that compute a choice instead of reading the memo."""
     made = []
-    choose = collectives._Call._choose
+    choose = selection._Call._choose
 
     def counting(self, *args):
         made.append(args[0])
         return choose(self, *args)
 
-    monkeypatch.setattr(collectives._Call, "_choose", counting)
+    monkeypatch.setattr(selection._Call, "_choose", counting)
     monkeypatch.delenv("PYCCL_ALGO", raising=False)
     monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
     return made
@@ -44,34 +44,34 @@ def _fields(call):
 
 def test_a_memoized_choice_is_the_fresh_one(comm, counted):
     x = torch.randn(random.randrange(1, 5000))
-    first = collectives._Call("all_reduce", x, None, comm, None)
-    again = collectives._Call("all_reduce", x, None, comm, None)
+    first = selection._Call("all_reduce", x, None, comm, None)
+    again = selection._Call("all_reduce", x, None, comm, None)
     assert len(counted) == 1 and _fields(again) == _fields(first)
     assert first.nbytes == x.numel() * 4
-    gathered = collectives._Call("all_gather", x, None, comm, None, gathers=True)
+    gathered = selection._Call("all_gather", x, None, comm, None, gathers=True)
     assert gathered.nbytes == x.numel() * 4 * comm.world_size and len(counted) == 2
-    forced = collectives._Call("all_reduce", x, None, comm, "2pa_ll")
+    forced = selection._Call("all_reduce", x, None, comm, "2pa_ll")
     assert forced.algorithm == "2pa_ll" and forced.forced and not first.forced and len(counted) == 3
 
 
 def test_each_changing_source_invalidates_the_memo(comm, counted, monkeypatch):
     x = torch.randn(1000)
-    collectives._Call("all_reduce", x, None, comm, None)
-    collectives._Call("all_reduce", torch.randn(1001), None, comm, None)  # another size
-    collectives._Call("all_reduce", x.to(torch.bfloat16), None, comm, None)  # another dtype
-    collectives._Call("reduce_scatter", x, None, comm, None)  # another collective
+    selection._Call("all_reduce", x, None, comm, None)
+    selection._Call("all_reduce", torch.randn(1001), None, comm, None)  # another size
+    selection._Call("all_reduce", x.to(torch.bfloat16), None, comm, None)  # another dtype
+    selection._Call("reduce_scatter", x, None, comm, None)  # another collective
     assert len(counted) == 4
     monkeypatch.setenv("PYCCL_ALGO", "all_reduce=1pa_ll")
-    assert collectives._Call("all_reduce", x, None, comm, None).algorithm == "1pa_ll"
+    assert selection._Call("all_reduce", x, None, comm, None).algorithm == "1pa_ll"
     monkeypatch.setenv("PYCCL_ALGO", "all_reduce=2pa_hb")  # changed again: the next call sees it
-    assert collectives._Call("all_reduce", x, None, comm, None).algorithm == "2pa_hb"
+    assert selection._Call("all_reduce", x, None, comm, None).algorithm == "2pa_hb"
     monkeypatch.delenv("PYCCL_ALGO")
-    assert collectives._Call("all_reduce", x, None, comm, None).algorithm is None
+    assert selection._Call("all_reduce", x, None, comm, None).algorithm is None
     assert len(counted) == 6  # the unset value's choice was still memoized
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
-    collectives._Call("all_reduce", x, None, comm, None)
-    monkeypatch.setitem(collectives.NCCL_MIN_BYTES, "all_reduce", 1 << 10)
-    collectives._Call("all_reduce", x, None, comm, None)
+    selection._Call("all_reduce", x, None, comm, None)
+    monkeypatch.setitem(selection.NCCL_MIN_BYTES, "all_reduce", 1 << 10)
+    selection._Call("all_reduce", x, None, comm, None)
     assert len(counted) == 8
 
 
@@ -79,25 +79,25 @@ def test_a_bad_choice_raises_at_every_call_and_is_not_memoized(comm, counted, mo
     x = torch.randn(64)
     for _ in range(2):
         with pytest.raises(InvalidArgumentError, match="'algorithm'"):
-            collectives._Call("all_reduce", x, None, comm, "warp")
+            selection._Call("all_reduce", x, None, comm, "warp")
         with pytest.raises(InvalidArgumentError, match="'algorithm'"):
-            collectives._Call("all_reduce", x, None, comm, ["2pa_ll"])  # unhashable: still named
+            selection._Call("all_reduce", x, None, comm, ["2pa_ll"])  # unhashable: still named
     monkeypatch.setenv("PYCCL_ALGO", "all_reduce=warp")
     for _ in range(2):
         with pytest.raises(InvalidArgumentError, match="PYCCL_ALGO"):
-            collectives._Call("all_reduce", x, None, comm, None)
+            selection._Call("all_reduce", x, None, comm, None)
     assert comm.__dict__.get("_call_choices", {}) == {}
     monkeypatch.delenv("PYCCL_ALGO")
     with pytest.raises(pyccl.errors.ClosedError):
         closed = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu", name="closed")
         closed.close()
-        collectives._Call("all_reduce", x, None, closed, None)
+        selection._Call("all_reduce", x, None, closed, None)
 
 
 def test_the_memo_is_bounded(comm, counted, monkeypatch):
-    monkeypatch.setattr(collectives, "_CHOICES_KEPT", 8)
+    monkeypatch.setattr(selection, "_CHOICES_KEPT", 8)
     for n in range(1, 30):
-        collectives._Call("all_reduce", torch.randn(n), None, comm, None)
+        selection._Call("all_reduce", torch.randn(n), None, comm, None)
         assert len(comm.__dict__["_call_choices"]) <= 8
     assert len(counted) == 29
 
@@ -116,16 +116,16 @@ def test_host_mode_follows_a_tuning_file_set_between_calls(comm, counted, monkey
 
     from pyccl import tuning
 
-    monkeypatch.setattr(collectives, "_tables", {})  # this process's table look-ups stay in this test
+    monkeypatch.setattr(selection, "_tables", {})  # this process's table look-ups stay in this test
     monkeypatch.delenv("PYCCL_TUNING_FILE", raising=False)
     x = torch.randn(1024)
-    assert collectives._Call("all_reduce", x, None, comm, None).algorithm is None
+    assert selection._Call("all_reduce", x, None, comm, None).algorithm is None
     table = tuning.build_table({"all_reduce": [{"bytes": 4096, "pyccl_2pa_ll": 1.0, "pyccl_1pa_ll": 2.0}]},
                                gpu="host", world=1, dtype="float32", date="today", command="test")
     path = tmp_path / "table.json"
     path.write_text(json.dumps(table))
     monkeypatch.setenv("PYCCL_TUNING_FILE", str(path))
-    assert collectives._Call("all_reduce", x, None, comm, None).algorithm == "2pa_ll"
+    assert selection._Call("all_reduce", x, None, comm, None).algorithm == "2pa_ll"
     assert len(counted) == 2
 
 
@@ -153,7 +153,7 @@ def test_the_symmetric_choice_is_memoized_and_made_by_the_engine_at_the_launch(c
     monkeypatch.delenv("PYCCL_ALGO", raising=False)
     monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
     made = []
-    monkeypatch.setattr(collectives, "_symmetric_choice", lambda *args: made.append(1) or "2pa_hb")
+    monkeypatch.setattr(selection, "_symmetric_choice", lambda *args: made.append(1) or "2pa_hb")
     n = random.randrange(100, 3000)
     a = pyccl.symmetric_empty(n, comm=comm)
     b = pyccl.symmetric_empty(n, comm=comm)
@@ -174,7 +174,7 @@ def test_the_symmetric_choice_is_memoized_and_made_by_the_engine_at_the_launch(c
         assert torch.equal(pyccl.all_reduce(a, out=b, comm=comm, algorithm="2pa_ll"), a)
         assert counting.launched[-1] == ("2pa_ll", None) and engine.zero_copy_calls == zero_copy + 3
         # A symmetric choice that would leave the engine (NCCL) is settled before the launch, by asking.
-        monkeypatch.setattr(collectives, "_symmetric_choice", lambda *args: "nccl")
+        monkeypatch.setattr(selection, "_symmetric_choice", lambda *args: "nccl")
         y = torch.randn(n + 1)  # a new size: a new choice
         assert torch.equal(pyccl.all_reduce(y, comm=comm), y)
         assert counting.looked_up >= 1 and counting.launched[-1][1] is None

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pyccl import _env, collectives
+from pyccl import _env, selection
 from pyccl.errors import InvalidArgumentError
 
 
@@ -24,20 +24,20 @@ def test_reads_follow_every_change_made_through_os_environ(monkeypatch):
 
 def test_collectives_see_pyccl_algo_change_between_calls(monkeypatch):
     monkeypatch.delenv("PYCCL_ALGO", raising=False)
-    assert collectives._forced_algorithm("all_reduce", None) is None
+    assert selection._forced_algorithm("all_reduce", None) is None
     monkeypatch.setenv("PYCCL_ALGO", "all_reduce=2pa_ll")
-    assert collectives._forced_algorithm("all_reduce", None) == "2pa_ll"
+    assert selection._forced_algorithm("all_reduce", None) == "2pa_ll"
     monkeypatch.setenv("PYCCL_ALGO", "all_gather=hb")
-    assert collectives._forced_algorithm("all_reduce", None) is None
-    assert collectives._forced_algorithm("all_gather", None) == "hb"
+    assert selection._forced_algorithm("all_reduce", None) is None
+    assert selection._forced_algorithm("all_gather", None) == "hb"
     monkeypatch.setenv("PYCCL_ALGO", "all_reduce=warp")
     with pytest.raises(InvalidArgumentError, match="PYCCL_ALGO"):
-        collectives._forced_algorithm("all_reduce", None)
+        selection._forced_algorithm("all_reduce", None)
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
-    assert collectives._nccl_min_bytes("all_gather") == 4096
+    assert selection._nccl_min_bytes("all_gather") == 4096
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "-1")
     with pytest.raises(InvalidArgumentError, match="PYCCL_NCCL_MIN_BYTES"):
-        collectives._nccl_min_bytes("all_reduce")
+        selection._nccl_min_bytes("all_reduce")
 
 
 def test_raw_values_change_exactly_when_the_variable_is_set(monkeypatch):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pyccl import collectives
+from pyccl import selection
 
 import ranks_symmetric as rsym
 from pyccl._spawn import run_ranks
@@ -38,13 +38,13 @@ def test_symmetric_choice_follows_the_table(monkeypatch, nccl_here):
         {"max_bytes": 1024, "algorithm": "1pa_ll"},
         {"max_bytes": 1 << 20, "algorithm": "2pa_hb"},
         {"max_bytes": None, "algorithm": "nccl"}]}}
-    monkeypatch.setattr(collectives, "table_for", lambda *args: table)
+    monkeypatch.setattr(selection, "table_for", lambda *args: table)
     monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
     engine = SimpleNamespace(zero_copy_threshold_bytes=4096, select=lambda n: "2pa_ll")
 
     def choose(nbytes):
         call = SimpleNamespace(comm=SimpleNamespace(world_size=4), nccl_here=nccl_here, nbytes=nbytes)
-        chosen = collectives._symmetric_choice(call, engine, torch.empty(nbytes // 4))
+        chosen = selection._symmetric_choice(call, engine, torch.empty(nbytes // 4))
         return chosen, chosen == "nccl"
 
     assert choose(512) == ("1pa_ll", False)
@@ -52,5 +52,5 @@ def test_symmetric_choice_follows_the_table(monkeypatch, nccl_here):
     # NCCL where the table says so and the group has it; zero-copy where it has not.
     assert choose(4 << 20) == (("nccl", True) if nccl_here else ("2pa_hb", False))
     # No table: the engine's threshold.
-    monkeypatch.setattr(collectives, "table_for", lambda *args: None)
+    monkeypatch.setattr(selection, "table_for", lambda *args: None)
     assert choose(2048) == ("2pa_ll", False) and choose(8192) == ("2pa_hb", False)

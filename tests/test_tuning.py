@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pyccl import collectives, tuning
+from pyccl import selection, tuning
 from pyccl.errors import InvalidArgumentError
 
 
@@ -39,8 +39,8 @@ def test_a_table_without_nccl_keeps_every_size_off_nccl():
     table = {"collectives": {"all_reduce": [{"max_bytes": 1 << 20, "algorithm": "1pa_ll"},
                                             {"max_bytes": None, "algorithm": "2pa_hb"}]}}
     assert tuning.nccl_from(table, "all_reduce") == tuning.NEVER
-    assert collectives._nccl_min_bytes("all_reduce", table) == tuning.NEVER > 1 << 40
-    assert collectives._nccl_min_bytes("all_gather", table) == collectives.NCCL_MIN_BYTES["all_gather"]
+    assert selection._nccl_min_bytes("all_reduce", table) == tuning.NEVER > 1 << 40
+    assert selection._nccl_min_bytes("all_gather", table) == selection.NCCL_MIN_BYTES["all_gather"]
 
 
 def test_zero_copy_column_gives_the_symmetric_entries():

@@ -105,7 +105,7 @@ def _across_nodes_runner():
 
 def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     """The creator torch calls for each group (extended API)."""
-    from .collectives import _nccl_min_bytes
+    from .selection import _nccl_min_bytes
 
     store, rank, size = options.store, options.group_rank, options.group_size
     timeout = _group_timeout(options.timeout)
@@ -114,7 +114,7 @@ def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
         device = torch.cuda.current_device()
     table = None
     if device >= 0:
-        from .collectives import table_for
+        from .selection import table_for
 
         table = table_for(torch.device("cuda", device), size, torch.bfloat16)
     thresholds = [_nccl_min_bytes(c, table) for c in _ORDER]

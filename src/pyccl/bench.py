@@ -395,10 +395,10 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     fn = _pyccl_fn(pyccl, collective, x, out, comm, algo)
                     row[label] = _time_graph(fn, iters, trials, capture_in=pyccl.graph_capture(comm=comm),
                                              check=lambda: _check(collective, label, out, ref, whole), output=out)
-            tuned = pyccl.tuning.select(pyccl.collectives.table_for(device, world, dtype), collective, whole)
+            tuned = pyccl.tuning.select(pyccl.selection.table_for(device, world, dtype), collective, whole)
             if tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
                 row["pyccl_algo"] = tuned
-            elif whole >= pyccl.collectives._nccl_min_bytes(collective):
+            elif whole >= pyccl.selection._nccl_min_bytes(collective):
                 row["pyccl_algo"] = "nccl"
             elif collective == "all_reduce":
                 row["pyccl_algo"] = comm._engine.select(whole)

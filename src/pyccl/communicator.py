@@ -103,7 +103,7 @@ class Communicator:
         self._collectives_error: Optional[str] = None
         if collectives:
             try:
-                from .collectives import new_engine  # collectives imports this module
+                from .selection import new_engine  # selection imports this module
 
                 self._engine = new_engine(self._comm, self.device, world_size)
             except UnsupportedError as e:  # e.g. peers on other nodes: channels still work

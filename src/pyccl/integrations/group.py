@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from .._logging import logger
-from ..collectives import (REDUCIBLE_DTYPES, _nccl_min_bytes, _nccl_min_sources, all_gather, all_reduce,
-                           communicator_for, reduce_scatter, table_for)
+from ..collectives import REDUCIBLE_DTYPES, all_gather, all_reduce, reduce_scatter
+from ..group_communicators import communicator_for
+from ..selection import _nccl_min_bytes, _nccl_min_sources, table_for
 from ..communicator import Communicator
 from ..errors import ClosedError, InvalidArgumentError
 from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
@@ -87,7 +88,7 @@ class GroupCommunicator:
             return self._max_bytes
         if collective == "fused_all_reduce_rmsnorm":
             return FUSED_MAX_BYTES
-        # Keyed as pyccl's own choice is (collectives._Call): a changed variable counts from the next call.
+        # Keyed as pyccl's own choice is (selection._Call): a changed variable counts from the next call.
         key = (collective, dtype, _nccl_min_sources(collective))
         limit = self._limits.get(key)
         if limit is None:

@@ -1,0 +1,121 @@
+"""The pyccl communicators of torch process groups: ``pyccl.communicator_for``,
+and the NCCL communicator pyccl calls directly for a group.
+
+A group's communicator is made on its first collective (or
+``communicator_for``), collectively over the group's store, and kept for the
+group's life: every eager collective looks it up, without a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ._logging import logger
+from .communicator import Communicator
+from .errors import InvalidArgumentError
+
+__all__ = ["communicator_for"]
+
+_lock = threading.Lock()
+# (id(group), device) -> (a weak reference to the group, its communicator). The reference tells a live group
+# from a new one that took a destroyed group's id.
+_communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator]] = {}
+
+
+def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None) -> Communicator:
+    """The pyccl communicator of a torch process group on ``device`` (made on
+    first use, collectively, over the group's store). A group destroyed
+    (``dist.destroy_process_group``) has its communicators closed when the
+    next one is made, and a new group never gets them."""
+    pg = group if group is not None else dist.group.WORLD  # None before init_process_group: never a key
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    key = (id(pg), device)
+    # Every eager collective asks: a live communicator is read without the lock
+    # (one dict read, atomic in CPython); making one takes it.
+    entry = _communicators.get(key)
+    # _comm.closed, the native flag: the property would add a call per collective.
+    if entry is not None and entry[0]() is pg and not entry[1]._comm.closed:
+        return entry[1]
+    if not dist.is_initialized():
+        raise InvalidArgumentError(
+            "invalid argument 'group': torch.distributed is not initialized; call init_process_group "
+            "first, or pass comm= (a pyccl.Communicator)")
+    with _lock:
+        entry = _communicators.get(key)
+        if entry is not None and entry[0]() is pg and not entry[1].closed:
+            return entry[1]
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise InvalidArgumentError(
+                "invalid argument 'group': pyccl has no communicator for this group yet, and cannot make one "
+                "while a CUDA graph is being captured; call pyccl.communicator_for(group) (or any pyccl "
+                "collective) on the group once before capturing")
+        _close_communicators_of_destroyed_groups()
+        # The name must be the same on every rank (device indices differ).
+        comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
+                            name=f"pyccl_{pg.group_name}_{device.type}")
+        _communicators[key] = (weakref.ref(pg), comm)
+    return comm
+
+
+def _close_communicators_of_destroyed_groups() -> None:
+    """Closes and forgets the communicators of groups that are gone or
+    destroyed; with _lock held. Every rank makes a group's communicators at
+    the same calls, so they close theirs at the same point too (closing is
+    local: it waits for this rank's kernels only)."""
+    try:
+        registered = dist.distributed_c10d._world.pg_map
+    except AttributeError:  # a torch without the registry: only groups that are gone
+        registered = None
+    for key, (ref, comm) in list(_communicators.items()):
+        pg = ref()
+        if pg is not None and (registered is None or pg in registered) and not comm.closed:
+            continue
+        del _communicators[key]
+        if not comm.closed:
+            logger.info("communicator %s: closed, its torch process group was destroyed", comm.name)
+            comm.close()
+
+
+def _group_store(group: Optional[dist.ProcessGroup]):
+    store = dist.distributed_c10d._get_default_store()
+    if group is not None:
+        store = dist.PrefixStore(f"pyccl/{dist.get_process_group_ranks(group)}", store)
+    return store
+
+
+_nccl_made: Dict[str, int] = {}
+
+
+def _direct_nccl(comm: Communicator, group: Optional[dist.ProcessGroup], device: torch.device):
+    """The NCCL communicator pyccl calls directly for `comm`'s group (as vLLM's
+    pynccl does), made collectively on the first out-of-place hand-off and
+    closed with `comm`. None while a CUDA graph is being captured before it
+    exists (NCCL cannot be set up then) or where libnccl cannot be used: the
+    caller then copies and calls the group's backend."""
+    nccl = getattr(comm, "_nccl_direct", None)
+    if nccl is not None or getattr(comm, "_nccl_direct_failed", False):
+        return nccl
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    from ._nccl import NcclComm
+
+    with _lock:
+        # Every rank makes its communicators for a group in the same order: the
+        # count makes each one's key new on the store.
+        _nccl_made[comm.name] = _nccl_made.get(comm.name, 0) + 1
+        key = f"pyccl_nccl_direct/{comm.name}/{_nccl_made[comm.name]}"
+    try:
+        nccl = NcclComm(_group_store(group), comm.rank, comm.world_size, device.index, key=key)
+    except (OSError, RuntimeError) as e:
+        logger.warning("NCCL cannot be called directly (%s); out-of-place all-reduces handed to NCCL "
+                       "copy and call the group's backend", e)
+        comm._nccl_direct_failed = True
+        return None
+    comm._nccl_direct = nccl
+    return nccl
