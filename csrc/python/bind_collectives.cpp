@@ -17,6 +17,12 @@ std::optional<Protocol> protocolArg(const std::optional<std::string>& name) {
   return parseProtocol(*name, "protocol");
 }
 
+/// An all-reduce algorithm given by name (None or "": the engine's choice); `arg` names the argument in errors.
+std::optional<AllReduceAlgorithm> allReduceAlgorithmArg(const std::optional<std::string>& name, const char* arg) {
+  if (!name || name->empty()) return std::nullopt;
+  return parseAllReduceAlgorithm(*name, arg);
+}
+
 }  // namespace
 
 void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices) {
@@ -124,12 +130,8 @@ void bindCollectives(py::module_& m) {
               const std::string& op, const std::optional<std::string>& algorithm,
               const std::optional<std::string>& symmetricAlgorithm) {
              const ReduceOp rop = reduceOpOf(op);
-             std::optional<AllReduceAlgorithm> algo;
-             if (algorithm && !algorithm->empty()) algo = parseAllReduceAlgorithm(*algorithm, "algorithm");
-             std::optional<AllReduceAlgorithm> symmetricAlgo;
-             if (symmetricAlgorithm && !symmetricAlgorithm->empty()) {
-               symmetricAlgo = parseAllReduceAlgorithm(*symmetricAlgorithm, "symmetric_algorithm");
-             }
+             const auto algo = allReduceAlgorithmArg(algorithm, "algorithm");
+             const auto symmetricAlgo = allReduceAlgorithmArg(symmetricAlgorithm, "symmetric_algorithm");
              py::gil_scoped_release release;
              allReduceTensor(e, comm, input, output, rop, algo, symmetricAlgo);
            },
