@@ -21,11 +21,11 @@ import torch.distributed as dist
 
 from .._logging import logger
 from ..collectives import REDUCIBLE_DTYPES, all_gather, all_reduce, reduce_scatter
-from ..group_communicators import communicator_for
-from ..selection import _nccl_min_bytes, _nccl_min_sources, table_for
 from ..communicator import Communicator
 from ..errors import ClosedError, InvalidArgumentError
 from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
+from ..group_communicators import communicator_for
+from ..selection import _nccl_min_bytes, _nccl_min_sources, table_for
 
 __all__ = ["GroupCommunicator", "REDUCIBLE_DTYPES"]
 
