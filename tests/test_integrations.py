@@ -136,7 +136,7 @@ def test_group_communicator_limit_follows_the_variables_between_calls(monkeypatc
     import torch.distributed as dist
 
     import pyccl
-    from pyccl import collectives
+    from pyccl import selection
     from pyccl.integrations.group import GroupCommunicator
 
     monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
@@ -144,13 +144,13 @@ def test_group_communicator_limit_follows_the_variables_between_calls(monkeypatc
     comm = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu", name="limits")
     try:
         gc = GroupCommunicator(None, "cpu", comm=comm)
-        assert gc.max_bytes("all_reduce", torch.float32) == collectives.NCCL_MIN_BYTES["all_reduce"] - 1
+        assert gc.max_bytes("all_reduce", torch.float32) == selection.NCCL_MIN_BYTES["all_reduce"] - 1
         monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
         assert gc.max_bytes("all_reduce", torch.float32) == 4095
         monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "65536")
         assert gc.max_bytes("all_gather", torch.bfloat16) == 65535
         monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES")
-        monkeypatch.setitem(collectives.NCCL_MIN_BYTES, "all_reduce", 1 << 20)
+        monkeypatch.setitem(selection.NCCL_MIN_BYTES, "all_reduce", 1 << 20)
         assert gc.max_bytes("all_reduce", torch.float32) == (1 << 20) - 1
     finally:
         comm.close()
