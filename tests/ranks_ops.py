@@ -175,3 +175,135 @@ def no_backward(rank, world, store, on_gpu):
                 bad.append(f"{label}: under no_grad the result requires grad")
     dist.destroy_process_group()
     return bad
+
+
+# What torch.ops.pyccl.all_reduce's C++ kernel does with each call of all_reduce_routes: a call like one already
+# run on the engine goes straight to it (whatever the case of op); a change to anything its choice was made from, a
+# closed communicator or a new group of the same name sends it to Python first, and a bad op to Python to be refused.
+ALL_REDUCE_ROUTES = [
+    ("first", "python"),
+    ("again", "engine"),
+    ("again, max", "engine"),
+    ("column-major input", "engine"),
+    ("new size", "python"),
+    ("new size again", "engine"),
+    ("PYCCL_ALGO set", "python"),
+    ("PYCCL_ALGO set, again", "engine"),
+    ("PYCCL_ALGO unset", "python"),
+    ("NCCL_MIN_BYTES changed", "python"),
+    ("NCCL_MIN_BYTES restored", "python"),
+    ("NCCL_MIN_BYTES restored, again", "engine"),
+    ("a plan registered (for other sizes)", "python"),
+    ("a plan registered, again", "python"),
+    ("the plan unregistered", "python"),
+    ("the plan unregistered, again", "engine"),
+    ("op spelled SUM", "engine"),
+    ("op bogus", "refused"),
+    ("communicator closed", "python"),
+    ("communicator closed, again", "engine"),
+    ("a new world of the same name", "python"),
+    ("a new world of the same name, again", "engine"),
+]
+
+
+
+def all_reduce_routes(rank, world, store, on_gpu):
+    """torch.ops.pyccl.all_reduce's C++ kernel: which calls it runs straight
+    into the engine and which it hands to the Python path, with every result
+    checked against float64. Returns [(step, path taken: "engine" or "python")]
+    and raises on a wrong result (ALL_REDUCE_ROUTES: what they should be)."""
+    import os
+
+    from pyccl import _C, algorithms, registry, selection
+
+    device = _init(rank, world, store, on_gpu)
+    name = dist.group.WORLD.group_name
+    seeds = iter(range(1000, 100000, 97))
+    taken = []
+
+    def call(step, shape=(37, 5), op="sum", transpose=False):
+        seed = next(seeds)
+        parts = [torch.randn(*shape, generator=torch.Generator().manual_seed(seed + q)) for q in range(world)]
+        x = parts[rank].to(device)
+        if transpose:
+            x = x.t().contiguous().t()  # the same values, column-major
+        before = _C.all_reduce_op_calls()
+        got = torch.ops.pyccl.all_reduce(x, op, name)
+        after = _C.all_reduce_op_calls()
+        ref = torch.stack([p.double() for p in parts])
+        ref = {"sum": ref.sum(0), "max": ref.amax(0), "SUM": ref.sum(0)}[op]
+        if got.shape != x.shape or not torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-5):
+            raise AssertionError(f"{step}: wrong result")
+        path = [k for k in ("engine", "python") if after[k] != before[k]]
+        taken.append((step, "+".join(path)))
+
+    call("first")
+    call("again")
+    call("again, max", op="max")
+    call("column-major input", transpose=True)
+    call("new size", shape=(3, 11))
+    call("new size again", shape=(3, 11))
+    os.environ["PYCCL_ALGO"] = "2pa_ll"
+    call("PYCCL_ALGO set")
+    call("PYCCL_ALGO set, again")
+    del os.environ["PYCCL_ALGO"]
+    call("PYCCL_ALGO unset")
+    saved = selection.NCCL_MIN_BYTES["all_reduce"]
+    selection.NCCL_MIN_BYTES["all_reduce"] = saved * 2
+    call("NCCL_MIN_BYTES changed")
+    selection.NCCL_MIN_BYTES["all_reduce"] = saved
+    call("NCCL_MIN_BYTES restored")
+    call("NCCL_MIN_BYTES restored, again")
+    entry = registry.register_algorithm(algorithms.allreduce_ring(world), "all_reduce", 1 << 30, 1 << 31, world)
+    call("a plan registered (for other sizes)")
+    call("a plan registered, again")
+    registry.unregister_algorithm(entry)
+    call("the plan unregistered")
+    call("the plan unregistered, again")
+    call("op spelled SUM", op="SUM")
+    try:
+        torch.ops.pyccl.all_reduce(torch.randn(4).to(device), "bogus", name)
+        taken.append(("op bogus", "no error"))
+    except pyccl.InvalidArgumentError as e:
+        taken.append(("op bogus", "refused" if "'op'" in str(e) else str(e)))
+    pyccl.communicator_for(None, device).close()
+    call("communicator closed")
+    call("communicator closed, again")
+    dist.destroy_process_group()
+    _init(rank, world, dist.PrefixStore("second", store), on_gpu)  # the new world takes the destroyed one's name
+    if dist.group.WORLD.group_name != name:
+        raise AssertionError("the new world group has a new name; the step below tests nothing")
+    call("a new world of the same name")
+    call("a new world of the same name, again")
+    dist.destroy_process_group()
+    return taken
+
+
+def captured_all_reduce_op(rank, world, store, on_gpu):
+    """torch.ops.pyccl.all_reduce captured in a CUDA graph after an eager call
+    taught its C++ kernel the choice, replayed with new inputs: each replay
+    against float64. Returns (replays right, path of the captured call)."""
+    from pyccl import _C
+
+    device = _init(rank, world, store, on_gpu)
+    name = dist.group.WORLD.group_name
+    static_in = torch.randn(1000, 3, device=device)
+    torch.ops.pyccl.all_reduce(static_in, "sum", name)  # eager: the Python path, which teaches the kernel
+    torch.cuda.synchronize()
+    before = _C.all_reduce_op_calls()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = torch.ops.pyccl.all_reduce(static_in, "sum", name)
+    after = _C.all_reduce_op_calls()
+    path = "+".join(k for k in ("engine", "python") if after[k] != before[k])
+    right = 0
+    for replay in range(20):
+        parts = [torch.randn(1000, 3, generator=torch.Generator().manual_seed(5000 + 31 * replay + q))
+                 for q in range(world)]
+        static_in.copy_(parts[rank].to(device))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = torch.stack([p.double() for p in parts]).sum(0)
+        right += bool(torch.allclose(static_out.cpu().double(), ref, rtol=1e-5, atol=1e-5))
+    dist.destroy_process_group()
+    return right, path

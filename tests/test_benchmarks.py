@@ -222,3 +222,33 @@ def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_p
     del results["mode"]  # a run from before the eager mode
     bench_plot.plot(results, str(tmp_path / "graph.png"))
     assert "CUDA graphs" in drawn["suptitle"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("python_path", [False, True])
+def test_host_parts_bench_runs_in_host_mode(tmp_path, python_path):
+    """Every part is timed; the op's calls go to the engine, or with
+    --python-path every one to Python."""
+    import json
+
+    out_json = tmp_path / "parts.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "host_parts.py"), "--calls", "3", "--trials", "2",
+           "--port", str(_free_port()), "--out", str(out_json)] + (["--python-path"] if python_path else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # host mode wherever it runs
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for needle in ("torch.ops.pyccl.all_reduce", "torch.ops.aten.alias", "dist.all_reduce (fake)",
+                   "backend.allreduce (pyccl)", "engine (C++)"):
+        assert needle in proc.stdout, proc.stdout
+    result = json.loads(out_json.read_text())
+    calls = result["op_calls"]
+    # Warm-up, trials and the checked first call: 20 + 2 * 3 + 1.
+    assert calls == ({"engine": 0, "python": 27} if python_path else {"engine": 26, "python": 1}), calls
+    assert all(len(t) == 2 and min(t) > 0 for t in result["loops_us"].values())

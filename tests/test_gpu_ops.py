@@ -26,3 +26,14 @@ def test_ops_run_on_inputs_that_require_grad_and_refuse_backward_on_gpus():
 @pytest.mark.parametrize("world", gpu_worlds(2, 4, 8))
 def test_compiled_tensor_parallel_mlp_on_gpus(world):
     assert run_ranks(ro.compiled_mlp, world, args=(True,), timeout=400) == [True] * world
+
+
+@requires_gpus(2)
+def test_all_reduce_op_runs_learned_calls_straight_into_the_engine_on_gpus():
+    for taken in run_ranks(ro.all_reduce_routes, 2, args=(True,), timeout=300):
+        assert taken == ro.ALL_REDUCE_ROUTES
+
+
+@requires_gpus(2)
+def test_all_reduce_op_captured_in_a_cuda_graph_after_an_eager_call():
+    assert run_ranks(ro.captured_all_reduce_op, 2, args=(True,), timeout=300) == [(20, "engine")] * 2

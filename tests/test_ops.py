@@ -40,3 +40,8 @@ def test_a_wrong_group_size_is_refused():
 def test_ops_run_on_inputs_that_require_grad_and_refuse_backward():
     for bad in run_ranks(ro.no_backward, 2, args=(False,), timeout=300):
         assert bad == []
+
+
+def test_all_reduce_op_runs_learned_calls_straight_into_the_engine():
+    for taken in run_ranks(ro.all_reduce_routes, 2, args=(False,), timeout=300):
+        assert taken == ro.ALL_REDUCE_ROUTES

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collectives/collective_engine.hpp"
+#include "core/errors.hpp"
 
 namespace pyccl {
 
@@ -23,4 +24,8 @@ void bindSelftest(pybind11::module_& m);
 void bindCollectives(pybind11::module_& m);
 void bindExecutor(pybind11::module_& m);
 void bindBackend(pybind11::module_& m);
+void bindAllReduceOp(pybind11::module_& m);
+
+/// Sets the Python error of `e` (pyccl._C's class for its code, its message); with the GIL held.
+void setPythonError(const Error& e);
 }  // namespace pyccl

@@ -31,51 +31,72 @@ PyObject* newException(py::module_& m, const char* name, std::initializer_list<P
   return exc;
 }
 
+/// pyccl._C's exception classes (made once, with the module; never freed).
+struct ErrorTypes {
+  PyObject* base = nullptr;
+  PyObject* invalid = nullptr;
+  PyObject* timeout = nullptr;
+  PyObject* aborted = nullptr;
+  PyObject* closed = nullptr;
+  PyObject* cuda = nullptr;
+  PyObject* system = nullptr;
+  PyObject* unsupported = nullptr;
+  PyObject* remote = nullptr;
+  PyObject* type = nullptr;
+};
+
+ErrorTypes& errorTypes() {
+  static ErrorTypes types;
+  return types;
+}
+
 }  // namespace
+
+void setPythonError(const Error& e) {
+  const ErrorTypes& t = errorTypes();
+  PyObject* type = t.base;
+  switch (e.code()) {
+    case ErrorCode::kInvalidArgument: type = t.invalid; break;
+    case ErrorCode::kTimeout: type = t.timeout; break;
+    case ErrorCode::kAborted: type = t.aborted; break;
+    case ErrorCode::kClosed: type = t.closed; break;
+    case ErrorCode::kCuda: type = t.cuda; break;
+    case ErrorCode::kSystem: type = t.system; break;
+    case ErrorCode::kUnsupported: type = t.unsupported; break;
+    case ErrorCode::kRemote: type = t.remote; break;
+    case ErrorCode::kType: type = t.type; break;
+    case ErrorCode::kInternal: type = t.base; break;
+  }
+  PyErr_SetString(type, e.what());
+}
+
 }  // namespace pyccl
 
 PYBIND11_MODULE(_C, m) {
   using namespace pyccl;
   m.doc() = "pyccl runtime core (C++/CUDA)";
 
-  static PyObject* base = newException(m, "PycclError", {PyExc_RuntimeError},
-                                       "Base class of pyccl errors.");
-  static PyObject* invalid = newException(m, "InvalidArgumentError", {base, PyExc_ValueError},
-                                          "A bad argument; the message names it.");
-  static PyObject* timeout = newException(m, "PycclTimeoutError", {base, PyExc_TimeoutError},
-                                          "A bounded wait ran out; the message names op and peer.");
-  static PyObject* aborted = newException(m, "AbortedError", {base},
-                                          "The communicator was aborted.");
-  static PyObject* closed = newException(m, "ClosedError", {base},
-                                         "The communicator or memory was destroyed.");
-  static PyObject* cuda = newException(m, "CudaError", {base}, "A CUDA call failed.");
-  static PyObject* system = newException(m, "SystemError", {base, PyExc_OSError},
-                                         "A system call failed.");
-  static PyObject* unsupported = newException(m, "UnsupportedError", {base, PyExc_NotImplementedError},
-                                              "Not available in this build or on this machine.");
-  static PyObject* remote = newException(m, "RemoteError", {base},
-                                         "A peer reported an error or a mismatch.");
-  static PyObject* type_error = newException(m, "PycclTypeError", {base, PyExc_TypeError},
-                                             "An unsupported dtype or dtype/op pair; the message names it.");
+  ErrorTypes& t = errorTypes();
+  t.base = newException(m, "PycclError", {PyExc_RuntimeError}, "Base class of pyccl errors.");
+  t.invalid = newException(m, "InvalidArgumentError", {t.base, PyExc_ValueError},
+                           "A bad argument; the message names it.");
+  t.timeout = newException(m, "PycclTimeoutError", {t.base, PyExc_TimeoutError},
+                           "A bounded wait ran out; the message names op and peer.");
+  t.aborted = newException(m, "AbortedError", {t.base}, "The communicator was aborted.");
+  t.closed = newException(m, "ClosedError", {t.base}, "The communicator or memory was destroyed.");
+  t.cuda = newException(m, "CudaError", {t.base}, "A CUDA call failed.");
+  t.system = newException(m, "SystemError", {t.base, PyExc_OSError}, "A system call failed.");
+  t.unsupported = newException(m, "UnsupportedError", {t.base, PyExc_NotImplementedError},
+                               "Not available in this build or on this machine.");
+  t.remote = newException(m, "RemoteError", {t.base}, "A peer reported an error or a mismatch.");
+  t.type = newException(m, "PycclTypeError", {t.base, PyExc_TypeError},
+                        "An unsupported dtype or dtype/op pair; the message names it.");
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      PyObject* type = base;
-      switch (e.code()) {
-        case ErrorCode::kInvalidArgument: type = invalid; break;
-        case ErrorCode::kTimeout: type = timeout; break;
-        case ErrorCode::kAborted: type = aborted; break;
-        case ErrorCode::kClosed: type = closed; break;
-        case ErrorCode::kCuda: type = cuda; break;
-        case ErrorCode::kSystem: type = system; break;
-        case ErrorCode::kUnsupported: type = unsupported; break;
-        case ErrorCode::kRemote: type = remote; break;
-        case ErrorCode::kType: type = type_error; break;
-        case ErrorCode::kInternal: type = base; break;
-      }
-      PyErr_SetString(type, e.what());
+      setPythonError(e);
     }
   });
 
@@ -103,4 +124,5 @@ PYBIND11_MODULE(_C, m) {
   bindCollectives(m);
   bindExecutor(m);
   bindBackend(m);
+  bindAllReduceOp(m);
 }

@@ -47,3 +47,13 @@ def raw(name: str):
     if key is None:
         key = _KEYS[name] = name.encode(_ENCODING, "surrogateescape")
     return _DATA.get(key)
+
+
+def lookup(name: str) -> Optional[tuple]:
+    """(dict, key) whose ``dict.get(key)`` is :func:`raw`'s answer for ``name``,
+    for code that watches the variable from C++; None where :func:`raw` reads
+    ``os.environ.get`` instead."""
+    if _DATA is None:
+        return None
+    raw(name)  # encodes the name once, into _KEYS
+    return _DATA, _KEYS[name]

@@ -31,6 +31,12 @@ benchmarks/RESULTS.md).
 They have no derivative: their Autograd kernel (csrc/torch/custom_ops.cpp)
 lets a call on tensors that require grad run, and a backward through its
 result raise, naming the op.
+
+``all_reduce``'s CPU and CUDA kernel is C++ (csrc/python/all_reduce_op.cpp):
+a call like one that the Python kernel below already ran on the engine (same
+group, device, dtype and size, nothing its choice was made from changed since)
+goes straight to the engine, with no Python on the way. Every other call runs
+the Python kernel, which then teaches the C++ one.
 """
 
 from __future__ import annotations
@@ -41,28 +47,32 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from . import _C  # noqa: F401  (the ops' Autograd kernel)
-from . import collectives, fused
+from . import _C, _env, collectives, fused, registry, selection
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "fused_all_reduce_rmsnorm", "reduce_scatter"]
 
 _LIB = torch.library.Library("pyccl", "DEF")
 
 
-def _define(schema: str, fake):
+def _define(schema: str, fake, kernel_in_cpp: bool = False):
     """Defines ``pyccl::<name>`` with `schema` (``name(args) -> result``); the
     decorated function is its CPU (host mode) and CUDA kernel, `fake` its fake
-    implementation. Returns the function, callable directly as well."""
+    implementation. With `kernel_in_cpp`, the CPU and CUDA kernel is pyccl._C's,
+    and the function the Python path it falls back to. Returns the function,
+    callable directly as well."""
     name = schema.split("(", 1)[0]
 
     def register(kernel):
         _LIB.define(schema)
-        _LIB.impl(name, kernel, "CPU")
-        _LIB.impl(name, kernel, "CUDA")
+        if not kernel_in_cpp:
+            _LIB.impl(name, kernel, "CPU")
+            _LIB.impl(name, kernel, "CUDA")
         torch.library.register_fake(f"pyccl::{name}", fake, lib=_LIB)
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"pyccl::{name}", "Autograd"):
-            # Without it a backward would only warn and drop the gradient.
-            raise RuntimeError(f"pyccl::{name} has no Autograd kernel: add it to csrc/torch/custom_ops.cpp")
+        # Without an Autograd kernel a backward would only warn and drop the gradient.
+        for key in ("Autograd", "CPU", "CUDA") if kernel_in_cpp else ("Autograd",):
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"pyccl::{name}", key):
+                raise RuntimeError(f"pyccl::{name} has no {key} kernel in pyccl._C (csrc/torch/custom_ops.cpp, "
+                                   "csrc/python/all_reduce_op.cpp)")
         return kernel
 
     return register
@@ -106,10 +116,56 @@ def _normed(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: 
             torch.empty_like(residual, memory_format=torch.contiguous_format))
 
 
-@_define("all_reduce(Tensor x, str op, str group_name) -> Tensor", _like)
+@_define("all_reduce(Tensor x, str op, str group_name) -> Tensor", _like, kernel_in_cpp=True)
 def all_reduce(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """All-reduce of ``x`` over the group named ``group_name``; a new tensor."""
     return collectives.all_reduce(x.contiguous(), op, group=_group(group_name))
+
+
+def _all_reduce_python_path(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
+    """The C++ kernel's fallback: the all-reduce, then the lesson."""
+    x = x.contiguous()
+    group = _group(group_name)
+    out = collectives.all_reduce(x, op, group=group)
+    if _WATCHED and not registry._registry:  # else a registered plan may take some sizes
+        _teach_all_reduce(x, group, group_name)
+    return out
+
+
+def _teach_all_reduce(x: torch.Tensor, group: dist.ProcessGroup, group_name: str) -> None:
+    """Where pyccl.all_reduce ran this call on the engine, tells the C++ kernel
+    the engine and the algorithms it was given: the same branches as
+    collectives.all_reduce, from the same memoized choice."""
+    call = selection._Call("all_reduce", x, group, None, None)
+    engine = getattr(call.comm, "_engine", None)
+    if engine is None or call.use_nccl:
+        return
+    symmetric = None
+    if not call.forced:
+        if call.spans_nodes or call.tuned_plan is not None:
+            return
+        symmetric = call.symmetric_algorithm(engine, x)
+        if symmetric == "nccl":
+            return
+    _C.learn_all_reduce_op_route(group_name, x, call.comm._comm, engine, call.kernel_algorithm, symmetric)
+
+
+def _watched_sources() -> list:
+    """What a learned all-reduce choice was made from, beyond the call itself:
+    what pyccl.selection._Call's memo keys on, and the registered plans."""
+    sources = []
+    for name in ("PYCCL_ALGO", "PYCCL_NCCL_MIN_BYTES", "PYCCL_TUNING_FILE"):
+        lookup = _env.lookup(name)
+        if lookup is None:
+            return []  # the environment cannot be watched here: no call is learned
+        sources.append((lookup[0], lookup[1], None))
+    sources.append((vars(selection), "NCCL_MIN_BYTES", "all_reduce"))
+    sources.append((vars(registry), "_generation", None))
+    return sources
+
+
+_WATCHED = _watched_sources()
+_C.set_all_reduce_op_python(_all_reduce_python_path, _WATCHED)
 
 
 @_define("all_gather(Tensor x, int group_size, str group_name) -> Tensor", _gathered)

@@ -49,6 +49,8 @@ class RegisteredAlgorithm:
 
 _lock = threading.Lock()
 _registry: List[RegisteredAlgorithm] = []
+# Counts changes to _registry: a new value at each (what a choice made from it watches; see pyccl.ops).
+_generation = 0
 
 
 def register_algorithm(program, collective: str, min_bytes: int, max_bytes: int,
@@ -79,18 +81,22 @@ def register_algorithm(program, collective: str, min_bytes: int, max_bytes: int,
         raise InvalidArgumentError(f"invalid argument 'world_size': the plan is for {plan.num_ranks} ranks, "
                                    f"not {world_size}")
     entry = RegisteredAlgorithm(plan, collective, min_bytes, max_bytes, world_size)
+    global _generation
     with _lock:
         _registry.append(entry)
+        _generation += 1
     return entry
 
 
 def unregister_algorithm(entry: RegisteredAlgorithm) -> None:
     """Takes a registered algorithm out of the choice (communicators keep their
     set-up runners until they close)."""
+    global _generation
     with _lock:
         if entry not in _registry:
             raise InvalidArgumentError("invalid argument 'entry': not a registered algorithm")
         _registry.remove(entry)
+        _generation += 1
 
 
 def registered_algorithms() -> List[RegisteredAlgorithm]:
