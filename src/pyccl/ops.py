@@ -35,8 +35,9 @@ result raise, naming the op.
 ``all_reduce``'s CPU and CUDA kernel is C++ (csrc/python/all_reduce_op.cpp):
 a call like one that the Python kernel below already ran on the engine (same
 group, device, dtype and size, nothing its choice was made from changed since)
-goes straight to the engine, with no Python on the way. Every other call runs
-the Python kernel, which then teaches the C++ one.
+goes straight to the engine without calling Python (it only reads, under the
+GIL, the values that choice was made from). Every other call runs the Python
+kernel, which then teaches the C++ one.
 """
 
 from __future__ import annotations
