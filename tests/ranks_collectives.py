@@ -657,5 +657,9 @@ def communicators_of_destroyed_groups(rank, world, store):
     second = pyccl.communicator_for(None, cpu)
     seen["new communicator"] = second is not first and not second.closed
     seen["destroyed closed"] = first.closed and first_sub.closed
+    second.close()  # closed by the user: the next call makes another, whose set-up must not meet this one's keys
+    seen["after close"] = right(pyccl.all_reduce(inputs[rank].clone()))
+    third = pyccl.communicator_for(None, cpu)
+    seen["another communicator"] = third is not second and not third.closed and third.name != second.name
     dist.destroy_process_group()
     return seen

@@ -25,6 +25,8 @@ _lock = threading.Lock()
 # (id(group), device) -> (a weak reference to the group, its communicator). The reference tells a live group
 # from a new one that took a destroyed group's id.
 _communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator]] = {}
+# Communicators made per base name (group name and device type): later ones get the count in their name.
+_made: Dict[str, int] = {}
 
 
 def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None) -> Communicator:
@@ -56,9 +58,13 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
                 "while a CUDA graph is being captured; call pyccl.communicator_for(group) (or any pyccl "
                 "collective) on the group once before capturing")
         _close_communicators_of_destroyed_groups()
-        # The name must be the same on every rank (device indices differ).
+        # The name must be the same on every rank (device indices differ), and new on the store: a group whose
+        # communicator was closed gets another, and its set-up must not read the closed one's keys. Every rank
+        # makes a group's communicators at the same calls, so the count agrees.
+        base = f"pyccl_{pg.group_name}_{device.type}"
+        made = _made[base] = _made.get(base, 0) + 1
         comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
-                            name=f"pyccl_{pg.group_name}_{device.type}")
+                            name=base if made == 1 else f"{base}_{made}")
         _communicators[key] = (weakref.ref(pg), comm)
     return comm
 
