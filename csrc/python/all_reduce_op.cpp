@@ -110,10 +110,13 @@ void releaseSeen(Learned& l) {
   l.seen.clear();
 }
 
+void clearChoices(Route& route) {
+  for (auto& [k, learned] : route.choices) releaseSeen(learned);
+  route.choices.clear();
+}
+
 void forgetRoutes() {
-  for (auto& [key, route] : state().routes) {
-    for (auto& [k, learned] : route.choices) releaseSeen(learned);
-  }
+  for (auto& [key, route] : state().routes) clearChoices(route);
   state().routes.clear();
 }
 
@@ -161,8 +164,9 @@ std::optional<EngineCall> learnedCall(const at::Tensor& x, c10::string_view op, 
   for (size_t i = 0; i < sources.size(); ++i) {
     if (currentValue(sources[i]) != learned->second.seen[i]) return std::nullopt;
   }
-  auto group = resolvedGroup(it->first.group);
-  if (group.get() != route.groupAddress || route.group.expired()) return std::nullopt;
+  // The route's weak reference keeps a destroyed group's address from being reused, so the same address is the
+  // same group.
+  if (resolvedGroup(it->first.group).get() != route.groupAddress) return std::nullopt;
   EngineCall call{route.comm.lock(), route.engine.lock(), *rop, learned->second.algorithm,
                   learned->second.symmetricAlgorithm};
   if (call.comm == nullptr || call.engine == nullptr || call.comm->closed()) return std::nullopt;
@@ -212,11 +216,6 @@ at::Tensor allReduceKernel(const at::Tensor& x, c10::string_view op, c10::string
   return out;
 }
 
-std::optional<AllReduceAlgorithm> algorithmArg(const std::optional<std::string>& name, const char* arg) {
-  if (!name || name->empty()) return std::nullopt;
-  return parseAllReduceAlgorithm(*name, arg);
-}
-
 }  // namespace
 
 void bindAllReduceOp(py::module_& m) {
@@ -246,8 +245,8 @@ void bindAllReduceOp(py::module_& m) {
            const std::optional<std::string>& symmetricAlgorithm) {
           auto group = resolvedGroup(groupName);
           PYCCL_CHECK_ARG(group, "group_name", "'", groupName, "' names no process group");
-          Learned learned{algorithmArg(algorithm, "algorithm"), algorithmArg(symmetricAlgorithm,
-                                                                             "symmetric_algorithm"), {}};
+          Learned learned{allReduceAlgorithmArg(algorithm, "algorithm"),
+                          allReduceAlgorithmArg(symmetricAlgorithm, "symmetric_algorithm"), {}};
           for (const Source& src : state().sources) {
             PyObject* v = currentValue(src);
             Py_XINCREF(v);
@@ -255,17 +254,13 @@ void bindAllReduceOp(py::module_& m) {
           }
           Route& route = state().routes[RouteKey{groupName, x.device()}];
           if (route.groupAddress != group.get() || route.comm.lock() != comm || route.engine.lock() != engine) {
-            for (auto& [k, l] : route.choices) releaseSeen(l);
-            route.choices.clear();
+            clearChoices(route);
             route.group = c10::weak_intrusive_ptr<c10d::ProcessGroup>(group);
             route.groupAddress = group.get();
             route.comm = comm;
             route.engine = engine;
           }
-          if (route.choices.size() >= kChoicesKept) {
-            for (auto& [k, l] : route.choices) releaseSeen(l);
-            route.choices.clear();  // sizes seen in turn beyond the bound: start again rather than grow
-          }
+          if (route.choices.size() >= kChoicesKept) clearChoices(route);  // sizes seen in turn: start again
           auto [it, fresh] = route.choices.try_emplace(choiceKey(x));
           if (!fresh) releaseSeen(it->second);
           it->second = std::move(learned);

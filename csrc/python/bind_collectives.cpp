@@ -17,13 +17,12 @@ std::optional<Protocol> protocolArg(const std::optional<std::string>& name) {
   return parseProtocol(*name, "protocol");
 }
 
-/// An all-reduce algorithm given by name (None or "": the engine's choice); `arg` names the argument in errors.
+}  // namespace
+
 std::optional<AllReduceAlgorithm> allReduceAlgorithmArg(const std::optional<std::string>& name, const char* arg) {
   if (!name || name->empty()) return std::nullopt;
   return parseAllReduceAlgorithm(*name, arg);
 }
-
-}  // namespace
 
 void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices) {
   for (const auto& [collective, entries] : choices) {

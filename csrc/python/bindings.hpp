@@ -17,6 +17,8 @@ namespace pyccl {
 using KernelChoices = std::map<std::string, std::vector<std::pair<std::optional<uint64_t>, std::string>>>;
 /// Sets `o`'s allReduceBySize and exchangeBySize from `choices`; names an unknown collective or algorithm.
 void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices);
+/// An all-reduce algorithm given by name (None or "": the engine's choice); `arg` names the argument in errors.
+std::optional<AllReduceAlgorithm> allReduceAlgorithmArg(const std::optional<std::string>& name, const char* arg);
 
 void bindCommunicator(pybind11::module_& m);
 void bindTensors(pybind11::module_& m);

@@ -25,7 +25,7 @@ _lock = threading.Lock()
 # (id(group), device) -> (a weak reference to the group, its communicator). The reference tells a live group
 # from a new one that took a destroyed group's id.
 _communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator]] = {}
-# Communicators made per base name (group name and device type): later ones get the count in their name.
+# Communicators made per kind and name, with _lock held (_made_count): each new one's store keys carry the count.
 _made: Dict[str, int] = {}
 
 
@@ -62,7 +62,7 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
         # communicator was closed gets another, and its set-up must not read the closed one's keys. Every rank
         # makes a group's communicators at the same calls, so the count agrees.
         base = f"pyccl_{pg.group_name}_{device.type}"
-        made = _made[base] = _made.get(base, 0) + 1
+        made = _made_count(base)
         comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
                             name=base if made == 1 else f"{base}_{made}")
         _communicators[key] = (weakref.ref(pg), comm)
@@ -95,7 +95,12 @@ def _group_store(group: Optional[dist.ProcessGroup]):
     return store
 
 
-_nccl_made: Dict[str, int] = {}
+def _made_count(key: str) -> int:
+    """How many communicators have been made under `key`, this one included;
+    with _lock held. Every rank makes a group's communicators at the same
+    calls, so the count is the same on every rank."""
+    made = _made[key] = _made.get(key, 0) + 1
+    return made
 
 
 def _direct_nccl(comm: Communicator, group: Optional[dist.ProcessGroup], device: torch.device):
@@ -114,8 +119,7 @@ def _direct_nccl(comm: Communicator, group: Optional[dist.ProcessGroup], device:
     with _lock:
         # Every rank makes its communicators for a group in the same order: the
         # count makes each one's key new on the store.
-        _nccl_made[comm.name] = _nccl_made.get(comm.name, 0) + 1
-        key = f"pyccl_nccl_direct/{comm.name}/{_nccl_made[comm.name]}"
+        key = f"pyccl_nccl_direct/{comm.name}/{_made_count('nccl_direct/' + comm.name)}"
     try:
         nccl = NcclComm(_group_store(group), comm.rank, comm.world_size, device.index, key=key)
     except (OSError, RuntimeError) as e:
