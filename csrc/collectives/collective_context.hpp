@@ -51,6 +51,17 @@ struct CollectiveContext {
   uint64_t hbSubBytes;
   uint32_t* llCalls;  ///< [llBlocks] calls completed per block (this rank's device memory)
   uint64_t* hbCalls;  ///< [hbBlocks]
+  // P2P (p2p_device.hpp): rings [source rank W][block][slot][16 + p2pSliceBytes] at p2pDataOffset,
+  // ready counts [source rank W][block] at p2pReadyOffset, ack counts [destination rank W][block] at
+  // p2pAckOffset (uint64).
+  uint64_t p2pDataOffset;
+  uint64_t p2pReadyOffset;
+  uint64_t p2pAckOffset;
+  uint64_t p2pSliceBytes;  ///< a multiple of 16
+  uint32_t p2pBlocks;      ///< blocks per transfer
+  uint32_t p2pSlots;       ///< slots per ring
+  uint64_t* p2pSent;       ///< [W][p2pBlocks] chunks sent per (destination, block) (this rank's device memory)
+  uint64_t* p2pReceived;   ///< [W][p2pBlocks] chunks received per (source, block)
   AbortState abort;
 };
 

@@ -102,6 +102,7 @@ std::vector<const void*> collectiveKernels() {
   exchangeKernels(&kernels);
   reduceScatterKernels(&kernels);
   fusedNormKernels(&kernels);
+  sendRecvKernels(&kernels);
 #endif
   return kernels;
 }
@@ -149,6 +150,15 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
     options_.fusedTwoKernelMinBytes = host ? options_.llMaxBytes + 1 : (128u << 10) + 1;
   }
   if (options_.fusedTwoShotBytes == 0) options_.fusedTwoShotBytes = host ? options_.llMaxBytes / 2 : (256u << 10);
+  // GPUs: 16 blocks of 4 rings of 32 KiB, 2 MiB per source rank; a group of a send and a receive with every peer
+  // (14 transfers at 8 ranks) stays resident on one GPU, as a send's progress needs its receive running.
+  if (options_.p2pBlocks == 0) options_.p2pBlocks = host ? 2 : 16;
+  if (options_.p2pSliceBytes == 0) options_.p2pSliceBytes = host ? (4u << 10) : (32u << 10);
+  PYCCL_CHECK_ARG(options_.p2pBlocks <= 64, "p2p_blocks", "must be at most 64, got ", options_.p2pBlocks);
+  PYCCL_CHECK_ARG(options_.p2pSliceBytes % 16 == 0 && options_.p2pSliceBytes <= (16u << 20), "p2p_slice_bytes",
+                  "must be a multiple of 16 up to 16 MiB, got ", options_.p2pSliceBytes);
+  PYCCL_CHECK_ARG(options_.p2pSlots >= 1 && options_.p2pSlots <= 64, "p2p_slots", "must be in [1, 64], got ",
+                  options_.p2pSlots);
 #ifdef PYCCL_WITH_CUDA
   clusters_ = host || clusterLaunchSupported(comm.device());
 #else
@@ -169,7 +179,8 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   }
   for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"},
                                std::pair{options_.hbLargeThreads, "hb_large_threads"},
-                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"}}) {
+                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"},
+                               std::pair{options_.p2pThreads, "p2p_threads"}}) {
     PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
                     "must be a multiple of 32 in [32, 1024], got ", threads);
   }
@@ -198,11 +209,16 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   const uint64_t resultSlots = options_.hbPush ? world : 1;
   const uint64_t resultBytes = 2ull * options_.hbBlocks * resultSlots * subBytes;
   const uint64_t barrierBytes = (static_cast<uint64_t>(options_.hbBlocks) * world * 8 + 15) / 16 * 16;
-  const uint64_t total = 2 * llBytes + stagingBytes + resultBytes + barrierBytes;
+  const uint64_t p2pRings = static_cast<uint64_t>(world) * options_.p2pBlocks;
+  const uint64_t p2pDataBytes = p2pRings * options_.p2pSlots * (kP2PHeaderBytes + options_.p2pSliceBytes);
+  const uint64_t p2pCountBytes = (p2pRings * 8 + 15) / 16 * 16;
+  const uint64_t collectiveBytes = 2 * llBytes + stagingBytes + resultBytes + barrierBytes;
+  const uint64_t total = collectiveBytes + p2pDataBytes + 2 * p2pCountBytes;
 
   scratchOwner_ = comm.allocateShareable(total);
   void* scratch = scratchOwner_.get();
-  const uint64_t counterBytes = options_.llBlocks * sizeof(uint32_t) + options_.hbBlocks * sizeof(uint64_t) + 8;
+  const uint64_t counterBytes =
+      (options_.hbBlocks + 2 * p2pRings) * sizeof(uint64_t) + options_.llBlocks * sizeof(uint32_t) + 8;
   countersOwner_ = comm.allocateLocal(counterBytes);
   void* counters = countersOwner_.get();
   scratch_.local = comm.registerMemory(scratch, total, scratchOwner_);
@@ -223,9 +239,17 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   context_.hbResultOffset = 2 * llBytes + stagingBytes;
   context_.hbBarrierOffset = 2 * llBytes + stagingBytes + resultBytes;
   context_.hbSubBytes = subBytes;
-  // The hb counters come first: 8-byte aligned.
+  context_.p2pDataOffset = collectiveBytes;
+  context_.p2pReadyOffset = collectiveBytes + p2pDataBytes;
+  context_.p2pAckOffset = collectiveBytes + p2pDataBytes + p2pCountBytes;
+  context_.p2pSliceBytes = options_.p2pSliceBytes;
+  context_.p2pBlocks = options_.p2pBlocks;
+  context_.p2pSlots = options_.p2pSlots;
+  // The 64-bit counters come first: 8-byte aligned.
   context_.hbCalls = static_cast<uint64_t*>(counters);
-  context_.llCalls = reinterpret_cast<uint32_t*>(static_cast<char*>(counters) + options_.hbBlocks * sizeof(uint64_t));
+  context_.p2pSent = context_.hbCalls + options_.hbBlocks;
+  context_.p2pReceived = context_.p2pSent + p2pRings;
+  context_.llCalls = reinterpret_cast<uint32_t*>(context_.p2pReceived + p2pRings);
   context_.abort = comm.abortState();
   PYCCL_LOG(Info, "collective engine: " << world << " ranks, scratch " << (total >> 10) << " KiB, LL up to "
                                         << options_.llMaxBytes << " B on " << options_.llBlocks
@@ -640,6 +664,46 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
     Communicator::HostKernelScope active(comm_);
     exchangeHost(ctx, call);
     comm_.checkCompleted(name);
+  }
+}
+
+void CollectiveEngine::sendRecv(const std::vector<PeerTransfer>& transfers, void* stream) {
+  checkUsable("send_recv");
+  const int world = comm_.worldSize();
+  for (const PeerTransfer& t : transfers) {
+    const char* arg = t.send ? "dst" : "src";
+    PYCCL_CHECK_ARG(t.peer >= 0 && t.peer < world && t.peer != comm_.rank(), arg,
+                    "must be another rank of the communicator (0 to ", world - 1, ", not ", comm_.rank(), "), got ",
+                    t.peer);
+    PYCCL_CHECK_ARG(t.bytes == 0 || t.data != nullptr, "tensor", "has no storage");
+  }
+  // Launches of transfers with distinct (peer, direction), in the order given.
+  size_t next = 0;
+  while (next < transfers.size()) {
+    P2PArgs args{};
+    uint32_t taken[2] = {0, 0};  // bit q: a receive (0) or send (1) with rank q is in this launch
+    for (; next < transfers.size(); ++next) {
+      const PeerTransfer& t = transfers[next];
+      if (t.bytes == 0) continue;
+      const uint32_t bit = 1u << t.peer;
+      if (taken[t.send ? 1 : 0] & bit) break;
+      taken[t.send ? 1 : 0] |= bit;
+      args.transfers[args.count++] = P2PTransfer{static_cast<char*>(t.data), t.bytes, t.peer, t.send ? 1u : 0u};
+    }
+    if (args.count == 0) continue;
+    CollectiveContext ctx = context_;
+    const bool captured = !comm_.hostMode() && gpu::isCapturing(stream);
+    ctx.abort.call = makeCallTag(CallOp::kSendRecv, ++sendRecvCalls_, captured);
+#ifdef PYCCL_WITH_CUDA
+    if (!comm_.hostMode()) {
+      sendRecvDevice(ctx, args, stream, {options_.p2pThreads, options_.programmaticLaunch});
+      continue;
+    }
+#endif
+    (void)stream;
+    Communicator::HostKernelScope active(comm_);
+    sendRecvHost(ctx, args);
+    comm_.checkCompleted("send_recv");
   }
 }
 

@@ -97,6 +97,13 @@ struct CollectiveOptions {
   /// world-size rows), two-shot above; 0: default (256 KiB on GPUs,
   /// llMaxBytes / 2 in host mode).
   uint64_t fusedTwoShotBytes = 0;
+  /// Sends and receives (p2p_device.hpp): blocks per transfer; 0: default (16 on GPUs, 2 in host mode).
+  uint32_t p2pBlocks = 0;
+  /// Bytes a block moves per step (a multiple of 16); 0: default (32 KiB on GPUs, 4 KiB in host mode).
+  uint64_t p2pSliceBytes = 0;
+  /// Slots per (peer, block) ring: the steps a send may run ahead of its receive.
+  uint32_t p2pSlots = 4;
+  uint32_t p2pThreads = 512;  ///< threads per block of the send/receive kernel
   /// Launch the kernels with programmatic dependent launch (kernel_launch.cuh),
   /// so back-to-back collectives overlap their launch latency.
   bool programmaticLaunch = true;
@@ -129,6 +136,24 @@ class CollectiveEngine {
   void exchange(ExchangeKind kind, const void* input, uint64_t inStride, void* output, uint64_t outStride,
                 uint64_t chunkBytes, int root, DataType dtype, ReduceOp op, std::optional<Protocol> protocol,
                 void* stream);
+
+  /// One send to or receive from a peer (sendRecv).
+  struct PeerTransfer {
+    bool send;   ///< true: send `bytes` from `data` to `peer`; false: receive them from `peer` into `data`
+    int peer;    ///< another rank
+    void* data;  ///< any alignment
+    uint64_t bytes;
+  };
+  /// Sends and receives, as ncclSend and ncclRecv between ncclGroupStart and
+  /// ncclGroupEnd: enqueued on `stream` like allReduce, and run together (one
+  /// launch, p2p_device.hpp), except that a transfer whose (peer, direction)
+  /// an earlier one of the list has starts a further launch. Only the ranks
+  /// involved take part; the n-th send to a peer meets the n-th receive from
+  /// this rank there, and the sizes must agree (a receive that meets a send of
+  /// another size breaks the communicator). A send may complete before its
+  /// receive starts, up to p2pSlots * p2pBlocks * p2pSliceBytes; a larger one
+  /// waits for it. Zero-byte transfers do nothing.
+  void sendRecv(const std::vector<PeerTransfer>& transfers, void* stream);
 
   /// All-reduces `rows` rows of `hidden` elements of `input` (sum), adds
   /// `residual` and applies RMSNorm with `weight` and `eps`: the rounded sums
@@ -226,6 +251,7 @@ class CollectiveEngine {
   bool closed_ = false;
   bool clusters_ = false;  ///< the device launches thread-block clusters (host mode emulates them)
   uint64_t zeroCopyCalls_ = 0;
+  uint64_t sendRecvCalls_ = 0;  ///< launches of sendRecv: its calls' numbers (per rank)
 };
 
 /// The host stubs of every kernel a collective engine may launch (empty in

@@ -12,6 +12,7 @@
 #include "collectives/allreduce_zero_copy_device.hpp"
 #include "collectives/exchange_device.hpp"
 #include "collectives/fused_norm_device.hpp"
+#include "collectives/p2p_device.hpp"
 
 namespace pyccl {
 
@@ -90,7 +91,11 @@ void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);
 void exchangeHost(const CollectiveContext& context, const ExchangeCall& call);
 void allReduceRMSNormHost(const CollectiveContext& context, const FusedNormCall& call);
 void addRMSNormHost(const AddRMSNormCall& call);
+void sendRecvHost(const CollectiveContext& context, const P2PArgs& args);
 #ifdef PYCCL_WITH_CUDA
+/// Enqueues sends and receives on args.count * context.p2pBlocks blocks.
+void sendRecvDevice(const CollectiveContext& context, const P2PArgs& args, void* stream, const KernelLaunch& launch);
+void sendRecvKernels(std::vector<const void*>* out);
 /// Enqueues one call on `stream` (a cudaStream_t); capturable in CUDA graphs.
 void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,
                      const KernelLaunch& launch);

@@ -42,6 +42,7 @@ const char* callOpName(CallOp op) {
     case CallOp::kReduceScatter: return "reduce_scatter";
     case CallOp::kPlan: return "plan";
     case CallOp::kAllReduceRMSNorm: return "fused_all_reduce_rmsnorm";
+    case CallOp::kSendRecv: return "send_recv";
   }
   return "unknown op";
 }
@@ -139,6 +140,12 @@ bool CommunicatorHealth::absorbRecord() {
          message + "a CUDA graph captured under pyccl.graph_capture ran before its buffers were registered, so "
                    "the all-reduce was not computed; replay such a graph only after its graph_capture block has "
                    "exited");
+    return true;
+  }
+  if (status == static_cast<uint32_t>(WaitStatus::kMismatch)) {
+    fail(ErrorCode::kRemote, message + strCat("a receive of ", record_->expected, " bytes from rank ", record_->peer,
+                                              " met a send of ", record_->observed, " bytes; a send and the "
+                                              "receive it meets must have the same size"));
     return true;
   }
   if (timedOut) {

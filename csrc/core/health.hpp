@@ -38,6 +38,8 @@ enum class CallOp : uint8_t {
   kReduceScatter = 5,
   kPlan = 6,
   kAllReduceRMSNorm = 7,
+  /// Sends and receives (CollectiveEngine::sendRecv); numbered per rank, not across ranks.
+  kSendRecv = 8,
 };
 
 const char* callOpName(CallOp op);

@@ -68,7 +68,8 @@ void bindCollectives(py::module_& m) {
                        uint64_t zeroCopyMaxBytes, uint32_t fusedSegments, uint32_t fusedThreads,
                        uint64_t fusedTwoShotBytes, uint64_t fusedTwoKernelMinBytes,
                        uint64_t onePhaseHBBytesPerBlock, uint64_t onePhaseHBMaxBytes,
-                       const KernelChoices& kernelChoices) {
+                       const KernelChoices& kernelChoices, uint32_t p2pBlocks, uint64_t p2pSliceBytes,
+                       uint32_t p2pSlots, uint32_t p2pThreads) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -93,6 +94,10 @@ void bindCollectives(py::module_& m) {
              o.fusedTwoKernelMinBytes = fusedTwoKernelMinBytes;
              o.onePhaseHBBytesPerBlock = onePhaseHBBytesPerBlock;
              o.onePhaseHBMaxBytes = onePhaseHBMaxBytes;
+             o.p2pBlocks = p2pBlocks;
+             o.p2pSliceBytes = p2pSliceBytes;
+             o.p2pSlots = p2pSlots;
+             o.p2pThreads = p2pThreads;
              applyKernelChoices(o, kernelChoices);
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
@@ -115,6 +120,8 @@ void bindCollectives(py::module_& m) {
            py::arg("fused_threads") = 0, py::arg("fused_two_shot_bytes") = 0,
            py::arg("fused_two_kernel_min_bytes") = 0, py::arg("one_phase_hb_bytes_per_block") = 0,
            py::arg("one_phase_hb_max_bytes") = 0, py::arg("kernel_choices") = KernelChoices{},
+           py::arg("p2p_blocks") = 0, py::arg("p2p_slice_bytes") = 0, py::arg("p2p_slots") = 4,
+           py::arg("p2p_threads") = 512,
            py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),
@@ -198,6 +205,17 @@ void bindCollectives(py::module_& m) {
              broadcastTensor(e, comm, input, output, root, proto);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("src"), py::arg("protocol") = std::nullopt)
+      .def("send_recv",
+           [](CollectiveEngine& e, Communicator& comm, const std::vector<std::tuple<bool, int, at::Tensor>>& transfers) {
+             std::vector<TensorTransfer> list;
+             list.reserve(transfers.size());
+             for (const auto& [send, peer, tensor] : transfers) list.push_back({send, peer, tensor});
+             py::gil_scoped_release release;
+             sendRecvTensors(e, comm, list);
+           },
+           py::arg("comm"), py::arg("transfers"),
+           "Sends and receives together on the current stream: transfers are (send, peer, tensor), send True to "
+           "send the tensor to peer, False to receive it from peer.")
       .def("select",
            [](const CollectiveEngine& e, uint64_t bytes, bool symmetric) {
              return allReduceAlgorithmName(e.select(bytes, symmetric));
@@ -212,6 +230,12 @@ void bindCollectives(py::module_& m) {
            "The protocol chosen for an exchange (all_gather, all_to_all, broadcast, reduce_scatter) whose whole "
            "buffer has nbytes.")
       .def_property_readonly("ll_max_bytes", [](const CollectiveEngine& e) { return e.options().llMaxBytes; })
+      .def_property_readonly("p2p_buffered_bytes",
+                             [](const CollectiveEngine& e) {
+                               const CollectiveOptions& o = e.options();
+                               return static_cast<uint64_t>(o.p2pSlots) * o.p2pBlocks * o.p2pSliceBytes;
+                             },
+                             "The largest send that completes before its receive starts.")
       .def_property_readonly("zero_copy_calls", &CollectiveEngine::zeroCopyCalls,
                              "All-reduces that ran zero-copy on symmetric buffers.")
       .def("begin_graph_capture", &CollectiveEngine::beginGraphCapture,

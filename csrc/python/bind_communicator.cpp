@@ -200,6 +200,7 @@ void bindCommunicator(py::module_& m) {
         py::dict d;
         d["status"] = rec.status == static_cast<uint32_t>(WaitStatus::kTimeout)        ? "timeout"
                       : rec.status == static_cast<uint32_t>(WaitStatus::kUnregistered) ? "unregistered"
+                      : rec.status == static_cast<uint32_t>(WaitStatus::kMismatch)     ? "mismatch"
                                                                                         : "aborted";
         d["peer"] = rec.peer;
         d["expected"] = rec.expected;

@@ -610,12 +610,21 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::send(std::vector<at::Tensor>& tenso
   return translated("send", [&] {
     checkOne(tensors, "tensor");
     const at::Tensor& t = tensors[0];
+    if (t.is_cuda()) {
+      checkUsable("send");
+      ensureGpuLane(t.device().index());  // and its delegate
+    }
     if (delegate_ && t.is_cuda()) return delegate_->send(tensors, dstRank, tag);
     PYCCL_CHECK_ARG(dstRank >= 0 && dstRank < getSize() && dstRank != getRank(), "dst",
                     "must be another rank of the group, got ", dstRank);
     Lane& lane = laneFor(t, "send");
-    // Through the bootstrap store, in order per (peer, tag): for CPU tensors and
-    // for GPUs without a delegate (the host waits for the tensor).
+    if (t.is_cuda()) {
+      // GPUs without a delegate: pyccl's kernels on the current stream, matched in order per peer (tags
+      // ignored), as ProcessGroupNCCL matches them.
+      sendRecvTensors(*lane.engine, *lane.comm, {TensorTransfer{true, dstRank, t}});
+      return done(c10d::OpType::SEND, {t});
+    }
+    // CPU tensors: through the bootstrap store, in order per (peer, tag), as gloo matches them.
     const at::Tensor host = t.to(at::kCPU).contiguous();
     const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
     const size_t n = host.nbytes();
@@ -631,11 +640,19 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tenso
   return translated("recv", [&] {
     checkOne(tensors, "tensor");
     at::Tensor& t = tensors[0];
+    if (t.is_cuda()) {
+      checkUsable("recv");
+      ensureGpuLane(t.device().index());  // and its delegate
+    }
     if (delegate_ && t.is_cuda()) return delegate_->recv(tensors, srcRank, tag);
     PYCCL_CHECK_ARG(srcRank >= 0 && srcRank < getSize() && srcRank != getRank(), "src",
                     "must be another rank of the group, got ", srcRank);
     PYCCL_CHECK_ARG(t.is_contiguous(), "tensor", "must be contiguous");
     Lane& lane = laneFor(t, "recv");
+    if (t.is_cuda()) {
+      sendRecvTensors(*lane.engine, *lane.comm, {TensorTransfer{false, srcRank, t}});
+      return done(c10d::OpType::RECV, {t});
+    }
     at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
     auto* bytes = static_cast<uint8_t*>(host.data_ptr());
     const size_t n = host.nbytes();

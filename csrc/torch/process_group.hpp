@@ -8,8 +8,9 @@
 //    scratch are made when the backend is, when it knows its device then;
 //    otherwise on the first CUDA op, which must then not be captured.
 //  - Messages from a per-collective size on, and what pyccl does not do
-//    (uneven all-to-all splits, send/recv on GPUs), go to the delegate backend
-//    when one is given (ProcessGroupNCCL), like the Python API.
+//    (uneven all-to-all splits), go to the delegate backend when one is given
+//    (ProcessGroupNCCL), like the Python API. So do send/recv on GPUs, which
+//    run on pyccl's kernels (collectives/p2p_device.hpp) without a delegate.
 //  - Work objects: wait() orders the caller's current stream after the op,
 //    isCompleted() polls its event, getFuture() completes with the outputs.
 #pragma once

@@ -184,4 +184,22 @@ void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
               ReduceOp::kSum, protocol);
 }
 
+void sendRecvTensors(CollectiveEngine& e, const Communicator& comm, const std::vector<TensorTransfer>& transfers) {
+  std::vector<CollectiveEngine::PeerTransfer> peerTransfers;
+  peerTransfers.reserve(transfers.size());
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const TensorTransfer& t = transfers[i];
+    checkTensorFor(comm, t.tensor, "tensor");
+    for (size_t j = 0; j < i; ++j) {
+      const TensorTransfer& o = transfers[j];
+      const bool written = !t.send || !o.send;  // two sends may read the same memory
+      PYCCL_CHECK_ARG(!written || t.tensor.nbytes() == 0 || o.tensor.nbytes() == 0 || !overlaps(t.tensor, o.tensor),
+                      "tensor", "a received tensor overlaps another tensor of the call (transfers ", j, " and ", i,
+                      ")");
+    }
+    peerTransfers.push_back({t.send, t.peer, t.tensor.data_ptr(), static_cast<uint64_t>(t.tensor.nbytes())});
+  }
+  e.sendRecv(peerTransfers, currentStream(comm));
+}
+
 }  // namespace pyccl

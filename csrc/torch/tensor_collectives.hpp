@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collectives/collective_engine.hpp"
 
@@ -45,6 +46,16 @@ void allToAllTensor(CollectiveEngine& e, const Communicator& comm, const at::Ten
 void allReduceRMSNormTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                             const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& normed,
                             const at::Tensor& residualOut, double eps, std::optional<FusedNormAlgorithm> algorithm);
+/// One tensor sent to (`send`) or received from `peer` (sendRecvTensors).
+struct TensorTransfer {
+  bool send;
+  int peer;
+  at::Tensor tensor;
+};
+/// Sends and receives together (CollectiveEngine::sendRecv) on the current
+/// stream: contiguous tensors of any dtype on the communicator's device; a
+/// received tensor must not overlap another tensor of the call.
+void sendRecvTensors(CollectiveEngine& e, const Communicator& comm, const std::vector<TensorTransfer>& transfers);
 void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                      const at::Tensor& output, int root, std::optional<Protocol> protocol);
 

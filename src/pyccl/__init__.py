@@ -40,6 +40,7 @@ from .symmetric import is_symmetric, register_symmetric, symmetric_empty  # noqa
 from .registry import register_algorithm, registered_algorithms, unregister_algorithm  # noqa: E402
 from .fused import fused_all_reduce_rmsnorm  # noqa: E402
 from .graphs import graph_capture  # noqa: E402
+from .p2p import recv, send, send_recv  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,9 @@ __all__ = [
     "broadcast",
     "communicator_for",
     "reduce_scatter",
+    "recv",
+    "send",
+    "send_recv",
     "cuda_available",
     "empty",
     "fused_all_reduce_rmsnorm",

@@ -16,10 +16,11 @@ Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, into_tensor,
 coalesced), reduce_scatter (list, tensor, coalesced), all_to_all (list and
 single, equal splits), send/recv and barrier. On GPUs, messages from
 ``pyccl.collectives.NCCL_MIN_BYTES`` (per collective; ``PYCCL_NCCL_MIN_BYTES``
-for all) and what pyccl does not do itself (uneven all-to-all splits,
-send/recv) go to a ProcessGroupNCCL the group keeps for that
-(``PYCCL_NCCL_DELEGATE=0`` turns it off). CPU tensors run in host mode, where
-send/recv go through the store.
+for all), what pyccl does not do itself (uneven all-to-all splits) and
+send/recv go to a ProcessGroupNCCL the group keeps for that
+(``PYCCL_NCCL_DELEGATE=0`` turns it off; send/recv then run on pyccl's
+kernels, matched in order per pair as ProcessGroupNCCL matches them). CPU
+tensors run in host mode, where send/recv go through the store.
 
 A group whose ranks span nodes (``torchrun --nnodes``) runs allreduce,
 all_gather_into_tensor and reduce_scatter_tensor on :mod:`pyccl.across_nodes`

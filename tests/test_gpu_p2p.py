@@ -1,0 +1,43 @@
+"""Sends and receives on GPUs: bit-for-bit delivery, transfers run together,
+CUDA-graph replays."""
+
+import random
+
+import pytest
+
+import ranks_p2p as rp2p
+from conftest import gpu_count, gpu_worlds, requires_gpus
+from pyccl._spawn import run_ranks
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 8))
+def test_random_transfers_arrive_bit_for_bit_on_gpus(world):
+    # GPUs buffer 2 MiB per (peer, direction): sizes up to 12 MB make many sends wait for their receives.
+    seed = random.randrange(1 << 20)
+    results = run_ranks(rp2p.random_transfers, world, args=(True, seed, 60, 12_000_000), timeout=300)
+    assert sum(n for _, n in results) == len(rp2p.schedule(seed, world, 60, 12_000_000))
+    for bad, _ in results:
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+def test_send_recv_runs_its_transfers_together_on_gpus(world):
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rp2p.ring_and_all_to_all, world, args=(True, seed, 9_000_000), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+def test_send_recv_in_cuda_graph_replays():
+    for bad in run_ranks(rp2p.graph_replays, min(gpu_count(), 4), args=(20,), timeout=300):
+        assert bad == []
+
+
+@requires_gpus(2)
+def test_bad_arguments_raise_naming_them_on_gpus():
+    for messages in run_ranks(rp2p.bad_arguments, 2, args=(True,), timeout=120):
+        assert "'tensor'" in messages["device"] and "cuda" in messages["device"]
+        assert "'dst'" in messages["self"] and "'tensor'" in messages["overlap"]
+        assert messages["after"] == [3.0] * 5
