@@ -112,17 +112,17 @@ def ring_and_all_to_all(rank, world, store, on_gpu, seed, nbytes):
     return bad
 
 
-def size_mismatch(rank, world, store):
-    """Rank 0 sends 1000 bytes where rank 1 receives 2000: rank 1 raises,
-    naming both sizes, and its communicator is broken."""
+def size_mismatch(rank, world, store, sent, received):
+    """Rank 0 sends `sent` bytes where rank 1 receives `received`: rank 1
+    raises, naming both sizes, and its communicator is broken."""
     comm, device = _setup(store, rank, world, False, timeout_s=30.0)
     out = {}
     if rank == 0:
-        pyccl.send(torch.arange(1000, dtype=torch.uint8), 1, comm=comm)
+        pyccl.send(torch.arange(sent, dtype=torch.uint8), 1, comm=comm)
         out["sent"] = True
     else:
         try:
-            pyccl.recv(torch.empty(2000, dtype=torch.uint8), 0, comm=comm)
+            pyccl.recv(torch.empty(received, dtype=torch.uint8), 0, comm=comm)
         except pyccl.PycclError as e:
             out["recv"] = (type(e).__name__, str(e))
         try:

@@ -35,12 +35,14 @@ def test_send_recv_runs_its_transfers_together(world):
         assert bad == [], f"seed {seed}: {bad}"
 
 
-def test_a_receive_that_meets_a_send_of_another_size_raises():
-    sender, receiver = run_ranks(rp2p.size_mismatch, 2, timeout=120)
+@pytest.mark.parametrize("sent,received", [(1000, 2000), (100, 0), (0, 64)])
+def test_a_receive_that_meets_a_send_of_another_size_raises(sent, received):
+    # Empty transfers meet too: an empty receive never takes a later message's place.
+    sender, receiver = run_ranks(rp2p.size_mismatch, 2, args=(sent, received), timeout=120)
     assert sender == {"sent": True}
     kind, message = receiver["recv"]
     assert kind == "RemoteError", message
-    assert "receive of 2000 bytes from rank 0 met a send of 1000 bytes" in message
+    assert f"receive of {received} bytes from rank 0 met a send of {sent} bytes" in message
     assert "send_recv call 1" in message
     assert "broken" in receiver["after"]
 

@@ -684,13 +684,11 @@ void CollectiveEngine::sendRecv(const std::vector<PeerTransfer>& transfers, void
     uint32_t taken[2] = {0, 0};  // bit q: a receive (0) or send (1) with rank q is in this launch
     for (; next < transfers.size(); ++next) {
       const PeerTransfer& t = transfers[next];
-      if (t.bytes == 0) continue;
       const uint32_t bit = 1u << t.peer;
       if (taken[t.send ? 1 : 0] & bit) break;
       taken[t.send ? 1 : 0] |= bit;
       args.transfers[args.count++] = P2PTransfer{static_cast<char*>(t.data), t.bytes, t.peer, t.send ? 1u : 0u};
     }
-    if (args.count == 0) continue;
     CollectiveContext ctx = context_;
     const bool captured = !comm_.hostMode() && gpu::isCapturing(stream);
     ctx.abort.call = makeCallTag(CallOp::kSendRecv, ++sendRecvCalls_, captured);

@@ -152,7 +152,7 @@ class CollectiveEngine {
   /// this rank there, and the sizes must agree (a receive that meets a send of
   /// another size breaks the communicator). A send may complete before its
   /// receive starts, up to p2pSlots * p2pBlocks * p2pSliceBytes; a larger one
-  /// waits for it. Zero-byte transfers do nothing.
+  /// waits for it. Zero-byte transfers meet too (their sizes are checked).
   void sendRecv(const std::vector<PeerTransfer>& transfers, void* stream);
 
   /// All-reduces `rows` rows of `hidden` elements of `input` (sum), adds

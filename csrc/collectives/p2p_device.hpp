@@ -39,7 +39,7 @@ constexpr uint64_t kP2PHeaderBytes = 16;
 /// One send or receive of a launch.
 struct P2PTransfer {
   char* data;      ///< read (send) or written (receive); any alignment
-  uint64_t bytes;  ///< more than 0
+  uint64_t bytes;  ///< 0 moves only the header
   int32_t peer;
   uint32_t send;  ///< 1: send to `peer`; 0: receive from it
 };
@@ -75,10 +75,11 @@ PYCCL_HOST_DEVICE void p2pPiece(const CollectiveContext& c, uint64_t bytes, uint
 
 }  // namespace detail
 
-/// Steps of a transfer of `bytes` (the same on both sides).
+/// Steps of a transfer of `bytes` (the same on both sides): at least one, so
+/// that an empty transfer still meets its peer's and has its size checked.
 PYCCL_HOST_DEVICE uint64_t p2pSteps(const CollectiveContext& c, uint64_t bytes) {
   const uint64_t perStep = static_cast<uint64_t>(c.p2pBlocks) * c.p2pSliceBytes;
-  return (bytes + perStep - 1) / perStep;
+  return bytes == 0 ? 1 : (bytes + perStep - 1) / perStep;
 }
 
 /// Block `block`'s share of a send (see the top of this file).
