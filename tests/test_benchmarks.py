@@ -111,6 +111,7 @@ def test_bench_in_place_forms_are_nccl_tests_ones():
     for nccl in (False, True):
         lib = Lib(nccl)
         assert (bench._in_place(lib, "all_to_all", x, out, 1) is None) == nccl
+        assert bench._in_place(lib, "send_recv", x, out, 1) is None  # nccl-tests' sendrecv has none
         fn, result, prepare = bench._in_place(lib, "reduce_scatter", torch.randn(18), torch.empty(6), 1)
         prepare()
         fn()
@@ -128,6 +129,23 @@ def test_bench_in_place_forms_are_nccl_tests_ones():
             else:
                 assert given.data_ptr() == result.data_ptr()
             assert torch.equal(given, x)  # this rank's input, put in place before the call
+
+
+def test_bench_send_recv_is_nccl_tests_sendrecv():
+    """send_recv: each rank sends its whole buffer ("bytes" is one rank's send)
+    to the next rank and receives the previous rank's, whose input is drawn
+    from that rank's seed (the reference); busbw is algbw."""
+    import torch
+
+    from pyccl import bench
+
+    assert [bench._ring_peers(r, 3) for r in range(3)] == [(1, 2), (2, 0), (0, 1)]
+    assert bench._ring_peers(0, 2) == (1, 1) and bench._ring_peers(1, 2) == (0, 0)  # 2 ranks: one peer both ways
+    x, out = bench._tensors("send_recv", 4096, 4, torch.float32, "cpu", 2)
+    assert x.numel() == out.numel() == 1024 and x.abs().sum() > 0
+    assert torch.equal(x, bench._tensors("send_recv", 4096, 4, torch.float32, "cpu", 2)[0])
+    assert not torch.equal(x, bench._tensors("send_recv", 4096, 4, torch.float32, "cpu", 1)[0])
+    assert bench._BUS_FACTOR["send_recv"](8) == 1.0
 
 
 def test_bench_sizes_are_nccl_tests_b_e_f():
@@ -149,6 +167,7 @@ def test_bench_sizes_are_nccl_tests_b_e_f():
     (["--iters", "0"], "--iters"),
     (["--world", "0"], "--world"),
     (["--collectives", "all_reduce,gather"], "--collectives"),
+    (["--world", "1", "--collectives", "send_recv"], "send_recv: needs --world 2"),
 ])
 def test_bench_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, capsys):
     """A bad argument is named at once, on any machine."""

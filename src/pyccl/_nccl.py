@@ -87,6 +87,16 @@ class NcclComm:
                                           _DTYPES[x.dtype], q, self.comm, stream), "ncclRecv")
         self._check(self.lib.ncclGroupEnd(), "ncclGroupEnd")
 
+    def send_recv(self, x: torch.Tensor, out: torch.Tensor, dst: int, src: int) -> None:
+        """Sends `x` to rank `dst` and receives `out` from rank `src`, grouped (nccl-tests' sendrecv)."""
+        stream = self._stream()
+        self._check(self.lib.ncclGroupStart(), "ncclGroupStart")
+        self._check(self.lib.ncclSend(ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(x.numel()), _DTYPES[x.dtype],
+                                      dst, self.comm, stream), "ncclSend")
+        self._check(self.lib.ncclRecv(ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(out.numel()),
+                                      _DTYPES[out.dtype], src, self.comm, stream), "ncclRecv")
+        self._check(self.lib.ncclGroupEnd(), "ncclGroupEnd")
+
     def close(self) -> None:
         if self.comm:
             self.lib.ncclCommDestroy(self.comm)

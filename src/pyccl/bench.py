@@ -28,6 +28,15 @@ table gives the median time per call, measured in the same run on the same GPUs:
 - torch symmetric memory's one-shot and two-shot all-reduce, where available
   (multicast stays off: ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``).
 
+``send_recv`` is nccl-tests' sendrecv: each rank sends its buffer to the next
+rank and receives the previous rank's, in one grouped call ("bytes" is one
+rank's send). pyccl runs ``pyccl.send_recv``; NCCL direct ``ncclSend`` and
+``ncclRecv`` between ``ncclGroupStart`` and ``ncclGroupEnd``; ProcessGroupNCCL
+``dist.batch_isend_irecv``. It has no in-place form and no ``pyccl_pg``
+column: the pyccl process group hands GPU sends and receives to its NCCL
+delegate where it has one, and without coalescing it would run the pair one
+by one. It needs two ranks at least, so ``--world 1`` leaves it out of "all".
+
 Every rank starts each replay at the same moment (a barrier and a GPU sleep
 before it, outside the timed region: ``align_trials``), so no rank's time
 holds the others' host launch lag. Each result is checked against NCCL's
@@ -216,7 +225,7 @@ def size_label(n: int) -> str:
 # Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
 _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
                "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
-               "broadcast": lambda w: 1.0}
+               "broadcast": lambda w: 1.0, "send_recv": lambda w: 1.0}
 # Every timing column a row may have, in table order.
 _COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_1pa_hb", "pyccl_2pa_hb",
             "pyccl_ll", "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "pyccl_graph", "pyccl_graph_2pa_hb",
@@ -228,7 +237,8 @@ def _tensors(collective, nbytes, world, dtype, device, rank):
     """(input, output) of a call whose whole buffer is about `nbytes`."""
     size = torch.tensor([], dtype=dtype).element_size()
     per = max(1, nbytes // size // world)
-    n = per * world if collective != "broadcast" and collective != "all_reduce" else max(1, nbytes // size)
+    whole_buffer = collective in ("broadcast", "all_reduce", "send_recv")
+    n = max(1, nbytes // size) if whole_buffer else per * world
     gen = torch.Generator(device=device).manual_seed(1234 + rank)
     if collective == "all_gather":
         x = torch.randn(per, generator=gen, device=device).to(dtype)
@@ -239,7 +249,17 @@ def _tensors(collective, nbytes, world, dtype, device, rank):
     return x, torch.empty_like(x)
 
 
+def _ring_peers(rank: int, world: int) -> tuple:
+    """(next, previous) rank: where send_recv sends, and whence it receives."""
+    return (rank + 1) % world, (rank - 1) % world
+
+
 def _pyccl_fn(pyccl, collective, x, out, comm, algo):
+    if collective == "send_recv":
+        import torch.distributed as dist  # the bench's ranks are the world group's
+
+        nxt, prv = _ring_peers(dist.get_rank(), dist.get_world_size())
+        return lambda: pyccl.send_recv(sends=[(x, nxt)], recvs=[(out, prv)], comm=comm)
     if collective == "all_reduce":
         return lambda: pyccl.all_reduce(x, out=out, comm=comm, algorithm=algo)
     if collective == "broadcast":
@@ -250,6 +270,15 @@ def _pyccl_fn(pyccl, collective, x, out, comm, algo):
 
 def _dist_fn(dist, collective, x, out, group=None):
     """The collective through torch.distributed on `group` (in place for all-reduce)."""
+    if collective == "send_recv":
+        nxt, prv = _ring_peers(dist.get_rank(), dist.get_world_size())
+
+        def send_recv() -> None:
+            ops = [dist.P2POp(dist.isend, x, nxt, group), dist.P2POp(dist.irecv, out, prv, group)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        return send_recv
     if collective == "all_reduce":
         return lambda: dist.all_reduce(out, group=group)
     if collective == "all_gather":
@@ -267,6 +296,8 @@ def _in_place(lib, collective, x, out, rank):
     `prepare` puts this rank's input in place before a checked call; or None
     where there is no in-place form (all-to-all in NCCL)."""
     is_pyccl = not hasattr(lib, "comm")
+    if collective == "send_recv":
+        return None
     if collective == "all_gather":
         buf = torch.empty_like(out)
         mine = buf[rank * x.numel():(rank + 1) * x.numel()]
@@ -359,14 +390,18 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             x, out = _tensors(collective, nbytes, world, dtype, device, rank)
             whole = max(x.numel(), out.numel()) * x.element_size()
             row = {"bytes": whole, "count": max(x.numel(), out.numel())}
-            # The reference: NCCL through the torch group.
-            ref = out.clone() if collective != "all_reduce" else x.clone()
-            if collective == "broadcast":
-                ref.copy_(x)
-            _dist_fn(dist, collective, x, ref)()
+            if collective == "send_recv":
+                # What the previous rank sends: its input, drawn from its seed.
+                ref = _tensors(collective, nbytes, world, dtype, device, (rank - 1) % world)[0]
+            else:
+                # The reference: NCCL through the torch group.
+                ref = out.clone() if collective != "all_reduce" else x.clone()
+                if collective == "broadcast":
+                    ref.copy_(x)
+                _dist_fn(dist, collective, x, ref)()
             candidates = {"pyccl": None, "pyccl_kernels": None}
             if all_algos:
-                for algo in (a for a in pyccl.tuning.CANDIDATES[collective] if a != "nccl"):
+                for algo in (a for a in pyccl.tuning.CANDIDATES.get(collective, ()) if a != "nccl"):
                     candidates[f"pyccl_{algo}"] = algo
             for label, algo in candidates.items():
                 if algo == "1pa_ll" and whole > comm._engine.ll_max_bytes:
@@ -396,7 +431,9 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     row[label] = _time_graph(fn, iters, trials, capture_in=pyccl.graph_capture(comm=comm),
                                              check=lambda: _check(collective, label, out, ref, whole), output=out)
             tuned = pyccl.tuning.select(pyccl.selection.table_for(device, world, dtype), collective, whole)
-            if tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
+            if collective == "send_recv":
+                row["pyccl_algo"] = "p2p"
+            elif tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
                 row["pyccl_algo"] = tuned
             elif whole >= pyccl.selection._nccl_min_bytes(collective):
                 row["pyccl_algo"] = "nccl"
@@ -405,10 +442,21 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             else:
                 row["pyccl_algo"] = comm._engine.select_exchange(collective, whole)
             buf = x.clone() if collective == "all_reduce" else out
-            row["nccl"] = timed(_dist_fn(dist, collective, x, buf))
+            if collective == "send_recv":
+                buf.fill_(float("nan"))
+                _dist_fn(dist, collective, x, buf)()
+                _check(collective, "ProcessGroupNCCL", buf, ref, whole)
+                try:  # ProcessGroupNCCL's sends and receives in a CUDA graph: not in every torch
+                    row["nccl"] = timed(_dist_fn(dist, collective, x, buf))
+                except Exception as e:
+                    row["nccl"] = None
+                    row["nccl_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            else:
+                row["nccl"] = timed(_dist_fn(dist, collective, x, buf))
             direct = {"all_reduce": lambda: nccl.all_reduce(x, buf), "all_gather": lambda: nccl.all_gather(x, buf),
                       "reduce_scatter": lambda: nccl.reduce_scatter(x, buf), "all_to_all": lambda: nccl.all_to_all(x, buf),
-                      "broadcast": lambda: nccl.broadcast(x, buf)}[collective]
+                      "broadcast": lambda: nccl.broadcast(x, buf),
+                      "send_recv": lambda: nccl.send_recv(x, buf, *_ring_peers(rank, world))}[collective]
             buf.fill_(float("nan"))
             direct()
             _check(collective, "NCCL direct", buf, ref, whole)
@@ -421,6 +469,12 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     fn()
                     _check(collective, label, result, ref, whole)
                     row[label] = timed(fn)
+            if collective == "send_recv":
+                rows.append(row)
+                if progress and rank == 0:
+                    _progress(len(tables) * len(sizes) + len(rows), len(collectives) * len(sizes),
+                              f"{collective} {whole} B")
+                continue
             # The same call through a process group whose backend is pyccl.
             got = ref.clone()
             if collective == "broadcast":
@@ -513,7 +567,8 @@ def main(argv=None) -> int:
     parser.add_argument("--plans", action="store_true",
                         help="also time the library's DSL plans (pyccl.algorithms) at several launch shapes")
     parser.add_argument("--collectives", default="all_reduce",
-                        help="comma-separated: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, or all")
+                        help="comma-separated: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, "
+                             "send_recv, or all")
     parser.add_argument("--timeout", type=float, default=560, help="seconds before the ranks are stopped")
     parser.add_argument("--engine", default=None,
                         help="CollectiveEngine settings for the kernel columns, as JSON, e.g. "
@@ -530,12 +585,14 @@ def main(argv=None) -> int:
 
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     if collectives == ["all"]:
-        collectives = list(_BUS_FACTOR)
+        collectives = [c for c in _BUS_FACTOR if args.world != 1 or c != "send_recv"]
     for c in collectives:
         if c not in _BUS_FACTOR:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(_BUS_FACTOR)} (or all)")
     if args.world is not None and args.world < 1:
         parser.error(f"--world must be at least 1, got {args.world}")
+    if args.world == 1 and "send_recv" in collectives:
+        parser.error("--collectives send_recv: needs --world 2 or more (a rank sends to another)")
     if not torch.cuda.is_available() or torch.cuda.device_count() < (2 if args.world != 1 else 1):
         print("pyccl.bench needs at least 2 GPUs (--world 1 checks that it runs on one)", file=sys.stderr)
         return 2
