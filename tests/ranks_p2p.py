@@ -81,6 +81,11 @@ def ring_and_all_to_all(rank, world, store, on_gpu, seed, nbytes):
     bad = []
     if nbytes <= engine.p2p_buffered_bytes:
         bad.append(f"{nbytes} bytes fit the buffer ({engine.p2p_buffered_bytes}): the ring would not test grouping")
+    # Lanes: at most p2p_blocks, fewer where a launch with every peer would not stay resident; the same everywhere.
+    store.set(f"p2p_lanes/{rank}", str(engine.p2p_lanes))
+    gathered = [int(store.get(f"p2p_lanes/{q}")) for q in range(world)]
+    if len(set(gathered)) != 1 or not 1 <= engine.p2p_lanes <= (64 if on_gpu else 2):
+        bad.append(f"lanes {gathered}")
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     out = torch.empty(nbytes, dtype=torch.uint8, device=device)
     pyccl.send_recv(sends=[(payload(seed, rank, nbytes, torch.uint8).to(device), nxt)], recvs=[(out, prv)],

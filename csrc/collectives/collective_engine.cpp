@@ -1,6 +1,7 @@
 #include "collectives/collective_engine.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "core/errors.hpp"
@@ -95,6 +96,40 @@ ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
                                "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
 }
 
+namespace {
+
+/// p2p_blocks as the engine uses it: at most what keeps a launch of a send to
+/// and a receive from every peer resident on the GPU at once (a send's
+/// progress needs its receive running, and the receive may be in the same
+/// launch on the other side), and the same on every rank (the minimum), as
+/// both sides of a transfer cut it into lanes alike.
+uint32_t agreedP2PLanes(Communicator& comm, uint32_t wanted, uint32_t threads) {
+  uint32_t lanes = wanted;
+#ifdef PYCCL_WITH_CUDA
+  if (!comm.hostMode() && comm.worldSize() > 1) {
+    const uint32_t resident = sendRecvResidentBlocks(comm.device(), threads);
+    const uint32_t perLaunch = 2u * static_cast<uint32_t>(comm.worldSize() - 1);
+    lanes = std::max(1u, std::min(lanes, resident / perLaunch));
+  }
+#else
+  (void)threads;
+#endif
+  Bytes mine(sizeof(lanes));
+  std::memcpy(mine.data(), &lanes, sizeof(lanes));
+  for (const Bytes& theirs : comm.allGather(mine)) {
+    uint32_t other = 0;
+    if (theirs.size() == sizeof(other)) std::memcpy(&other, theirs.data(), sizeof(other));
+    if (other >= 1) lanes = std::min(lanes, other);
+  }
+  if (lanes < wanted) {
+    PYCCL_LOG(Info, "collective engine: send/receive lanes " << lanes << " (of p2p_blocks " << wanted
+                                                              << "), so that a launch stays resident on every rank");
+  }
+  return lanes;
+}
+
+}  // namespace
+
 std::vector<const void*> collectiveKernels() {
   std::vector<const void*> kernels;
 #ifdef PYCCL_WITH_CUDA
@@ -150,10 +185,10 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
     options_.fusedTwoKernelMinBytes = host ? options_.llMaxBytes + 1 : (128u << 10) + 1;
   }
   if (options_.fusedTwoShotBytes == 0) options_.fusedTwoShotBytes = host ? options_.llMaxBytes / 2 : (256u << 10);
-  // GPUs: 16 blocks of 4 rings of 32 KiB, 2 MiB per source rank; a group of a send and a receive with every peer
-  // (14 transfers at 8 ranks) stays resident on one GPU, as a send's progress needs its receive running.
-  if (options_.p2pBlocks == 0) options_.p2pBlocks = host ? 2 : 16;
-  if (options_.p2pSliceBytes == 0) options_.p2pSliceBytes = host ? (4u << 10) : (32u << 10);
+  // GPUs: up to 64 lanes of 2 slots of 64 KiB, 8 MiB per source rank: a transfer's rate grows with the bytes
+  // its lanes have in flight, and this matches NCCL's at 256 MiB on 2 x H200 (benchmarks/RESULTS.md).
+  if (options_.p2pBlocks == 0) options_.p2pBlocks = host ? 2 : 64;
+  if (options_.p2pSliceBytes == 0) options_.p2pSliceBytes = host ? (4u << 10) : (64u << 10);
   PYCCL_CHECK_ARG(options_.p2pBlocks <= 64, "p2p_blocks", "must be at most 64, got ", options_.p2pBlocks);
   PYCCL_CHECK_ARG(options_.p2pSliceBytes % 16 == 0 && options_.p2pSliceBytes <= (16u << 20), "p2p_slice_bytes",
                   "must be a multiple of 16 up to 16 MiB, got ", options_.p2pSliceBytes);
@@ -185,6 +220,7 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
                     "must be a multiple of 32 in [32, 1024], got ", threads);
   }
   PYCCL_CHECK_ARG(options_.llBlocks <= 1024 && options_.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
+  options_.p2pBlocks = agreedP2PLanes(comm, options_.p2pBlocks, options_.p2pThreads);
   PYCCL_CHECK_ARG(options_.llThresholdBytes <= options_.llMaxBytes, "ll_threshold_bytes",
                   "must not exceed ll_max_bytes (", options_.llMaxBytes, ")");
   for (auto [table, name] : {std::pair{&options_.allReduceBySize, "all_reduce_by_size"},
@@ -687,7 +723,9 @@ void CollectiveEngine::sendRecv(const std::vector<PeerTransfer>& transfers, void
       const uint32_t bit = 1u << t.peer;
       if (taken[t.send ? 1 : 0] & bit) break;
       taken[t.send ? 1 : 0] |= bit;
-      args.transfers[args.count++] = P2PTransfer{static_cast<char*>(t.data), t.bytes, t.peer, t.send ? 1u : 0u};
+      args.transfers[args.count++] =
+          P2PTransfer{static_cast<char*>(t.data), t.bytes, t.peer, t.send ? 1u : 0u, args.blocks};
+      args.blocks += p2pShape(context_, t.bytes).lanes;
     }
     CollectiveContext ctx = context_;
     const bool captured = !comm_.hostMode() && gpu::isCapturing(stream);

@@ -97,12 +97,13 @@ struct CollectiveOptions {
   /// world-size rows), two-shot above; 0: default (256 KiB on GPUs,
   /// llMaxBytes / 2 in host mode).
   uint64_t fusedTwoShotBytes = 0;
-  /// Sends and receives (p2p_device.hpp): blocks per transfer; 0: default (16 on GPUs, 2 in host mode).
+  /// Sends and receives (p2p_device.hpp): most lanes (blocks, each with a ring per peer) of a transfer; 0:
+  /// default (64 on GPUs, fewer where a launch with every peer would not stay resident; 2 in host mode).
   uint32_t p2pBlocks = 0;
-  /// Bytes a block moves per step (a multiple of 16); 0: default (32 KiB on GPUs, 4 KiB in host mode).
+  /// Bytes a lane moves per step (a multiple of 16); 0: default (64 KiB on GPUs, 4 KiB in host mode).
   uint64_t p2pSliceBytes = 0;
-  /// Slots per (peer, block) ring: the steps a send may run ahead of its receive.
-  uint32_t p2pSlots = 4;
+  /// Slots per (peer, lane) ring: the steps a send may run ahead of its receive.
+  uint32_t p2pSlots = 2;
   uint32_t p2pThreads = 512;  ///< threads per block of the send/receive kernel
   /// Launch the kernels with programmatic dependent launch (kernel_launch.cuh),
   /// so back-to-back collectives overlap their launch latency.

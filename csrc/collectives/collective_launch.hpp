@@ -93,8 +93,10 @@ void allReduceRMSNormHost(const CollectiveContext& context, const FusedNormCall&
 void addRMSNormHost(const AddRMSNormCall& call);
 void sendRecvHost(const CollectiveContext& context, const P2PArgs& args);
 #ifdef PYCCL_WITH_CUDA
-/// Enqueues sends and receives on args.count * context.p2pBlocks blocks.
+/// Enqueues sends and receives on args.blocks blocks.
 void sendRecvDevice(const CollectiveContext& context, const P2PArgs& args, void* stream, const KernelLaunch& launch);
+/// Blocks of the send/receive kernel of `threads` threads that `device` holds at once.
+uint32_t sendRecvResidentBlocks(int device, uint32_t threads);
 void sendRecvKernels(std::vector<const void*>* out);
 /// Enqueues one call on `stream` (a cudaStream_t); capturable in CUDA graphs.
 void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call, void* stream,

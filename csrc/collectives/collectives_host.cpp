@@ -137,7 +137,7 @@ void exchangeHost(const CollectiveContext& context, const ExchangeCall& call) {
 }
 
 void sendRecvHost(const CollectiveContext& context, const P2PArgs& args) {
-  runBlocks(args.count * context.p2pBlocks, [&](uint32_t b) { sendRecvBlock(context, args, b, 0, 1); });
+  runBlocks(args.blocks, [&](uint32_t b) { sendRecvBlock(context, args, b, 0, 1); });
 }
 
 }  // namespace pyccl

@@ -120,8 +120,8 @@ void bindCollectives(py::module_& m) {
            py::arg("fused_threads") = 0, py::arg("fused_two_shot_bytes") = 0,
            py::arg("fused_two_kernel_min_bytes") = 0, py::arg("one_phase_hb_bytes_per_block") = 0,
            py::arg("one_phase_hb_max_bytes") = 0, py::arg("kernel_choices") = KernelChoices{},
-           py::arg("p2p_blocks") = 0, py::arg("p2p_slice_bytes") = 0, py::arg("p2p_slots") = 4,
-           py::arg("p2p_threads") = 512,
+           py::arg("p2p_blocks") = 0, py::arg("p2p_slice_bytes") = 0, py::arg("p2p_slots") = CollectiveOptions{}.p2pSlots,
+           py::arg("p2p_threads") = CollectiveOptions{}.p2pThreads,
            py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),
@@ -236,6 +236,9 @@ void bindCollectives(py::module_& m) {
                                return static_cast<uint64_t>(o.p2pSlots) * o.p2pBlocks * o.p2pSliceBytes;
                              },
                              "The largest send that completes before its receive starts.")
+      .def_property_readonly("p2p_lanes", [](const CollectiveEngine& e) { return e.options().p2pBlocks; },
+                             "Most lanes (blocks) of a send or receive: p2p_blocks, or fewer where a launch with "
+                             "every peer would not stay resident on some rank's GPU.")
       .def_property_readonly("zero_copy_calls", &CollectiveEngine::zeroCopyCalls,
                              "All-reduces that ran zero-copy on symmetric buffers.")
       .def("begin_graph_capture", &CollectiveEngine::beginGraphCapture,

@@ -14,7 +14,7 @@ a CUDA graph. Only the two ranks of a transfer take part::
   on b, as in NCCL (no tags); their sizes in bytes must agree. A receive that
   meets a send of another size raises on the receiving rank and breaks the
   communicator.
-- A send of up to ``engine.p2p_buffered_bytes`` (2 MiB on GPUs) completes
+- A send of up to ``engine.p2p_buffered_bytes`` (8 MiB on 2 GPUs) completes
   before its receive starts; a larger one waits for it. So two ranks that each
   send a large message before receiving the other's must use ``send_recv``,
   which runs its transfers together (as ``ncclGroupStart``/``ncclGroupEnd``).
