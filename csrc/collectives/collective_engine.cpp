@@ -98,22 +98,18 @@ ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
 
 namespace {
 
-/// p2p_blocks as the engine uses it: at most what keeps a launch of a send to
-/// and a receive from every peer resident on the GPU at once (a send's
+/// p2p_blocks as the engine uses it: on GPUs, at most what keeps a launch of
+/// a send to and a receive from every peer resident at once (a send's
 /// progress needs its receive running, and the receive may be in the same
 /// launch on the other side), and the same on every rank (the minimum), as
-/// both sides of a transfer cut it into lanes alike.
+/// both sides of a transfer cut it into lanes alike. Host mode runs every
+/// block on a thread of its own, so nothing is capped and the ranks' options agree.
 uint32_t agreedP2PLanes(Communicator& comm, uint32_t wanted, uint32_t threads) {
-  uint32_t lanes = wanted;
 #ifdef PYCCL_WITH_CUDA
-  if (!comm.hostMode() && comm.worldSize() > 1) {
-    const uint32_t resident = sendRecvResidentBlocks(comm.device(), threads);
-    const uint32_t perLaunch = 2u * static_cast<uint32_t>(comm.worldSize() - 1);
-    lanes = std::max(1u, std::min(lanes, resident / perLaunch));
-  }
-#else
-  (void)threads;
-#endif
+  if (comm.hostMode() || comm.worldSize() < 2) return wanted;
+  const uint32_t resident = sendRecvResidentBlocks(comm.device(), threads);
+  const uint32_t perLaunch = 2u * static_cast<uint32_t>(comm.worldSize() - 1);
+  uint32_t lanes = std::max(1u, std::min(wanted, resident / perLaunch));
   Bytes mine(sizeof(lanes));
   std::memcpy(mine.data(), &lanes, sizeof(lanes));
   for (const Bytes& theirs : comm.allGather(mine)) {
@@ -126,6 +122,11 @@ uint32_t agreedP2PLanes(Communicator& comm, uint32_t wanted, uint32_t threads) {
                                                               << "), so that a launch stays resident on every rank");
   }
   return lanes;
+#else
+  (void)comm;
+  (void)threads;
+  return wanted;
+#endif
 }
 
 }  // namespace

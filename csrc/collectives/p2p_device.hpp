@@ -59,10 +59,13 @@ struct P2PArgs {
   P2PTransfer transfers[kMaxP2PTransfers];
 };
 
-/// How a transfer is cut: `lanes` rings, `piece` bytes per lane and step.
+/// How a transfer is cut: `lanes` rings, `piece` bytes per lane and step,
+/// `steps` steps (at least one, so that an empty transfer still meets its
+/// peer's and has its size checked).
 struct P2PShape {
   uint32_t lanes;
   uint64_t piece;
+  uint64_t steps;
 };
 
 namespace detail {
@@ -101,14 +104,9 @@ PYCCL_HOST_DEVICE P2PShape p2pShape(const CollectiveContext& c, uint64_t bytes) 
   const uint64_t wanted = (bytes + minPiece - 1) / minPiece;
   const uint32_t lanes = wanted < 1 ? 1u : (wanted > c.p2pBlocks ? c.p2pBlocks : static_cast<uint32_t>(wanted));
   const uint64_t spread = ((bytes + lanes - 1) / lanes + 15) / 16 * 16;
-  return P2PShape{lanes, spread < c.p2pSliceBytes ? (spread < 16 ? 16 : spread) : c.p2pSliceBytes};
-}
-
-/// Steps of a transfer of shape `s` (the same on both sides): at least one,
-/// so that an empty transfer still meets its peer's and has its size checked.
-PYCCL_HOST_DEVICE uint64_t p2pSteps(const P2PShape& s, uint64_t bytes) {
-  const uint64_t perStep = s.lanes * s.piece;
-  return bytes == 0 ? 1 : (bytes + perStep - 1) / perStep;
+  const uint64_t piece = spread < c.p2pSliceBytes ? (spread < 16 ? 16 : spread) : c.p2pSliceBytes;
+  const uint64_t perStep = lanes * piece;
+  return P2PShape{lanes, piece, bytes == 0 ? 1 : (bytes + perStep - 1) / perStep};
 }
 
 /// Lane `block`'s share of a send (see the top of this file).
@@ -117,10 +115,9 @@ PYCCL_HOST_DEVICE void p2pSendBlock(const CollectiveContext& c, const P2PTransfe
   uint64_t* sent = &c.p2pSent[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
   const uint64_t first = *sent;
   const P2PShape shape = p2pShape(c, t.bytes);
-  const uint64_t steps = p2pSteps(shape, t.bytes);
   const uint64_t* acks = detail::p2pCount(c, c.rank, c.p2pAckOffset, t.peer, block);
   uint64_t* ready = detail::p2pCount(c, t.peer, c.p2pReadyOffset, c.rank, block);
-  for (uint64_t k = 0; k < steps; ++k) {
+  for (uint64_t k = 0; k < shape.steps; ++k) {
     const uint64_t chunk = first + k;
     bool ok = true;
     if (tid == 0 && chunk >= c.p2pSlots) {
@@ -138,7 +135,7 @@ PYCCL_HOST_DEVICE void p2pSendBlock(const CollectiveContext& c, const P2PTransfe
     if (tid == 0) atomicStoreRelease(ready, chunk + 1);
   }
   syncBlock();  // every thread read `first` before it changes
-  if (tid == 0) *sent = first + steps;
+  if (tid == 0) *sent = first + shape.steps;
 }
 
 /// Lane `block`'s share of a receive (see the top of this file).
@@ -147,10 +144,9 @@ PYCCL_HOST_DEVICE void p2pReceiveBlock(const CollectiveContext& c, const P2PTran
   uint64_t* received = &c.p2pReceived[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
   const uint64_t first = *received;
   const P2PShape shape = p2pShape(c, t.bytes);
-  const uint64_t steps = p2pSteps(shape, t.bytes);
   const uint64_t* ready = detail::p2pCount(c, c.rank, c.p2pReadyOffset, t.peer, block);
   uint64_t* ack = detail::p2pCount(c, t.peer, c.p2pAckOffset, c.rank, block);
-  for (uint64_t k = 0; k < steps; ++k) {
+  for (uint64_t k = 0; k < shape.steps; ++k) {
     const uint64_t chunk = first + k;
     const char* slot = detail::p2pSlot(c, c.rank, t.peer, block, chunk);
     bool ok = true;
@@ -172,7 +168,7 @@ PYCCL_HOST_DEVICE void p2pReceiveBlock(const CollectiveContext& c, const P2PTran
     if (tid == 0) atomicStoreRelease(ack, chunk + 1);
   }
   syncBlock();
-  if (tid == 0) *received = first + steps;
+  if (tid == 0) *received = first + shape.steps;
 }
 
 /// Block `blockIndex` of a launch of `a` (a block per lane of each transfer, in order).

@@ -392,7 +392,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             row = {"bytes": whole, "count": max(x.numel(), out.numel())}
             if collective == "send_recv":
                 # What the previous rank sends: its input, drawn from its seed.
-                ref = _tensors(collective, nbytes, world, dtype, device, (rank - 1) % world)[0]
+                ref = _tensors(collective, nbytes, world, dtype, device, _ring_peers(rank, world)[1])[0]
             else:
                 # The reference: NCCL through the torch group.
                 ref = out.clone() if collective != "all_reduce" else x.clone()
@@ -469,21 +469,16 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     fn()
                     _check(collective, label, result, ref, whole)
                     row[label] = timed(fn)
-            if collective == "send_recv":
-                rows.append(row)
-                if progress and rank == 0:
-                    _progress(len(tables) * len(sizes) + len(rows), len(collectives) * len(sizes),
-                              f"{collective} {whole} B")
-                continue
-            # The same call through a process group whose backend is pyccl.
-            got = ref.clone()
-            if collective == "broadcast":
-                got.copy_(x)
-            elif collective == "all_reduce":
-                got.copy_(x)
-            _dist_fn(dist, collective, x, got, pyccl_group)()
-            _check(collective, "the pyccl process group", got, ref, whole)
-            row["pyccl_pg"] = timed(_dist_fn(dist, collective, x, got, pyccl_group))
+            if collective != "send_recv":  # the pyccl process group's GPU sends go to its NCCL delegate
+                # The same call through a process group whose backend is pyccl.
+                got = ref.clone()
+                if collective == "broadcast":
+                    got.copy_(x)
+                elif collective == "all_reduce":
+                    got.copy_(x)
+                _dist_fn(dist, collective, x, got, pyccl_group)()
+                _check(collective, "the pyccl process group", got, ref, whole)
+                row["pyccl_pg"] = timed(_dist_fn(dist, collective, x, got, pyccl_group))
             if symm is not None and collective == "all_reduce":
                 view = symm[:x.numel()]
                 view.copy_(x)
