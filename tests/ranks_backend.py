@@ -124,6 +124,134 @@ def every_op(rank, world, store, backend, on_gpu, seed):
     return bad
 
 
+def coalesced_p2p(rank, world, store, backend, on_gpu, seed, count, replays=0):
+    """batch_isend_irecv and torch's coalescing block through the backend. Every
+    rank lists its receives before its sends, which run one by one would wait
+    forever (host mode: a receive blocks; GPUs: a send past the buffer waits for
+    a receive queued behind it); held to the block's end, they run together.
+    Returns the failures."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    device = _init(rank, world, store, backend, on_gpu)
+    group = dist.group.WORLD
+    bad = []
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+
+    def mine(case, r=rank, n=count, dtype=torch.float32):
+        return movement_input(seed, case, r, n, dtype)
+
+    # A ring, receives first: each rank's whole buffer to the next.
+    got = torch.empty(count, device=device)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, prv), dist.P2POp(dist.isend, mine(1).to(device), nxt)])
+    for work in works:
+        work.wait()
+    if not torch.equal(got.cpu(), mine(1, prv)):
+        bad.append(("ring", rank))
+    # Every pair both ways in one batch, of several dtypes and odd sizes.
+    outs, ops = {}, []
+    for q in range(world):
+        if q == rank:
+            continue
+        dtype = (torch.bfloat16, torch.int64, torch.uint8)[(q + rank) % 3]  # one per pair
+        n = count - 7 * q - 3 * rank  # elements from rank to q
+        outs[q] = torch.empty(count - 7 * rank - 3 * q, dtype=dtype, device=device)
+        ops.append(dist.P2POp(dist.irecv, outs[q], q))
+        ops.append(dist.P2POp(dist.isend, movement_input(seed, 2, rank * world + q, n, dtype).to(device), q))
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for q, out in outs.items():
+        sent = movement_input(seed, 2, q * world + rank, out.numel(), out.dtype)
+        if not torch.equal(out.cpu(), sent):
+            bad.append(("pairs", rank, q))
+    # The block by hand: a held op refuses wait() until the block ends.
+    got.zero_()
+    group._start_coalescing(device)
+    recv_work = dist.irecv(got, prv)
+    try:
+        recv_work.wait()
+        bad.append(("wait inside the block accepted",))
+    except ValueError as e:
+        if "coalescing block" not in str(e) or f"rank {prv}" not in str(e):
+            bad.append(("wait inside the block", str(e)))
+    dist.isend(mine(3).to(device), nxt)
+    try:
+        group._start_coalescing(device)
+        bad.append(("nested block accepted",))
+    except ValueError as e:
+        if "do not nest" not in str(e):
+            bad.append(("nested block", str(e)))
+    group._end_coalescing(device).wait()
+    recv_work.wait()  # the held op's work forwards to the block's end
+    if not recv_work.is_completed() and not on_gpu:
+        bad.append(("held work not completed",))
+    if not torch.equal(got.cpu(), mine(3, prv)):
+        bad.append(("block by hand", rank))
+    try:
+        group._end_coalescing(device)
+        bad.append(("end without start accepted",))
+    except ValueError as e:
+        if "without startCoalescing" not in str(e):
+            bad.append(("end without start", str(e)))
+    # torch's fast path: all_reduce in the block becomes one allreduce_coalesced.
+    xs = [mine(10 + i, n=257).to(device) for i in range(3)]
+    with _coalescing_manager(group, device, async_ops=True) as cm:
+        for x in xs:
+            dist.all_reduce(x)
+    cm.wait()
+    for i, x in enumerate(xs):
+        want = sum(mine(10 + i, r, 257).double() for r in range(world))
+        if not torch.allclose(x.cpu().double(), want, rtol=1e-5, atol=1e-4):
+            bad.append(("coalesced all_reduce", i))
+    if not on_gpu and rank < 2:
+        # A block that fails at its end (rank 1 expects fewer elements than rank 0 sends): the end raises,
+        # and so do the held ops' works.
+        if rank == 0:
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine(4, n=999), 1)]):
+                work.wait()
+        else:
+            group._start_coalescing(device)
+            held = dist.irecv(torch.empty(998), 0)
+            try:
+                group._end_coalescing(device)
+                bad.append(("size mismatch accepted",))
+            except dist.DistBackendError as e:
+                if "size mismatch" not in str(e):
+                    bad.append(("size mismatch", str(e)))
+            try:
+                held.wait()
+                bad.append(("failed block's work waited",))
+            except dist.DistBackendError as e:
+                if "its batch failed" not in str(e) or "recv from rank 0" not in str(e):
+                    bad.append(("failed block's work", str(e)))
+    if replays:
+        bad += _coalesced_p2p_graph(rank, world, device, seed, count, replays)
+    dist.barrier()
+    dist.destroy_process_group()
+    return bad
+
+
+def _coalesced_p2p_graph(rank, world, device, seed, count, replays):
+    """batch_isend_irecv captured in a CUDA graph, replayed with fresh inputs."""
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    send, got = torch.empty(count, device=device), torch.empty(count, device=device)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, prv), dist.P2POp(dist.isend, send, nxt)])
+        for work in works:
+            work.wait()
+    bad = []
+    for r in range(replays):
+        send.copy_(movement_input(seed, 100 + r, rank, count, torch.float32))
+        got.zero_()
+        graph.replay()
+        if not torch.equal(got.cpu(), movement_input(seed, 100 + r, prv, count, torch.float32)):
+            bad.append(("graph replay", r))
+    torch.cuda.synchronize()
+    del graph
+    return bad
+
+
 def functional_and_compile(rank, world, store, backend, on_gpu):
     """Functional collectives (what torch.compile traces) through the backend,
     eager and under torch.compile(fullgraph=True)."""

@@ -22,6 +22,14 @@ def test_every_op_through_the_backend(world):
         assert bad == [], f"seed {seed}: {bad}"
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_batch_isend_irecv_runs_its_ops_together(world):
+    # Every rank receives before it sends: one by one, the first receive would wait forever.
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rb.coalesced_p2p, world, args=("cpu:pyccl", False, seed, 300_001), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
 def test_functional_collectives_eager_and_compiled():
     for bad in run_ranks(rb.functional_and_compile, 2, args=("cpu:pyccl", False), timeout=300):
         assert bad == []

@@ -18,6 +18,16 @@ def test_every_op_through_the_backend_on_gpus(world):
 
 
 @requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4))
+def test_batch_isend_irecv_runs_its_ops_together_on_gpus(world):
+    # 12 MB sends, past the kernels' 8 MiB buffer: a send waits for its receive, so the ring needs the group.
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rb.coalesced_p2p, world, args=("cuda:pyccl,cpu:pyccl", True, seed, 3_000_001, 5),
+                         timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
 def test_torch_compile_fullgraph_with_functional_collectives_on_gpus():
     for bad in run_ranks(rb.functional_and_compile, min(gpu_count(), 4), args=("cuda:pyccl", True), timeout=400):
         assert bad == []

@@ -20,18 +20,12 @@
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
+#include "torch/coalesced_p2p.hpp"
 #include "torch/store_adapter.hpp"
 #include "torch/tensor_collectives.hpp"
 
 namespace pyccl {
 namespace {
-
-// Bootstrap tags of the host-staged send/recv (clear of the core's own tags).
-constexpr int kP2PTagBase = 1 << 24;
-constexpr size_t kP2PChunk = 4u << 20;  // under the TCP store's message limit
-
-/// Messages a host-staged send of `bytes` takes (one, empty, for an empty tensor).
-size_t p2pMessages(size_t bytes) { return bytes == 0 ? 1 : (bytes + kP2PChunk - 1) / kP2PChunk; }
 
 void* currentStreamOf(const at::Tensor& t) {
 #ifdef PYCCL_WITH_CUDA
@@ -235,6 +229,7 @@ void PycclBackend::ensureGpuLane(int device) {
   options_.cudaDevice = device;
   gpu_ = std::make_unique<Lane>(makeLane(device));  // every rank makes the same first CUDA call
   if (delegateFactory_) delegate_ = delegateFactory_(device);
+  startDelegateCoalescing();  // a block opened before the first CUDA op
 }
 
 PycclBackend::~PycclBackend() {
@@ -609,66 +604,115 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall(std::vector<at::Tensor>& o
 c10::intrusive_ptr<c10d::Work> PycclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   return translated("send", [&] {
     checkOne(tensors, "tensor");
-    const at::Tensor& t = tensors[0];
-    if (t.is_cuda()) {
-      checkUsable("send");
-      ensureGpuLane(t.device().index());  // and its delegate
-    }
-    if (delegate_ && t.is_cuda()) return delegate_->send(tensors, dstRank, tag);
-    PYCCL_CHECK_ARG(dstRank >= 0 && dstRank < getSize() && dstRank != getRank(), "dst",
-                    "must be another rank of the group, got ", dstRank);
-    Lane& lane = laneFor(t, "send");
-    if (t.is_cuda()) {
-      // GPUs without a delegate: pyccl's kernels on the current stream, matched in order per peer (tags
-      // ignored), as ProcessGroupNCCL matches them.
-      sendRecvTensors(*lane.engine, *lane.comm, {TensorTransfer{true, dstRank, t}});
-      return done(c10d::OpType::SEND, {t});
-    }
-    // CPU tensors: through the bootstrap store, in order per (peer, tag), as gloo matches them.
-    const at::Tensor host = t.to(at::kCPU).contiguous();
-    const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
-    const size_t n = host.nbytes();
-    for (size_t m = 0; m < p2pMessages(n); ++m) {
-      const size_t off = m * kP2PChunk;
-      lane.comm->send(dstRank, kP2PTagBase + tag, Bytes(bytes + off, bytes + off + std::min(kP2PChunk, n - off)));
-    }
-    return done(c10d::OpType::SEND, {t});
+    return pointToPoint(true, tensors[0], dstRank, tag);
   });
 }
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   return translated("recv", [&] {
     checkOne(tensors, "tensor");
-    at::Tensor& t = tensors[0];
-    if (t.is_cuda()) {
-      checkUsable("recv");
-      ensureGpuLane(t.device().index());  // and its delegate
-    }
-    if (delegate_ && t.is_cuda()) return delegate_->recv(tensors, srcRank, tag);
-    PYCCL_CHECK_ARG(srcRank >= 0 && srcRank < getSize() && srcRank != getRank(), "src",
-                    "must be another rank of the group, got ", srcRank);
-    PYCCL_CHECK_ARG(t.is_contiguous(), "tensor", "must be contiguous");
-    Lane& lane = laneFor(t, "recv");
-    if (t.is_cuda()) {
-      sendRecvTensors(*lane.engine, *lane.comm, {TensorTransfer{false, srcRank, t}});
-      return done(c10d::OpType::RECV, {t});
-    }
-    at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
-    auto* bytes = static_cast<uint8_t*>(host.data_ptr());
-    const size_t n = host.nbytes();
-    for (size_t m = 0; m < p2pMessages(n); ++m) {
-      const size_t off = m * kP2PChunk;
-      const Bytes part = lane.comm->recv(srcRank, kP2PTagBase + tag);
-      const size_t expect = std::min(kP2PChunk, n - off);
-      if (part.size() != expect) {
-        throw RemoteError(strCat("recv from rank ", srcRank, " (tag ", tag, "): got ", part.size(),
-                                 " bytes where the tensor expects ", expect, " (a size mismatch with the send)"));
-      }
-      std::copy(part.begin(), part.end(), bytes + off);
-    }
-    t.copy_(host);
-    return done(c10d::OpType::RECV, {t});
+    return pointToPoint(false, tensors[0], srcRank, tag);
   });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor& t, int peer, int tag) {
+  const char* op = send ? "send" : "recv";
+  if (t.is_cuda()) {
+    checkUsable(op);
+    ensureGpuLane(t.device().index());  // and its delegate
+  }
+  if (delegate_ && t.is_cuda()) {
+    // In a coalescing block the delegate holds it in its own (NCCL) group.
+    std::vector<at::Tensor> tensors{t};
+    return send ? delegate_->send(tensors, peer, tag) : delegate_->recv(tensors, peer, tag);
+  }
+  PYCCL_CHECK_ARG(peer >= 0 && peer < getSize() && peer != getRank(), send ? "dst" : "src",
+                  "must be another rank of the group, got ", peer);
+  PYCCL_CHECK_ARG(send || t.is_contiguous(), "tensor", "must be contiguous");
+  Lane& lane = laneFor(t, op);
+  if (t.is_cuda()) checkTensorFor(*lane.comm, t, "tensor");
+  if (batch_.isOpen()) return batch_.hold(HeldTransfer{send, peer, tag, t}, getRank());
+  const c10d::OpType type = send ? c10d::OpType::SEND : c10d::OpType::RECV;
+  if (t.is_cuda()) {
+    // GPUs without a delegate: pyccl's kernels on the current stream, matched in order per peer (tags
+    // ignored), as ProcessGroupNCCL matches them.
+    sendRecvTensors(*lane.engine, *lane.comm, {TensorTransfer{send, peer, t}});
+    return done(type, {t});
+  }
+  // CPU tensors: through the bootstrap store, in order per (peer, tag), as gloo matches them.
+  if (send) {
+    hostSend(*lane.comm, peer, tag, t);
+  } else {
+    hostRecv(*lane.comm, peer, tag, t);
+  }
+  return done(type, {t});
+}
+
+void PycclBackend::startCoalescing() {
+  translated("startCoalescing", [&] {
+    checkUsable("startCoalescing");
+    batch_.open(options_.name);
+    std::lock_guard<std::mutex> lock(laneMutex_);
+    startDelegateCoalescing();
+  });
+}
+
+void PycclBackend::startDelegateCoalescing() {
+  if (!batch_.isOpen() || !delegate_ || delegateCoalescing_) return;
+  delegate_->startCoalescing();
+  delegateCoalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::endCoalescing() {
+  return translated("endCoalescing", [&] {
+    const std::vector<HeldTransfer> held = batch_.close(options_.name);
+    try {
+      c10::intrusive_ptr<c10d::Work> delegated;
+      if (delegateCoalescing_) {
+        delegateCoalescing_ = false;
+        delegated = delegate_->endCoalescing();
+      }
+      c10::intrusive_ptr<c10d::Work> work = runHeld(held);
+      if (!work) work = delegated;
+      batch_.settle(work);
+      return work;
+    } catch (const std::exception& e) {
+      batch_.fail(e.what());
+      throw;
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::runHeld(const std::vector<HeldTransfer>& held) {
+  checkUsable("endCoalescing");
+  std::vector<TensorTransfer> onGpu;
+  std::vector<at::Tensor> gpuTensors, cpuTensors;
+  for (const HeldTransfer& h : held) {
+    if (h.tensor.is_cuda()) {
+      onGpu.push_back(TensorTransfer{h.send, h.peer, h.tensor});
+      gpuTensors.push_back(h.tensor);
+    } else {
+      cpuTensors.push_back(h.tensor);
+    }
+  }
+  if (!cpuTensors.empty()) {
+    // Sends through the store do not wait for their receives: all of them first, then the receives.
+    Lane& lane = laneFor(cpuTensors[0], "endCoalescing");
+    for (const HeldTransfer& h : held) {
+      if (!h.tensor.is_cuda() && h.send) hostSend(*lane.comm, h.peer, h.tag, h.tensor);
+    }
+    for (const HeldTransfer& h : held) {
+      at::Tensor t = h.tensor;
+      if (!t.is_cuda() && !h.send) hostRecv(*lane.comm, h.peer, h.tag, t);
+    }
+  }
+  if (!onGpu.empty()) {
+    // One launch of every transfer (a second launch per repeated (peer, direction)): CollectiveEngine::sendRecv.
+    sendRecvTensors(*gpu_->engine, *gpu_->comm, onGpu);
+    return done(c10d::OpType::COALESCED, std::move(gpuTensors));
+  }
+  if (!cpuTensors.empty()) return done(c10d::OpType::COALESCED, std::move(cpuTensors));
+  return {};
 }
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::barrier(const c10d::BarrierOptions& /*opts*/) {

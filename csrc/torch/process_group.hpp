@@ -11,6 +11,9 @@
 //    (uneven all-to-all splits), go to the delegate backend when one is given
 //    (ProcessGroupNCCL), like the Python API. So do send/recv on GPUs, which
 //    run on pyccl's kernels (collectives/p2p_device.hpp) without a delegate.
+//  - Coalescing (batch_isend_irecv, _coalescing_manager): the sends and
+//    receives of a block run together at its end (coalesced_p2p.hpp), in one
+//    launch on GPUs; with a delegate, the block is also one NCCL group there.
 //  - Work objects: wait() orders the caller's current stream after the op,
 //    isCompleted() polls its event, getFuture() completes with the outputs.
 #pragma once
@@ -26,6 +29,7 @@
 #include <string>
 
 #include "collectives/collective_engine.hpp"
+#include "torch/coalesced_p2p.hpp"
 
 namespace pyccl {
 
@@ -97,6 +101,15 @@ class PycclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  bool supportsCoalescing() const override { return true; }
+  /// Opens a coalescing block: sends and receives until endCoalescing are held
+  /// (their works refuse wait() until then); collectives still run at once, or in
+  /// the delegate's group where the delegate takes them.
+  void startCoalescing() override;
+  /// Runs the block's sends and receives together on the current stream (CPU
+  /// tensors: done on return) and returns their work; null if it held none.
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void abort() override;
   void shutdown() override;
 
@@ -138,6 +151,13 @@ class PycclBackend : public c10d::Backend {
   /// False where the delegate must take a reduction op pyccl lacks (BAND, PREMUL_SUM, ...).
   bool reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const;
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);
+  /// send (`send`) or recv of `t` with `peer`: to the delegate (CUDA, if any),
+  /// held (a coalescing block is open), or run now.
+  c10::intrusive_ptr<c10d::Work> pointToPoint(bool send, at::Tensor& t, int peer, int tag);
+  /// Opens the delegate's group if a block is open and it has none yet. Under laneMutex_.
+  void startDelegateCoalescing();
+  /// Runs a closed block's transfers: CPU ones through the store, GPU ones in one sendRecv.
+  c10::intrusive_ptr<c10d::Work> runHeld(const std::vector<HeldTransfer>& held);
   void checkUsable(const char* op) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -149,6 +169,8 @@ class PycclBackend : public c10d::Backend {
   std::unique_ptr<Lane> host_;
   uint64_t seq_ = 0;
   bool shutDown_ = false;
+  P2PBatch batch_;
+  bool delegateCoalescing_ = false;  ///< the delegate has an NCCL group open for the block
 };
 
 }  // namespace pyccl

@@ -20,7 +20,9 @@ for all), what pyccl does not do itself (uneven all-to-all splits) and
 send/recv go to a ProcessGroupNCCL the group keeps for that
 (``PYCCL_NCCL_DELEGATE=0`` turns it off; send/recv then run on pyccl's
 kernels, matched in order per pair as ProcessGroupNCCL matches them). CPU
-tensors run in host mode, where send/recv go through the store.
+tensors run in host mode, where send/recv go through the store. Coalescing
+blocks (``batch_isend_irecv``) hold their sends and receives and run them
+together at the end, as an NCCL group does.
 
 A group whose ranks span nodes (``torchrun --nnodes``) runs allreduce,
 all_gather_into_tensor and reduce_scatter_tensor on :mod:`pyccl.across_nodes`

@@ -32,10 +32,10 @@ table gives the median time per call, measured in the same run on the same GPUs:
 rank and receives the previous rank's, in one grouped call ("bytes" is one
 rank's send). pyccl runs ``pyccl.send_recv``; NCCL direct ``ncclSend`` and
 ``ncclRecv`` between ``ncclGroupStart`` and ``ncclGroupEnd``; ProcessGroupNCCL
-``dist.batch_isend_irecv``. It has no in-place form and no ``pyccl_pg``
-column: the pyccl process group hands GPU sends and receives to its NCCL
-delegate where it has one, and without coalescing it would run the pair one
-by one. It needs two ranks at least, so ``--world 1`` leaves it out of "all".
+``dist.batch_isend_irecv``, as does ``pyccl_pg`` on the pyccl process group
+(which hands GPU sends and receives to its NCCL delegate where it has one,
+grouped as torch's coalescing block is). It has no in-place form. It needs
+two ranks at least, so ``--world 1`` leaves it out of "all".
 
 Every rank starts each replay at the same moment (a barrier and a GPU sleep
 before it, outside the timed region: ``align_trials``), so no rank's time
@@ -290,6 +290,17 @@ def _dist_fn(dist, collective, x, out, group=None):
     return lambda: dist.broadcast(out, 0, group=group)
 
 
+def _time_nccl_sends(row: dict, label: str, timed, fn) -> None:
+    """row[label] = timed(fn) for sends and receives that ProcessGroupNCCL runs,
+    which not every torch can capture in a CUDA graph: then None, and the error
+    under label + "_error"."""
+    try:
+        row[label] = timed(fn)
+    except Exception as e:
+        row[label] = None
+        row[label + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def _in_place(lib, collective, x, out, rank):
     """The in-place form of the call through ``lib`` (the pyccl module, or a
     NcclComm), as nccl-tests times it: ``(fn, result, prepare)``, where
@@ -446,11 +457,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                 buf.fill_(float("nan"))
                 _dist_fn(dist, collective, x, buf)()
                 _check(collective, "ProcessGroupNCCL", buf, ref, whole)
-                try:  # ProcessGroupNCCL's sends and receives in a CUDA graph: not in every torch
-                    row["nccl"] = timed(_dist_fn(dist, collective, x, buf))
-                except Exception as e:
-                    row["nccl"] = None
-                    row["nccl_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                _time_nccl_sends(row, "nccl", timed, _dist_fn(dist, collective, x, buf))
             else:
                 row["nccl"] = timed(_dist_fn(dist, collective, x, buf))
             direct = {"all_reduce": lambda: nccl.all_reduce(x, buf), "all_gather": lambda: nccl.all_gather(x, buf),
@@ -469,15 +476,17 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     fn()
                     _check(collective, label, result, ref, whole)
                     row[label] = timed(fn)
-            if collective != "send_recv":  # the pyccl process group's GPU sends go to its NCCL delegate
-                # The same call through a process group whose backend is pyccl.
-                got = ref.clone()
-                if collective == "broadcast":
-                    got.copy_(x)
-                elif collective == "all_reduce":
-                    got.copy_(x)
-                _dist_fn(dist, collective, x, got, pyccl_group)()
-                _check(collective, "the pyccl process group", got, ref, whole)
+            # The same call through a process group whose backend is pyccl.
+            got = ref.clone()
+            if collective in ("broadcast", "all_reduce"):
+                got.copy_(x)
+            elif collective == "send_recv":
+                got.fill_(float("nan"))
+            _dist_fn(dist, collective, x, got, pyccl_group)()
+            _check(collective, "the pyccl process group", got, ref, whole)
+            if collective == "send_recv":  # its GPU sends go to its NCCL delegate, grouped as the block is
+                _time_nccl_sends(row, "pyccl_pg", timed, _dist_fn(dist, collective, x, got, pyccl_group))
+            else:
                 row["pyccl_pg"] = timed(_dist_fn(dist, collective, x, got, pyccl_group))
             if symm is not None and collective == "all_reduce":
                 view = symm[:x.numel()]
