@@ -99,6 +99,39 @@ def every_op(rank, world, store, backend, on_gpu, seed):
     dist.all_to_all(outs, list(vals[rank].to(device).chunk(world)))
     if not torch.equal(torch.cat(outs).cpu(), expect):
         bad.append(("all_to_all",))
+    # Uneven splits (rows from src to dst), dim 0 of a 2-D tensor; the list form with a size per pair.
+    rows = [[1 + (3 * src + 5 * dst) % 7 for dst in range(world)] for src in range(world)]
+    sent = [movement_input(seed, 904, r, sum(rows[r]) * 3, torch.int32).view(-1, 3) for r in range(world)]
+    expect = torch.cat([sent[q].split(rows[q])[rank] for q in range(world)])
+    out = torch.empty(expect.shape, dtype=torch.int32, device=device)
+    dist.all_to_all_single(out, sent[rank].to(device), [rows[q][rank] for q in range(world)], rows[rank])
+    if not torch.equal(out.cpu(), expect):
+        bad.append(("all_to_all_single uneven",))
+    outs = [torch.empty(p.shape, dtype=torch.int32, device=device) for p in expect.split(
+        [rows[q][rank] for q in range(world)])]
+    dist.all_to_all(outs, [p.to(device) for p in sent[rank].split(rows[rank])])
+    if not torch.equal(torch.cat(outs).cpu(), expect):
+        bad.append(("all_to_all uneven",))
+    # gather and scatter, root not 0.
+    vals = [movement_input(seed, 905, r, 1001, torch.bfloat16) for r in range(world)]
+    root = world - 1
+    listed = [torch.empty(1001, dtype=torch.bfloat16, device=device) for _ in range(world)]
+    dist.gather(vals[rank].to(device), listed if rank == root else None, dst=root)
+    if rank == root and not all(torch.equal(g.cpu(), v) for g, v in zip(listed, vals)):
+        bad.append(("gather",))
+    got = torch.empty(1001, dtype=torch.bfloat16, device=device)
+    dist.scatter(got, [v.to(device) for v in vals] if rank == root else None, src=root)
+    if not torch.equal(got.cpu(), vals[rank]):
+        bad.append(("scatter",))
+    # The object forms, which torch builds on gather and scatter.
+    objects = [None] * world if rank == root else None
+    dist.gather_object({"rank": rank, "items": list(range(rank * 37))}, objects, dst=root)
+    if rank == root and objects != [{"rank": q, "items": list(range(q * 37))} for q in range(world)]:
+        bad.append(("gather_object",))
+    one = [None]
+    dist.scatter_object_list(one, [f"to {q} " * (q + 1) for q in range(world)] if rank == 0 else None, src=0)
+    if one != [f"to {rank} " * (rank + 1)]:
+        bad.append(("scatter_object_list", one))
     # send/recv around a ring (even ranks send first).
     mine = movement_input(seed, 903, rank, 70_001, torch.float32).to(device)
     got = torch.empty_like(mine)
@@ -289,9 +322,9 @@ def bad_input(rank, world, store):
         ("op", lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND)),
         ("contiguous", lambda: dist.all_reduce(torch.ones(4, 4).t())),
         ("out_size", lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(4))),
-        ("uneven", lambda: dist.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world),
-                                                  [4 * world - 1] + [1] + [0] * (world - 2),
-                                                  [4 * world - 1] + [1] + [0] * (world - 2))),
+        ("splits", lambda: dist.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world),
+                                                  [4] * world, [4 * world] + [1] * (world - 1))),
+        ("gather_list", lambda: dist.gather(torch.ones(4), [torch.empty(4)] * (world + 1), dst=rank)),
     ]:
         try:
             call()

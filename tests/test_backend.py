@@ -41,7 +41,8 @@ def test_backend_rejects_bad_input_with_clear_errors():
         assert out["op"][0] == "TypeError" and "BAND" in out["op"][1]
         assert out["contiguous"][0] == "ValueError" and "contiguous" in out["contiguous"][1]
         assert out["out_size"][0] == "ValueError" and "'out'" in out["out_size"][1]
-        assert out["uneven"][0] == "ValueError" and "split" in out["uneven"][1]
+        assert out["splits"][0] == "ValueError" and "'input_split_sizes'" in out["splits"][1]
+        assert out["gather_list"][0] == "ValueError" and "'gather_list'" in out["gather_list"][1]
         assert out["after"] == [2.0, 2.0, 2.0]
 
 

@@ -20,7 +20,7 @@
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
-#include "torch/coalesced_p2p.hpp"
+#include "torch/backend_calls.hpp"
 #include "torch/store_adapter.hpp"
 #include "torch/tensor_collectives.hpp"
 
@@ -152,23 +152,6 @@ ReduceOp reduceOpOfC10d(const c10d::ReduceOp& op) {
   }
 }
 
-/// Runs `body`, turning pyccl's errors into the c10 errors torch maps to
-/// Python's TypeError / ValueError / DistBackendError.
-template <typename Body>
-auto translated(const char* op, Body&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const TypeError& e) {
-    TORCH_CHECK_TYPE(false, "pyccl ", op, ": ", e.what());
-  } catch (const InvalidArgument& e) {
-    TORCH_CHECK_VALUE(false, "pyccl ", op, ": ", e.what());
-  } catch (const UnsupportedError& e) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "pyccl ", op, ": ", e.what());
-  } catch (const Error& e) {
-    C10_THROW_ERROR(DistBackendError, strCat("pyccl ", op, ": ", e.what()));
-  }
-}
-
 /// Whether pyccl reduces tensors of `st` (its kernels and plans: float32, float16, bfloat16).
 bool pycclReducesDtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
 
@@ -183,11 +166,6 @@ bool pycclReduces(const c10d::ReduceOp& op) {
     default:
       return false;
   }
-}
-
-void checkOne(const std::vector<at::Tensor>& tensors, const char* arg) {
-  PYCCL_CHECK_ARG(tensors.size() == 1, arg, "pyccl takes one tensor per process (one device per rank), got ",
-                  tensors.size());
 }
 
 /// `lane`, unless its ranks span nodes: then only the collectives run across
@@ -559,9 +537,8 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall_base(at::Tensor& output, a
       if (delegate_ && input.is_cuda()) {
         return delegate_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
       }
-      PYCCL_CHECK_ARG(equal, "input_split_sizes",
-                      "pyccl's all_to_all_single takes equal splits only (none given, or all equal to "
-                      "size(0) / world_size); this group has no NCCL delegate for uneven ones");
+      // No delegate: each piece is a send and a receive, all in one launch.
+      return unevenAllToAllSingle(output, input, outputSplitSizes, inputSplitSizes);
     }
     Lane& lane = laneFor(input, "all_to_all_single");
     allToAllTensor(*lane.engine, *lane.comm, input, output, std::nullopt);
@@ -583,9 +560,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall(std::vector<at::Tensor>& o
     }
     if (!equal || delegated(BackendCollective::kAllToAll, inputs[0], inputs[0].nbytes() * getSize())) {
       if (delegate_ && inputs[0].is_cuda()) return delegate_->alltoall(outputs, inputs, opts);
-      PYCCL_CHECK_ARG(equal, "input_tensor_list",
-                      "pyccl's all_to_all takes tensors of one size and dtype; this group has no NCCL delegate "
-                      "for others");
+      return allToAllByTransfers(outputs, inputs, c10d::OpType::ALLTOALL, "all_to_all");
     }
     Lane& lane = laneFor(inputs[0], "all_to_all");
     std::vector<at::Tensor> flats;
@@ -599,120 +574,6 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall(std::vector<at::Tensor>& o
     }
     return done(c10d::OpType::ALLTOALL, outputs);
   });
-}
-
-c10::intrusive_ptr<c10d::Work> PycclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  return translated("send", [&] {
-    checkOne(tensors, "tensor");
-    return pointToPoint(true, tensors[0], dstRank, tag);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  return translated("recv", [&] {
-    checkOne(tensors, "tensor");
-    return pointToPoint(false, tensors[0], srcRank, tag);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor& t, int peer, int tag) {
-  const char* op = send ? "send" : "recv";
-  if (t.is_cuda()) {
-    checkUsable(op);
-    ensureGpuLane(t.device().index());  // and its delegate
-  }
-  if (delegate_ && t.is_cuda()) {
-    // In a coalescing block the delegate holds it in its own (NCCL) group.
-    std::vector<at::Tensor> tensors{t};
-    return send ? delegate_->send(tensors, peer, tag) : delegate_->recv(tensors, peer, tag);
-  }
-  PYCCL_CHECK_ARG(peer >= 0 && peer < getSize() && peer != getRank(), send ? "dst" : "src",
-                  "must be another rank of the group, got ", peer);
-  PYCCL_CHECK_ARG(send || t.is_contiguous(), "tensor", "must be contiguous");
-  Lane& lane = laneFor(t, op);
-  if (t.is_cuda()) checkTensorFor(*lane.comm, t, "tensor");
-  if (batch_.isOpen()) return batch_.hold(HeldTransfer{send, peer, tag, t}, getRank());
-  const c10d::OpType type = send ? c10d::OpType::SEND : c10d::OpType::RECV;
-  if (t.is_cuda()) {
-    // GPUs without a delegate: pyccl's kernels on the current stream, matched in order per peer (tags
-    // ignored), as ProcessGroupNCCL matches them.
-    sendRecvTensors(*lane.engine, *lane.comm, {TensorTransfer{send, peer, t}});
-    return done(type, {t});
-  }
-  // CPU tensors: through the bootstrap store, in order per (peer, tag), as gloo matches them.
-  if (send) {
-    hostSend(*lane.comm, peer, tag, t);
-  } else {
-    hostRecv(*lane.comm, peer, tag, t);
-  }
-  return done(type, {t});
-}
-
-void PycclBackend::startCoalescing() {
-  translated("startCoalescing", [&] {
-    checkUsable("startCoalescing");
-    batch_.open(options_.name);
-    std::lock_guard<std::mutex> lock(laneMutex_);
-    startDelegateCoalescing();
-  });
-}
-
-void PycclBackend::startDelegateCoalescing() {
-  if (!batch_.isOpen() || !delegate_ || delegateCoalescing_) return;
-  delegate_->startCoalescing();
-  delegateCoalescing_ = true;
-}
-
-c10::intrusive_ptr<c10d::Work> PycclBackend::endCoalescing() {
-  return translated("endCoalescing", [&] {
-    const std::vector<HeldTransfer> held = batch_.close(options_.name);
-    try {
-      c10::intrusive_ptr<c10d::Work> delegated;
-      if (delegateCoalescing_) {
-        delegateCoalescing_ = false;
-        delegated = delegate_->endCoalescing();
-      }
-      c10::intrusive_ptr<c10d::Work> work = runHeld(held);
-      if (!work) work = delegated;
-      batch_.settle(work);
-      return work;
-    } catch (const std::exception& e) {
-      batch_.fail(e.what());
-      throw;
-    }
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> PycclBackend::runHeld(const std::vector<HeldTransfer>& held) {
-  checkUsable("endCoalescing");
-  std::vector<TensorTransfer> onGpu;
-  std::vector<at::Tensor> gpuTensors, cpuTensors;
-  for (const HeldTransfer& h : held) {
-    if (h.tensor.is_cuda()) {
-      onGpu.push_back(TensorTransfer{h.send, h.peer, h.tensor});
-      gpuTensors.push_back(h.tensor);
-    } else {
-      cpuTensors.push_back(h.tensor);
-    }
-  }
-  if (!cpuTensors.empty()) {
-    // Sends through the store do not wait for their receives: all of them first, then the receives.
-    Lane& lane = laneFor(cpuTensors[0], "endCoalescing");
-    for (const HeldTransfer& h : held) {
-      if (!h.tensor.is_cuda() && h.send) hostSend(*lane.comm, h.peer, h.tag, h.tensor);
-    }
-    for (const HeldTransfer& h : held) {
-      at::Tensor t = h.tensor;
-      if (!t.is_cuda() && !h.send) hostRecv(*lane.comm, h.peer, h.tag, t);
-    }
-  }
-  if (!onGpu.empty()) {
-    // One launch of every transfer (a second launch per repeated (peer, direction)): CollectiveEngine::sendRecv.
-    sendRecvTensors(*gpu_->engine, *gpu_->comm, onGpu);
-    return done(c10d::OpType::COALESCED, std::move(gpuTensors));
-  }
-  if (!cpuTensors.empty()) return done(c10d::OpType::COALESCED, std::move(cpuTensors));
-  return {};
 }
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::barrier(const c10d::BarrierOptions& /*opts*/) {

@@ -7,10 +7,11 @@
 //    return) and can be captured in a CUDA graph. The GPU communicator and its
 //    scratch are made when the backend is, when it knows its device then;
 //    otherwise on the first CUDA op, which must then not be captured.
-//  - Messages from a per-collective size on, and what pyccl does not do
-//    (uneven all-to-all splits), go to the delegate backend when one is given
-//    (ProcessGroupNCCL), like the Python API. So do send/recv on GPUs, which
-//    run on pyccl's kernels (collectives/p2p_device.hpp) without a delegate.
+//  - Messages from a per-collective size on go to the delegate backend when
+//    one is given (ProcessGroupNCCL), like the Python API. So do the ops made
+//    of sends and receives on GPUs (send/recv, gather, scatter, all-to-all of
+//    uneven splits: process_group_p2p.cpp), which run on pyccl's send/recv
+//    kernels without a delegate, and through the store on CPUs.
 //  - Coalescing (batch_isend_irecv, _coalescing_manager): the sends and
 //    receives of a block run together at its end (coalesced_p2p.hpp), in one
 //    launch on GPUs; with a delegate, the block is also one NCCL group there.
@@ -100,6 +101,11 @@ class PycclBackend : public c10d::Backend {
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
   bool supportsCoalescing() const override { return true; }
@@ -156,8 +162,18 @@ class PycclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> pointToPoint(bool send, at::Tensor& t, int peer, int tag);
   /// Opens the delegate's group if a block is open and it has none yet. Under laneMutex_.
   void startDelegateCoalescing();
-  /// Runs a closed block's transfers: CPU ones through the store, GPU ones in one sendRecv.
-  c10::intrusive_ptr<c10d::Work> runHeld(const std::vector<HeldTransfer>& held);
+  /// Runs `transfers` now: CPU ones through the store (sends first), CUDA ones
+  /// in one sendRecv on the current stream. `op` names the call in errors.
+  void runTransfers(const std::vector<HeldTransfer>& transfers, const char* op);
+  /// All-to-all as sends and receives (any sizes; a pair's sizes must agree):
+  /// outputs[q] from rank q, inputs[q] to it, this rank's own part copied.
+  c10::intrusive_ptr<c10d::Work> allToAllByTransfers(const std::vector<at::Tensor>& outputs,
+                                                     const std::vector<at::Tensor>& inputs, c10d::OpType type,
+                                                     const char* op);
+  /// all_to_all_single with uneven splits (dim 0) through allToAllByTransfers.
+  c10::intrusive_ptr<c10d::Work> unevenAllToAllSingle(at::Tensor& output, const at::Tensor& input,
+                                                      const std::vector<int64_t>& outputSplits,
+                                                      const std::vector<int64_t>& inputSplits);
   void checkUsable(const char* op) const;
 
   c10::intrusive_ptr<c10d::Store> store_;

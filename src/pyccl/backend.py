@@ -14,13 +14,13 @@ CUDA op, on that tensor's device, which must not be under capture.
 
 Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, into_tensor,
 coalesced), reduce_scatter (list, tensor, coalesced), all_to_all (list and
-single, equal splits), send/recv and barrier. On GPUs, messages from
-``pyccl.collectives.NCCL_MIN_BYTES`` (per collective; ``PYCCL_NCCL_MIN_BYTES``
-for all), what pyccl does not do itself (uneven all-to-all splits) and
-send/recv go to a ProcessGroupNCCL the group keeps for that
-(``PYCCL_NCCL_DELEGATE=0`` turns it off; send/recv then run on pyccl's
-kernels, matched in order per pair as ProcessGroupNCCL matches them). CPU
-tensors run in host mode, where send/recv go through the store. Coalescing
+single, uneven splits too), gather, scatter, send/recv and barrier. On GPUs,
+messages from ``pyccl.collectives.NCCL_MIN_BYTES`` (per collective;
+``PYCCL_NCCL_MIN_BYTES`` for all) and the ops made of sends and receives
+(send/recv, gather, scatter, uneven all-to-all) go to a ProcessGroupNCCL the
+group keeps for that (``PYCCL_NCCL_DELEGATE=0`` turns it off; those then run
+on pyccl's send/recv kernels, matched in order per pair as ProcessGroupNCCL
+matches them). CPU tensors run in host mode, where they go through the store. Coalescing
 blocks (``batch_isend_irecv``) hold their sends and receives and run them
 together at the end, as an NCCL group does.
 

@@ -1,0 +1,265 @@
+// The pyccl process group's ops made of sends and receives: send/recv,
+// torch's coalescing blocks, gather and scatter, and all-to-all of uneven
+// splits where there is no NCCL delegate to take it. CPU tensors go through
+// the bootstrap store; CUDA tensors run on pyccl's send/recv kernels, all the
+// transfers of one op in one launch (CollectiveEngine::sendRecv).
+#include <utility>
+
+#include "core/errors.hpp"
+#include "torch/backend_calls.hpp"
+#include "torch/process_group.hpp"
+#include "torch/tensor_collectives.hpp"
+
+namespace pyccl {
+namespace {
+
+// Host-staged messages of the group's own ops, clear of the tags users give send/recv (>= 0).
+constexpr int kGatherTag = -1;
+constexpr int kScatterTag = -2;
+constexpr int kAllToAllTag = -3;
+
+/// Row offsets of `splits` (dim-0 sizes per rank) into a tensor of `rows` rows;
+/// InvalidArgument naming `arg` unless they are non-negative and cover it exactly.
+std::vector<int64_t> splitOffsets(const std::vector<int64_t>& splits, int64_t rows, int world, const char* arg) {
+  PYCCL_CHECK_ARG(static_cast<int>(splits.size()) == world, arg, "must give world_size (", world,
+                  ") sizes, got ", splits.size());
+  std::vector<int64_t> offsets(splits.size());
+  int64_t at = 0;
+  for (size_t q = 0; q < splits.size(); ++q) {
+    PYCCL_CHECK_ARG(splits[q] >= 0, arg, "must not be negative, got ", splits[q], " for rank ", q);
+    offsets[q] = at;
+    at += splits[q];
+  }
+  PYCCL_CHECK_ARG(at == rows, arg, "must add up to the tensor's ", rows, " rows (dim 0), got ", at);
+  return offsets;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  return translated("send", [&] {
+    checkOne(tensors, "tensor");
+    return pointToPoint(true, tensors[0], dstRank, tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  return translated("recv", [&] {
+    checkOne(tensors, "tensor");
+    return pointToPoint(false, tensors[0], srcRank, tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor& t, int peer, int tag) {
+  const char* op = send ? "send" : "recv";
+  if (t.is_cuda()) {
+    checkUsable(op);
+    ensureGpuLane(t.device().index());  // and its delegate
+  }
+  if (delegate_ && t.is_cuda()) {
+    // In a coalescing block the delegate holds it in its own (NCCL) group.
+    std::vector<at::Tensor> tensors{t};
+    return send ? delegate_->send(tensors, peer, tag) : delegate_->recv(tensors, peer, tag);
+  }
+  PYCCL_CHECK_ARG(peer >= 0 && peer < getSize() && peer != getRank(), send ? "dst" : "src",
+                  "must be another rank of the group, got ", peer);
+  PYCCL_CHECK_ARG(send || t.is_contiguous(), "tensor", "must be contiguous");
+  Lane& lane = laneFor(t, op);
+  if (t.is_cuda()) checkTensorFor(*lane.comm, t, "tensor");
+  HeldTransfer transfer{send, peer, tag, t};
+  if (batch_.isOpen()) return batch_.hold(std::move(transfer), getRank());
+  // GPUs without a delegate: pyccl's kernels on the current stream, matched in order per peer (tags
+  // ignored), as ProcessGroupNCCL matches them. CPU tensors: through the store, in order per (peer, tag),
+  // as gloo matches them.
+  runTransfers({transfer}, op);
+  return done(send ? c10d::OpType::SEND : c10d::OpType::RECV, {t});
+}
+
+void PycclBackend::startCoalescing() {
+  translated("startCoalescing", [&] {
+    checkUsable("startCoalescing");
+    batch_.open(options_.name);
+    std::lock_guard<std::mutex> lock(laneMutex_);
+    startDelegateCoalescing();
+  });
+}
+
+void PycclBackend::startDelegateCoalescing() {
+  if (!batch_.isOpen() || !delegate_ || delegateCoalescing_) return;
+  delegate_->startCoalescing();
+  delegateCoalescing_ = true;
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::endCoalescing() {
+  return translated("endCoalescing", [&] {
+    const std::vector<HeldTransfer> held = batch_.close(options_.name);
+    try {
+      c10::intrusive_ptr<c10d::Work> delegated;
+      if (delegateCoalescing_) {
+        delegateCoalescing_ = false;
+        delegated = delegate_->endCoalescing();
+      }
+      c10::intrusive_ptr<c10d::Work> work;
+      if (!held.empty()) {
+        runTransfers(held, "endCoalescing");
+        // Held CUDA and CPU transfers together: the work follows the GPU's (the CPU ones are done).
+        std::vector<at::Tensor> gpuTensors, cpuTensors;
+        for (const HeldTransfer& h : held) (h.tensor.is_cuda() ? gpuTensors : cpuTensors).push_back(h.tensor);
+        work = done(c10d::OpType::COALESCED, gpuTensors.empty() ? std::move(cpuTensors) : std::move(gpuTensors));
+      } else {
+        work = delegated;
+      }
+      batch_.settle(work);
+      return work;
+    } catch (const std::exception& e) {
+      batch_.fail(e.what());
+      throw;
+    }
+  });
+}
+
+void PycclBackend::runTransfers(const std::vector<HeldTransfer>& transfers, const char* op) {
+  checkUsable(op);
+  Lane* host = nullptr;
+  std::vector<TensorTransfer> onGpu;
+  for (const HeldTransfer& h : transfers) {
+    if (h.tensor.is_cuda()) {
+      onGpu.push_back(TensorTransfer{h.send, h.peer, h.tensor});
+    } else if (host == nullptr) {
+      host = &laneFor(h.tensor, op);
+    }
+  }
+  if (host != nullptr) {
+    // Sends through the store do not wait for their receives: every send first, then the receives.
+    for (const HeldTransfer& h : transfers) {
+      if (!h.tensor.is_cuda() && h.send) hostSend(*host->comm, h.peer, h.tag, h.tensor);
+    }
+    for (const HeldTransfer& h : transfers) {
+      at::Tensor t = h.tensor;
+      if (!t.is_cuda() && !h.send) hostRecv(*host->comm, h.peer, h.tag, t);
+    }
+  }
+  if (!onGpu.empty()) {
+    // One launch of every transfer (a second one per repeated (peer, direction)).
+    Lane& lane = laneFor(onGpu[0].tensor, op);
+    sendRecvTensors(*lane.engine, *lane.comm, onGpu);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  return translated("gather", [&] {
+    checkOne(inputs, "tensor");
+    const at::Tensor& in = inputs[0];
+    const int root = static_cast<int>(opts.rootRank);
+    if (in.is_cuda()) {
+      checkUsable("gather");
+      ensureGpuLane(in.device().index());
+    }
+    if (delegate_ && in.is_cuda()) return delegate_->gather(outputs, inputs, opts);
+    PYCCL_CHECK_ARG(root >= 0 && root < getSize(), "dst", "must be a rank of the group, got ", root);
+    Lane& lane = laneFor(in, "gather");
+    checkTensorFor(*lane.comm, in, "tensor");
+    if (getRank() != root) {
+      PYCCL_CHECK_ARG(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "gather_list",
+                      "must be None on ranks other than dst (", root, ")");
+      runTransfers({HeldTransfer{true, root, kGatherTag, in}}, "gather");
+      return done(c10d::OpType::GATHER, {in});
+    }
+    PYCCL_CHECK_ARG(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "gather_list",
+                    "must hold world_size (", getSize(), ") tensors on dst");
+    std::vector<HeldTransfer> transfers;
+    for (int q = 0; q < getSize(); ++q) {
+      const at::Tensor& o = outputs[0][q];
+      PYCCL_CHECK_ARG(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(), "gather_list",
+                      "tensors must match the input (", in.numel(), " elements of ", in.scalar_type(), "), tensor ",
+                      q, " has ", o.numel(), " of ", o.scalar_type());
+      checkTensorFor(*lane.comm, o, "gather_list");
+      if (q != root) transfers.push_back(HeldTransfer{false, q, kGatherTag, o});
+    }
+    runTransfers(transfers, "gather");
+    outputs[0][root].copy_(in.view(outputs[0][root].sizes()));
+    return done(c10d::OpType::GATHER, outputs[0]);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const c10d::ScatterOptions& opts) {
+  return translated("scatter", [&] {
+    checkOne(outputs, "tensor");
+    at::Tensor& out = outputs[0];
+    const int root = static_cast<int>(opts.rootRank);
+    if (out.is_cuda()) {
+      checkUsable("scatter");
+      ensureGpuLane(out.device().index());
+    }
+    if (delegate_ && out.is_cuda()) return delegate_->scatter(outputs, inputs, opts);
+    PYCCL_CHECK_ARG(root >= 0 && root < getSize(), "src", "must be a rank of the group, got ", root);
+    Lane& lane = laneFor(out, "scatter");
+    checkTensorFor(*lane.comm, out, "tensor");
+    if (getRank() != root) {
+      PYCCL_CHECK_ARG(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "scatter_list",
+                      "must be None on ranks other than src (", root, ")");
+      runTransfers({HeldTransfer{false, root, kScatterTag, out}}, "scatter");
+      return done(c10d::OpType::SCATTER, {out});
+    }
+    PYCCL_CHECK_ARG(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "scatter_list",
+                    "must hold world_size (", getSize(), ") tensors on src");
+    std::vector<HeldTransfer> transfers;
+    for (int q = 0; q < getSize(); ++q) {
+      const at::Tensor& i = inputs[0][q];
+      PYCCL_CHECK_ARG(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(), "scatter_list",
+                      "tensors must match the output (", out.numel(), " elements of ", out.scalar_type(),
+                      "), tensor ", q, " has ", i.numel(), " of ", i.scalar_type());
+      checkTensorFor(*lane.comm, i, "scatter_list");
+      if (q != root) transfers.push_back(HeldTransfer{true, q, kScatterTag, i});
+    }
+    runTransfers(transfers, "scatter");
+    out.copy_(inputs[0][root].view(out.sizes()));
+    return done(c10d::OpType::SCATTER, {out});
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::allToAllByTransfers(const std::vector<at::Tensor>& outputs,
+                                                                 const std::vector<at::Tensor>& inputs,
+                                                                 c10d::OpType type, const char* op) {
+  Lane& lane = laneFor(inputs[getRank()], op);
+  std::vector<HeldTransfer> transfers;
+  for (int q = 0; q < getSize(); ++q) {
+    checkTensorFor(*lane.comm, inputs[q], "input");
+    checkTensorFor(*lane.comm, outputs[q], "output");
+    PYCCL_CHECK_ARG(inputs[q].scalar_type() == inputs[0].scalar_type() &&
+                        outputs[q].scalar_type() == inputs[0].scalar_type(),
+                    "output", "must have the input's dtype (", inputs[0].scalar_type(), ")");
+    if (q == getRank()) continue;
+    transfers.push_back(HeldTransfer{true, q, kAllToAllTag, inputs[q]});
+    transfers.push_back(HeldTransfer{false, q, kAllToAllTag, outputs[q]});
+  }
+  const at::Tensor& own = outputs[getRank()];
+  PYCCL_CHECK_ARG(own.numel() == inputs[getRank()].numel(), "output", "takes ", own.numel(),
+                  " elements from this rank, which sends itself ", inputs[getRank()].numel());
+  runTransfers(transfers, op);
+  outputs[getRank()].copy_(inputs[getRank()].view(own.sizes()));
+  return done(type, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::unevenAllToAllSingle(at::Tensor& output, const at::Tensor& input,
+                                                                  const std::vector<int64_t>& outputSplits,
+                                                                  const std::vector<int64_t>& inputSplits) {
+  PYCCL_CHECK_ARG(input.dim() > 0 && output.dim() > 0, "input", "must have at least one dimension to split");
+  PYCCL_CHECK_ARG(input.is_contiguous() && output.is_contiguous(), "input", "and output must be contiguous");
+  auto pieces = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* arg) {
+    std::vector<int64_t> sizes = splits;
+    if (sizes.empty()) sizes.assign(getSize(), t.size(0) / getSize());
+    const std::vector<int64_t> offsets = splitOffsets(sizes, t.size(0), getSize(), arg);
+    std::vector<at::Tensor> out;
+    for (int q = 0; q < getSize(); ++q) out.push_back(t.narrow(0, offsets[q], sizes[q]));
+    return out;
+  };
+  return allToAllByTransfers(pieces(output, outputSplits, "output_split_sizes"),
+                             pieces(input, inputSplits, "input_split_sizes"), c10d::OpType::ALLTOALL_BASE,
+                             "all_to_all_single");
+}
+
+}  // namespace pyccl
