@@ -86,6 +86,15 @@ c10::intrusive_ptr<c10d::Work> P2PBatch::hold(HeldTransfer t, int rank) {
   return work;
 }
 
+bool P2PBatch::abandon() {
+  if (!open_) return false;
+  fail(strCat("its coalescing block never ended (an error inside it?), so its ", held_.size(),
+              " sends and receives never ran"));
+  open_ = false;
+  held_.clear();
+  return true;
+}
+
 std::vector<HeldTransfer> P2PBatch::close(const std::string& group) {
   if (!open_) {
     throw InvalidArgument(strCat("process group '", group, "': endCoalescing without startCoalescing"));

@@ -41,6 +41,10 @@ class P2PBatch {
  public:
   /// Opens a batch. InvalidArgument (naming process group `group`) if one is open.
   void open(const std::string& group);
+  /// Drops an open batch that never ended (torch leaves a block open when an
+  /// error is raised inside it): its transfers never run and its ops' works
+  /// raise saying so. Returns whether there was one.
+  bool abandon();
   bool isOpen() const { return open_; }
   /// Holds `t`. Returns the work that stands for it: its wait() is refused
   /// until the batch ends, then waits on the end's work.

@@ -111,7 +111,8 @@ class PycclBackend : public c10d::Backend {
   bool supportsCoalescing() const override { return true; }
   /// Opens a coalescing block: sends and receives until endCoalescing are held
   /// (their works refuse wait() until then); collectives still run at once, or in
-  /// the delegate's group where the delegate takes them.
+  /// the delegate's group where the delegate takes them. A block left open (an
+  /// error inside it) is dropped, its works failed, with a warning.
   void startCoalescing() override;
   /// Runs the block's sends and receives together on the current stream (CPU
   /// tensors: done on return) and returns their work; null if it held none.

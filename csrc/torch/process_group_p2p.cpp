@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/errors.hpp"
+#include "core/logging.hpp"
 #include "torch/backend_calls.hpp"
 #include "torch/process_group.hpp"
 #include "torch/tensor_collectives.hpp"
@@ -78,6 +79,16 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor&
 void PycclBackend::startCoalescing() {
   translated("startCoalescing", [&] {
     checkUsable("startCoalescing");
+    // torch never nests blocks, but leaves one open when an error is raised inside it (at a call, say).
+    if (batch_.abandon()) {
+      PYCCL_LOG(Warn, "pyccl process group '" << options_.name << "': a coalescing block never ended; its sends "
+                                              << "and receives are dropped" << (delegateCoalescing_ ? ", and the NCCL "
+                                              "delegate's group is ended (running what it holds)" : ""));
+      if (delegateCoalescing_) {
+        delegateCoalescing_ = false;
+        delegate_->endCoalescing();
+      }
+    }
     batch_.open(options_.name);
     std::lock_guard<std::mutex> lock(laneMutex_);
     startDelegateCoalescing();
