@@ -171,6 +171,10 @@ class PycclBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allToAllByTransfers(const std::vector<at::Tensor>& outputs,
                                                      const std::vector<at::Tensor>& inputs, c10d::OpType type,
                                                      const char* op);
+  /// gather (`gathering`: every rank's `own` into the root's list) or scatter
+  /// (the root's list into every rank's `own`) as sends and receives.
+  c10::intrusive_ptr<c10d::Work> rootedByTransfers(bool gathering, at::Tensor& own,
+                                                   std::vector<std::vector<at::Tensor>>& lists, int root);
   /// all_to_all_single with uneven splits (dim 0) through allToAllByTransfers.
   c10::intrusive_ptr<c10d::Work> unevenAllToAllSingle(at::Tensor& output, const at::Tensor& input,
                                                       const std::vector<int64_t>& outputSplits,

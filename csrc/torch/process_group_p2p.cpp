@@ -161,36 +161,12 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::gather(std::vector<std::vector<at::
                                                     std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   return translated("gather", [&] {
     checkOne(inputs, "tensor");
-    const at::Tensor& in = inputs[0];
-    const int root = static_cast<int>(opts.rootRank);
-    if (in.is_cuda()) {
+    if (inputs[0].is_cuda()) {
       checkUsable("gather");
-      ensureGpuLane(in.device().index());
+      ensureGpuLane(inputs[0].device().index());  // and its delegate
     }
-    if (delegate_ && in.is_cuda()) return delegate_->gather(outputs, inputs, opts);
-    PYCCL_CHECK_ARG(root >= 0 && root < getSize(), "dst", "must be a rank of the group, got ", root);
-    Lane& lane = laneFor(in, "gather");
-    checkTensorFor(*lane.comm, in, "tensor");
-    if (getRank() != root) {
-      PYCCL_CHECK_ARG(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "gather_list",
-                      "must be None on ranks other than dst (", root, ")");
-      runTransfers({HeldTransfer{true, root, kGatherTag, in}}, "gather");
-      return done(c10d::OpType::GATHER, {in});
-    }
-    PYCCL_CHECK_ARG(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "gather_list",
-                    "must hold world_size (", getSize(), ") tensors on dst");
-    std::vector<HeldTransfer> transfers;
-    for (int q = 0; q < getSize(); ++q) {
-      const at::Tensor& o = outputs[0][q];
-      PYCCL_CHECK_ARG(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(), "gather_list",
-                      "tensors must match the input (", in.numel(), " elements of ", in.scalar_type(), "), tensor ",
-                      q, " has ", o.numel(), " of ", o.scalar_type());
-      checkTensorFor(*lane.comm, o, "gather_list");
-      if (q != root) transfers.push_back(HeldTransfer{false, q, kGatherTag, o});
-    }
-    runTransfers(transfers, "gather");
-    outputs[0][root].copy_(in.view(outputs[0][root].sizes()));
-    return done(c10d::OpType::GATHER, outputs[0]);
+    if (delegate_ && inputs[0].is_cuda()) return delegate_->gather(outputs, inputs, opts);
+    return rootedByTransfers(true, inputs[0], outputs, static_cast<int>(opts.rootRank));
   });
 }
 
@@ -199,37 +175,51 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::scatter(std::vector<at::Tensor>& ou
                                                      const c10d::ScatterOptions& opts) {
   return translated("scatter", [&] {
     checkOne(outputs, "tensor");
-    at::Tensor& out = outputs[0];
-    const int root = static_cast<int>(opts.rootRank);
-    if (out.is_cuda()) {
+    if (outputs[0].is_cuda()) {
       checkUsable("scatter");
-      ensureGpuLane(out.device().index());
+      ensureGpuLane(outputs[0].device().index());  // and its delegate
     }
-    if (delegate_ && out.is_cuda()) return delegate_->scatter(outputs, inputs, opts);
-    PYCCL_CHECK_ARG(root >= 0 && root < getSize(), "src", "must be a rank of the group, got ", root);
-    Lane& lane = laneFor(out, "scatter");
-    checkTensorFor(*lane.comm, out, "tensor");
-    if (getRank() != root) {
-      PYCCL_CHECK_ARG(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "scatter_list",
-                      "must be None on ranks other than src (", root, ")");
-      runTransfers({HeldTransfer{false, root, kScatterTag, out}}, "scatter");
-      return done(c10d::OpType::SCATTER, {out});
-    }
-    PYCCL_CHECK_ARG(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(), "scatter_list",
-                    "must hold world_size (", getSize(), ") tensors on src");
-    std::vector<HeldTransfer> transfers;
-    for (int q = 0; q < getSize(); ++q) {
-      const at::Tensor& i = inputs[0][q];
-      PYCCL_CHECK_ARG(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(), "scatter_list",
-                      "tensors must match the output (", out.numel(), " elements of ", out.scalar_type(),
-                      "), tensor ", q, " has ", i.numel(), " of ", i.scalar_type());
-      checkTensorFor(*lane.comm, i, "scatter_list");
-      if (q != root) transfers.push_back(HeldTransfer{true, q, kScatterTag, i});
-    }
-    runTransfers(transfers, "scatter");
-    out.copy_(inputs[0][root].view(out.sizes()));
-    return done(c10d::OpType::SCATTER, {out});
+    if (delegate_ && outputs[0].is_cuda()) return delegate_->scatter(outputs, inputs, opts);
+    return rootedByTransfers(false, outputs[0], inputs, static_cast<int>(opts.rootRank));
   });
+}
+
+c10::intrusive_ptr<c10d::Work> PycclBackend::rootedByTransfers(bool gathering, at::Tensor& own,
+                                                               std::vector<std::vector<at::Tensor>>& lists, int root) {
+  const char* op = gathering ? "gather" : "scatter";
+  const char* listArg = gathering ? "gather_list" : "scatter_list";
+  const char* rootArg = gathering ? "dst" : "src";
+  const int tag = gathering ? kGatherTag : kScatterTag;
+  const c10d::OpType type = gathering ? c10d::OpType::GATHER : c10d::OpType::SCATTER;
+  PYCCL_CHECK_ARG(root >= 0 && root < getSize(), rootArg, "must be a rank of the group, got ", root);
+  Lane& lane = laneFor(own, op);
+  checkTensorFor(*lane.comm, own, "tensor");
+  if (getRank() != root) {
+    PYCCL_CHECK_ARG(lists.empty() || (lists.size() == 1 && lists[0].empty()), listArg,
+                    "must be None on ranks other than ", rootArg, " (", root, ")");
+    // A gather sends this rank's tensor to the root; a scatter receives into it.
+    runTransfers({HeldTransfer{gathering, root, tag, own}}, op);
+    return done(type, {own});
+  }
+  PYCCL_CHECK_ARG(lists.size() == 1 && static_cast<int>(lists[0].size()) == getSize(), listArg,
+                  "must hold world_size (", getSize(), ") tensors on ", rootArg);
+  std::vector<HeldTransfer> transfers;
+  for (int q = 0; q < getSize(); ++q) {
+    const at::Tensor& t = lists[0][q];
+    PYCCL_CHECK_ARG(t.numel() == own.numel() && t.scalar_type() == own.scalar_type(), listArg,
+                    "tensors must match 'tensor' (", own.numel(), " elements of ", own.scalar_type(), "), tensor ",
+                    q, " has ", t.numel(), " of ", t.scalar_type());
+    checkTensorFor(*lane.comm, t, listArg);
+    if (q != root) transfers.push_back(HeldTransfer{!gathering, q, tag, t});
+  }
+  runTransfers(transfers, op);
+  at::Tensor& mine = lists[0][root];
+  if (gathering) {
+    mine.copy_(own.view(mine.sizes()));
+    return done(type, lists[0]);
+  }
+  own.copy_(mine.view(own.sizes()));
+  return done(type, {own});
 }
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::allToAllByTransfers(const std::vector<at::Tensor>& outputs,
