@@ -99,6 +99,12 @@ def every_op(rank, world, store, backend, on_gpu, seed):
     dist.all_to_all(outs, list(vals[rank].to(device).chunk(world)))
     if not torch.equal(torch.cat(outs).cpu(), expect):
         bad.append(("all_to_all",))
+    # all_gather of a size per rank.
+    vals = [movement_input(seed, 906, r, 100 + 17 * r, torch.float16) for r in range(world)]
+    outs = [torch.empty(v.numel(), dtype=torch.float16, device=device) for v in vals]
+    dist.all_gather(outs, vals[rank].to(device))
+    if not all(torch.equal(o.cpu(), v) for o, v in zip(outs, vals)):
+        bad.append(("all_gather uneven",))
     # Uneven splits (rows from src to dst), dim 0 of a 2-D tensor; the list form with a size per pair.
     rows = [[1 + (3 * src + 5 * dst) % 7 for dst in range(world)] for src in range(world)]
     sent = [movement_input(seed, 904, r, sum(rows[r]) * 3, torch.int32).view(-1, 3) for r in range(world)]

@@ -421,9 +421,25 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather(std::vector<std::vector<a
     PYCCL_CHECK_ARG(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "tensor_list",
                     "must hold world_size (", getSize(), ") tensors");
     const at::Tensor& input = inputs[0];
+    bool even = true;
     for (const auto& o : outputs[0]) {
-      PYCCL_CHECK_ARG(o.numel() == input.numel() && o.scalar_type() == input.scalar_type(), "tensor_list",
-                      "every tensor must match the input's size and dtype");
+      PYCCL_CHECK_ARG(o.scalar_type() == input.scalar_type(), "tensor_list", "every tensor must have the input's "
+                      "dtype (", input.scalar_type(), "), got ", o.scalar_type());
+      even = even && o.numel() == input.numel();
+    }
+    if (!even) {
+      // Ranks of different sizes (as ProcessGroupNCCL takes them): the delegate, else a send to and a
+      // receive from every peer.
+      PYCCL_CHECK_ARG(outputs[0][getRank()].numel() == input.numel(), "tensor_list", "tensor ", getRank(),
+                      " (this rank's) must have the input's ", input.numel(), " elements, got ",
+                      outputs[0][getRank()].numel());
+      if (input.is_cuda()) {
+        checkUsable("all_gather");
+        ensureGpuLane(input.device().index());
+      }
+      if (delegate_ && input.is_cuda()) return delegate_->allgather(outputs, inputs, opts);
+      return allToAllByTransfers(outputs[0], std::vector<at::Tensor>(getSize(), input), c10d::OpType::ALLGATHER,
+                                 "all_gather");
     }
     if (delegated(BackendCollective::kAllGather, input, input.nbytes() * getSize())) {
       return delegate_->allgather(outputs, inputs, opts);

@@ -9,8 +9,8 @@
 //    otherwise on the first CUDA op, which must then not be captured.
 //  - Messages from a per-collective size on go to the delegate backend when
 //    one is given (ProcessGroupNCCL), like the Python API. So do the ops made
-//    of sends and receives on GPUs (send/recv, gather, scatter, all-to-all of
-//    uneven splits: process_group_p2p.cpp), which run on pyccl's send/recv
+//    of sends and receives on GPUs (send/recv, gather, scatter, all-to-all and
+//    all-gather of uneven sizes: process_group_p2p.cpp), which run on pyccl's send/recv
 //    kernels without a delegate, and through the store on CPUs.
 //  - Coalescing (batch_isend_irecv, _coalescing_manager): the sends and
 //    receives of a block run together at its end (coalesced_p2p.hpp), in one
