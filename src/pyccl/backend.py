@@ -12,17 +12,18 @@ sets up its GPU buffers at once on the current device, so call
 first op. Otherwise (``"cpu:pyccl,cuda:pyccl"``) that happens on the first
 CUDA op, on that tensor's device, which must not be under capture.
 
-Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, of a size per
-rank too; into_tensor, coalesced), reduce_scatter (list, tensor, coalesced), all_to_all (list and
-single, uneven splits too), gather, scatter, send/recv and barrier. On GPUs,
-messages from ``pyccl.collectives.NCCL_MIN_BYTES`` (per collective;
-``PYCCL_NCCL_MIN_BYTES`` for all) and the ops made of sends and receives
-(send/recv, gather, scatter, uneven all-to-all and all-gather) go to a ProcessGroupNCCL the
-group keeps for that (``PYCCL_NCCL_DELEGATE=0`` turns it off; those then run
-on pyccl's send/recv kernels, matched in order per pair as ProcessGroupNCCL
-matches them). CPU tensors run in host mode, where they go through the store. Coalescing
-blocks (``batch_isend_irecv``) hold their sends and receives and run them
-together at the end, as an NCCL group does.
+Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, of a size
+per rank too; into_tensor, coalesced), reduce_scatter (list, tensor,
+coalesced), all_to_all (list and single, uneven splits too), gather, scatter,
+send/recv and barrier. On GPUs, messages from
+``pyccl.collectives.NCCL_MIN_BYTES`` (per collective; ``PYCCL_NCCL_MIN_BYTES``
+for all) and the ops made of sends and receives (send/recv, gather, scatter,
+uneven all-to-all and all-gather) go to a ProcessGroupNCCL the group keeps for
+that (``PYCCL_NCCL_DELEGATE=0`` turns it off; those then run on pyccl's
+send/recv kernels, matched in order per pair as ProcessGroupNCCL matches
+them). CPU tensors run in host mode, where they go through the store.
+Coalescing blocks (``batch_isend_irecv``) hold their sends and receives and
+run them together at the end, as an NCCL group does.
 
 A group whose ranks span nodes (``torchrun --nnodes``) runs allreduce,
 all_gather_into_tensor and reduce_scatter_tensor on :mod:`pyccl.across_nodes`
