@@ -433,11 +433,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather(std::vector<std::vector<a
       PYCCL_CHECK_ARG(outputs[0][getRank()].numel() == input.numel(), "tensor_list", "tensor ", getRank(),
                       " (this rank's) must have the input's ", input.numel(), " elements, got ",
                       outputs[0][getRank()].numel());
-      if (input.is_cuda()) {
-        checkUsable("all_gather");
-        ensureGpuLane(input.device().index());
-      }
-      if (delegate_ && input.is_cuda()) return delegate_->allgather(outputs, inputs, opts);
+      if (delegateTakes(input, "all_gather")) return delegate_->allgather(outputs, inputs, opts);
       return allToAllByTransfers(outputs[0], std::vector<at::Tensor>(getSize(), input), c10d::OpType::ALLGATHER,
                                  "all_gather");
     }

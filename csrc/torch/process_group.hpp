@@ -158,6 +158,10 @@ class PycclBackend : public c10d::Backend {
   /// False where the delegate must take a reduction op pyccl lacks (BAND, PREMUL_SUM, ...).
   bool reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const;
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);
+  /// Whether the delegate takes an op made of sends and receives on `t`: a CUDA
+  /// tensor, on a group with a delegate. Sets up the GPU lane first (refusing a
+  /// closed group, naming `op`).
+  bool delegateTakes(const at::Tensor& t, const char* op);
   /// send (`send`) or recv of `t` with `peer`: to the delegate (CUDA, if any),
   /// held (a coalescing block is open), or run now.
   c10::intrusive_ptr<c10d::Work> pointToPoint(bool send, at::Tensor& t, int peer, int tag);

@@ -53,11 +53,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tenso
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor& t, int peer, int tag) {
   const char* op = send ? "send" : "recv";
-  if (t.is_cuda()) {
-    checkUsable(op);
-    ensureGpuLane(t.device().index());  // and its delegate
-  }
-  if (delegate_ && t.is_cuda()) {
+  if (delegateTakes(t, op)) {
     // In a coalescing block the delegate holds it in its own (NCCL) group.
     std::vector<at::Tensor> tensors{t};
     return send ? delegate_->send(tensors, peer, tag) : delegate_->recv(tensors, peer, tag);
@@ -66,14 +62,24 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor&
                   "must be another rank of the group, got ", peer);
   PYCCL_CHECK_ARG(send || t.is_contiguous(), "tensor", "must be contiguous");
   Lane& lane = laneFor(t, op);
-  if (t.is_cuda()) checkTensorFor(*lane.comm, t, "tensor");
   HeldTransfer transfer{send, peer, tag, t};
-  if (batch_.isOpen()) return batch_.hold(std::move(transfer), getRank());
+  if (batch_.isOpen()) {
+    // Checked at the call, as a transfer run now is (sendRecvTensors): the block runs it later.
+    if (t.is_cuda()) checkTensorFor(*lane.comm, t, "tensor");
+    return batch_.hold(std::move(transfer), getRank());
+  }
   // GPUs without a delegate: pyccl's kernels on the current stream, matched in order per peer (tags
   // ignored), as ProcessGroupNCCL matches them. CPU tensors: through the store, in order per (peer, tag),
   // as gloo matches them.
   runTransfers({transfer}, op);
   return done(send ? c10d::OpType::SEND : c10d::OpType::RECV, {t});
+}
+
+bool PycclBackend::delegateTakes(const at::Tensor& t, const char* op) {
+  if (!t.is_cuda()) return false;
+  checkUsable(op);
+  ensureGpuLane(t.device().index());  // and its delegate
+  return delegate_ != nullptr;
 }
 
 void PycclBackend::startCoalescing() {
@@ -161,11 +167,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::gather(std::vector<std::vector<at::
                                                     std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   return translated("gather", [&] {
     checkOne(inputs, "tensor");
-    if (inputs[0].is_cuda()) {
-      checkUsable("gather");
-      ensureGpuLane(inputs[0].device().index());  // and its delegate
-    }
-    if (delegate_ && inputs[0].is_cuda()) return delegate_->gather(outputs, inputs, opts);
+    if (delegateTakes(inputs[0], "gather")) return delegate_->gather(outputs, inputs, opts);
     return rootedByTransfers(true, inputs[0], outputs, static_cast<int>(opts.rootRank));
   });
 }
@@ -175,11 +177,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::scatter(std::vector<at::Tensor>& ou
                                                      const c10d::ScatterOptions& opts) {
   return translated("scatter", [&] {
     checkOne(outputs, "tensor");
-    if (outputs[0].is_cuda()) {
-      checkUsable("scatter");
-      ensureGpuLane(outputs[0].device().index());  // and its delegate
-    }
-    if (delegate_ && outputs[0].is_cuda()) return delegate_->scatter(outputs, inputs, opts);
+    if (delegateTakes(outputs[0], "scatter")) return delegate_->scatter(outputs, inputs, opts);
     return rootedByTransfers(false, outputs[0], inputs, static_cast<int>(opts.rootRank));
   });
 }

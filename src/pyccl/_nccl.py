@@ -78,23 +78,26 @@ class NcclComm:
     def all_to_all(self, x: torch.Tensor, out: torch.Tensor) -> None:
         n = x.numel() // self.world
         size = x.element_size()
-        stream = self._stream()
-        self._check(self.lib.ncclGroupStart(), "ncclGroupStart")
+        transfers = []
         for q in range(self.world):
-            self._check(self.lib.ncclSend(ctypes.c_void_p(x.data_ptr() + q * n * size), ctypes.c_size_t(n),
-                                          _DTYPES[x.dtype], q, self.comm, stream), "ncclSend")
-            self._check(self.lib.ncclRecv(ctypes.c_void_p(out.data_ptr() + q * n * size), ctypes.c_size_t(n),
-                                          _DTYPES[x.dtype], q, self.comm, stream), "ncclRecv")
-        self._check(self.lib.ncclGroupEnd(), "ncclGroupEnd")
+            transfers.append((True, x.data_ptr() + q * n * size, n, x.dtype, q))
+            transfers.append((False, out.data_ptr() + q * n * size, n, x.dtype, q))
+        self._grouped(transfers)
 
     def send_recv(self, x: torch.Tensor, out: torch.Tensor, dst: int, src: int) -> None:
         """Sends `x` to rank `dst` and receives `out` from rank `src`, grouped (nccl-tests' sendrecv)."""
+        self._grouped([(True, x.data_ptr(), x.numel(), x.dtype, dst),
+                       (False, out.data_ptr(), out.numel(), out.dtype, src)])
+
+    def _grouped(self, transfers) -> None:
+        """ncclSend (send True) or ncclRecv of each (send, address, count, dtype, peer), between
+        ncclGroupStart and ncclGroupEnd, on the current stream."""
         stream = self._stream()
         self._check(self.lib.ncclGroupStart(), "ncclGroupStart")
-        self._check(self.lib.ncclSend(ctypes.c_void_p(x.data_ptr()), ctypes.c_size_t(x.numel()), _DTYPES[x.dtype],
-                                      dst, self.comm, stream), "ncclSend")
-        self._check(self.lib.ncclRecv(ctypes.c_void_p(out.data_ptr()), ctypes.c_size_t(out.numel()),
-                                      _DTYPES[out.dtype], src, self.comm, stream), "ncclRecv")
+        for send, address, count, dtype, peer in transfers:
+            call, name = (self.lib.ncclSend, "ncclSend") if send else (self.lib.ncclRecv, "ncclRecv")
+            self._check(call(ctypes.c_void_p(address), ctypes.c_size_t(count), _DTYPES[dtype], peer, self.comm,
+                             stream), name)
         self._check(self.lib.ncclGroupEnd(), "ncclGroupEnd")
 
     def close(self) -> None:
