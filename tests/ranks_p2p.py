@@ -117,21 +117,28 @@ def ring_and_all_to_all(rank, world, store, on_gpu, seed, nbytes):
     return bad
 
 
-def size_mismatch(rank, world, store, sent, received):
-    """Rank 0 sends `sent` bytes where rank 1 receives `received`: rank 1
-    raises, naming both sizes, and its communicator is broken."""
-    comm, device = _setup(store, rank, world, False, timeout_s=30.0)
+def size_mismatch(rank, world, store, sent, received, on_gpu=False):
+    """Rank 0 sends `sent` bytes (an int, or a list of sends in turn) where
+    rank 1 receives `received`: rank 1 raises, naming both sizes, and its
+    communicator is broken."""
+    comm, device = _setup(store, rank, world, on_gpu, timeout_s=30.0)
     out = {}
     if rank == 0:
-        pyccl.send(torch.arange(sent, dtype=torch.uint8), 1, comm=comm)
+        for nbytes in sent if isinstance(sent, list) else [sent]:
+            pyccl.send(torch.arange(nbytes, dtype=torch.uint8, device=device), 1, comm=comm)
+        if on_gpu:
+            torch.cuda.synchronize()
         out["sent"] = True
     else:
         try:
-            pyccl.recv(torch.empty(received, dtype=torch.uint8), 0, comm=comm)
+            pyccl.recv(torch.empty(received, dtype=torch.uint8, device=device), 0, comm=comm)
+            if on_gpu:  # the kernel finds the mismatch after the call returned: the next call is refused
+                torch.cuda.synchronize()
+                pyccl.all_reduce(torch.ones(4, device=device), comm=comm)
         except pyccl.PycclError as e:
             out["recv"] = (type(e).__name__, str(e))
         try:
-            pyccl.all_reduce(torch.ones(4), comm=comm)
+            pyccl.all_reduce(torch.ones(4, device=device), comm=comm)
         except pyccl.PycclError as e:
             out["after"] = str(e)
     store.set(f"mismatch_done_{rank}", "1")
@@ -183,6 +190,21 @@ def bad_arguments(rank, world, store, on_gpu):
     # Nothing ran: a collective still works and the ranks still agree.
     y = pyccl.all_reduce(torch.full((5,), float(rank + 1), device=device), comm=comm)
     messages["after"] = y.cpu().tolist()
+    comm.close()
+    return messages
+
+
+def bad_engine_options(rank, world, store):
+    """Engine options of the sends and receives out of range: each names itself."""
+    comm, _ = _setup(store, rank, world, False)
+    messages = {}
+    for name, options in (("lane", {"p2p_ll_lane_bytes": 12}), ("max", {"p2p_ll_max_bytes": 1 << 30})):
+        try:
+            pyccl._C.CollectiveEngine(comm._comm, **options).close()
+            messages[name] = "accepted"
+        except ValueError as e:
+            messages[name] = str(e)
+    messages["default"] = pyccl.collectives._engine(comm).p2p_ll_max_bytes
     comm.close()
     return messages
 

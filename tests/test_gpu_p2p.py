@@ -23,6 +23,30 @@ def test_random_transfers_arrive_bit_for_bit_on_gpus(world):
 
 @requires_gpus(2)
 @pytest.mark.parametrize("world", gpu_worlds(2, 4))
+def test_packet_sized_transfers_arrive_bit_for_bit_on_gpus(world):
+    # Up to 300 KB: most go as LL packets (up to 256 KiB, on 1 to 64 lanes), the rest in HB slots, on the same rings.
+    seed = random.randrange(1 << 20)
+    results = run_ranks(rp2p.random_transfers, world, args=(True, seed, 80, 300_000), timeout=300)
+    assert sum(n for _, n in results) == len(rp2p.schedule(seed, world, 80, 300_000))
+    for bad, _ in results:
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("sent,received", [(1000, 2000), (1000, 1 << 20), (1 << 20, 1000), ([1000, 1 << 20], 1 << 20)])
+def test_a_receive_that_meets_a_send_of_another_size_raises_on_gpus(sent, received):
+    # Within and across protocols (LL up to 256 KiB); the kernel records it, and the next call raises it.
+    sender, receiver = run_ranks(rp2p.size_mismatch, 2, args=(sent, received, True), timeout=180)
+    assert sender == {"sent": True}
+    kind, message = receiver["recv"]
+    first = sent[0] if isinstance(sent, list) else sent
+    assert kind == "RemoteError", message
+    assert f"receive of {received} bytes from rank 0 met a send of {first} bytes" in message
+    assert "broken" in receiver["after"]
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4))
 def test_send_recv_runs_its_transfers_together_on_gpus(world):
     seed = random.randrange(1 << 20)
     for bad in run_ranks(rp2p.ring_and_all_to_all, world, args=(True, seed, 12_000_000), timeout=300):

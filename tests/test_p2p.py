@@ -19,13 +19,18 @@ def test_random_transfers_arrive_bit_for_bit(world):
         assert bad == [], f"seed {seed}: {bad}"
 
 
-def test_small_rings_and_slots():
-    # One slot per ring and 48-byte slices: every step of a send waits for the
-    # receive to hand its slot back.
+@pytest.mark.parametrize("options", [
+    # One slot per ring and 48-byte slices: every step of an HB send waits for the receive to hand its slot back.
+    {"p2p_slots": 1, "p2p_slice_bytes": 48, "p2p_blocks": 3},
+    # LL up to 6000 bytes on lanes of 64 (so spread over all 3), one slot: every LL send waits for its slot too.
+    {"p2p_slots": 1, "p2p_blocks": 3, "p2p_ll_max_bytes": 6000, "p2p_ll_lane_bytes": 64},
+    # No LL but for empty transfers.
+    {"p2p_ll_max_bytes": 0},
+])
+def test_small_rings_and_slots(options):
     seed = random.randrange(1 << 20)
-    options = {"p2p_slots": 1, "p2p_slice_bytes": 48, "p2p_blocks": 3}
-    for bad, _ in run_ranks(rp2p.random_transfers, 3, args=(False, seed, 30, 5000, options), timeout=300):
-        assert bad == [], f"seed {seed}: {bad}"
+    for bad, _ in run_ranks(rp2p.random_transfers, 3, args=(False, seed, 30, 8000, options), timeout=300):
+        assert bad == [], f"seed {seed} {options}: {bad}"
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -35,14 +40,18 @@ def test_send_recv_runs_its_transfers_together(world):
         assert bad == [], f"seed {seed}: {bad}"
 
 
-@pytest.mark.parametrize("sent,received", [(1000, 2000), (100, 0), (0, 64)])
+# Host mode sends up to 2 KiB as LL packets, more in HB slots: 1000 and 8000 bytes meet across protocols.
+@pytest.mark.parametrize("sent,received", [(1000, 2000), (100, 0), (0, 64), (1000, 8000), (8000, 1000),
+                                           ([1000, 8000], 8000), ([8000, 1000], 1000)])
 def test_a_receive_that_meets_a_send_of_another_size_raises(sent, received):
-    # Empty transfers meet too: an empty receive never takes a later message's place.
+    # Empty transfers meet too: an empty receive never takes a later message's place. A send of another protocol
+    # is named by its size; so is one whose next send (in the other protocol) has already arrived.
     sender, receiver = run_ranks(rp2p.size_mismatch, 2, args=(sent, received), timeout=120)
     assert sender == {"sent": True}
     kind, message = receiver["recv"]
+    first = sent[0] if isinstance(sent, list) else sent
     assert kind == "RemoteError", message
-    assert f"receive of {received} bytes from rank 0 met a send of {sent} bytes" in message
+    assert f"receive of {received} bytes from rank 0 met a send of {first} bytes" in message
     assert "send_recv call 1" in message
     assert "broken" in receiver["after"]
 
@@ -63,3 +72,10 @@ def test_bad_arguments_raise_naming_them():
         assert "'tensor'" in messages["overlap"] and "overlaps" in messages["overlap"]
         assert "'sends'" in messages["pair"]
         assert messages["after"] == [3.0] * 5
+
+
+def test_bad_engine_options_raise_naming_them():
+    for messages in run_ranks(rp2p.bad_engine_options, 2, timeout=120):
+        assert "'p2p_ll_lane_bytes'" in messages["lane"] and "multiple of 8" in messages["lane"]
+        assert "'p2p_ll_max_bytes'" in messages["max"] and "16 MiB" in messages["max"]
+        assert messages["default"] == 2048

@@ -51,10 +51,14 @@ struct CollectiveContext {
   uint64_t hbSubBytes;
   uint32_t* llCalls;  ///< [llBlocks] calls completed per block (this rank's device memory)
   uint64_t* hbCalls;  ///< [hbBlocks]
-  // P2P (p2p_device.hpp): rings [source rank W][block][slot][16 + p2pSliceBytes] at p2pDataOffset,
-  // ready counts [source rank W][block] at p2pReadyOffset, ack counts [destination rank W][block] at
-  // p2pAckOffset (uint64).
+  // P2P (p2p_device.hpp): HB rings [source rank W][block][slot][16 + p2pSliceBytes] at p2pDataOffset, LL
+  // rings [source rank W][block][slot][p2pLLSlotPackets] LL16 packets at p2pLLOffset, ready counts [source
+  // rank W][block] at p2pReadyOffset, ack counts [destination rank W][block] at p2pAckOffset (uint64).
   uint64_t p2pDataOffset;
+  uint64_t p2pLLOffset;
+  uint64_t p2pLLSlotPackets;
+  uint64_t p2pLLMaxBytes;   ///< transfers of at most this many bytes go as packets
+  uint64_t p2pLLLaneBytes;  ///< a multiple of 8
   uint64_t p2pReadyOffset;
   uint64_t p2pAckOffset;
   uint64_t p2pSliceBytes;  ///< a multiple of 16

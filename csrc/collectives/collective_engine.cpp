@@ -195,6 +195,14 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
                   "must be a multiple of 16 up to 16 MiB, got ", options_.p2pSliceBytes);
   PYCCL_CHECK_ARG(options_.p2pSlots >= 1 && options_.p2pSlots <= 64, "p2p_slots", "must be in [1, 64], got ",
                   options_.p2pSlots);
+  // GPUs: LL up to 256 KiB, where the exchanges' LL (which moves the same bytes over the same links) still beats
+  // their HB on 4 x H200, on lanes of one packet per thread (benchmarks/RESULTS.md).
+  if (options_.p2pLLMaxBytes == CollectiveOptions::kP2PLLDefault) options_.p2pLLMaxBytes = host ? 2048 : (256u << 10);
+  if (options_.p2pLLLaneBytes == 0) options_.p2pLLLaneBytes = host ? 1024 : (options_.p2pThreads - 1) * 8ull;
+  PYCCL_CHECK_ARG(options_.p2pLLMaxBytes <= (16u << 20), "p2p_ll_max_bytes", "must be at most 16 MiB, got ",
+                  options_.p2pLLMaxBytes);
+  PYCCL_CHECK_ARG(options_.p2pLLLaneBytes % 8 == 0 && options_.p2pLLLaneBytes <= (16u << 20), "p2p_ll_lane_bytes",
+                  "must be a multiple of 8 up to 16 MiB, got ", options_.p2pLLLaneBytes);
 #ifdef PYCCL_WITH_CUDA
   clusters_ = host || clusterLaunchSupported(comm.device());
 #else
@@ -249,8 +257,10 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   const uint64_t p2pRings = static_cast<uint64_t>(world) * options_.p2pBlocks;
   const uint64_t p2pDataBytes = p2pRings * options_.p2pSlots * (kP2PHeaderBytes + options_.p2pSliceBytes);
   const uint64_t p2pCountBytes = (p2pRings * 8 + 15) / 16 * 16;
+  const uint64_t p2pLLSlots = p2pLLSlotPackets(options_.p2pLLMaxBytes, options_.p2pLLLaneBytes, options_.p2pBlocks);
+  const uint64_t p2pLLBytes = p2pRings * options_.p2pSlots * p2pLLSlots * sizeof(LL16Packet);
   const uint64_t collectiveBytes = 2 * llBytes + stagingBytes + resultBytes + barrierBytes;
-  const uint64_t total = collectiveBytes + p2pDataBytes + 2 * p2pCountBytes;
+  const uint64_t total = collectiveBytes + p2pDataBytes + 2 * p2pCountBytes + p2pLLBytes;
 
   scratchOwner_ = comm.allocateShareable(total);
   void* scratch = scratchOwner_.get();
@@ -282,6 +292,10 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   context_.p2pSliceBytes = options_.p2pSliceBytes;
   context_.p2pBlocks = options_.p2pBlocks;
   context_.p2pSlots = options_.p2pSlots;
+  context_.p2pLLOffset = collectiveBytes + p2pDataBytes + 2 * p2pCountBytes;
+  context_.p2pLLSlotPackets = p2pLLSlots;
+  context_.p2pLLMaxBytes = options_.p2pLLMaxBytes;
+  context_.p2pLLLaneBytes = options_.p2pLLLaneBytes;
   // The 64-bit counters come first: 8-byte aligned.
   context_.hbCalls = static_cast<uint64_t*>(counters);
   context_.p2pSent = context_.hbCalls + options_.hbBlocks;

@@ -105,6 +105,13 @@ struct CollectiveOptions {
   /// Slots per (peer, lane) ring: the steps a send may run ahead of its receive.
   uint32_t p2pSlots = 2;
   uint32_t p2pThreads = 512;  ///< threads per block of the send/receive kernel
+  /// Transfers of at most this many bytes go as LL packets (p2p_device.hpp); kP2PLLDefault: default (256 KiB on
+  /// GPUs, 2 KiB in host mode); 0: only empty ones.
+  uint64_t p2pLLMaxBytes = kP2PLLDefault;
+  /// Bytes of an LL transfer per lane below which it takes no further lane (a multiple of 8); 0: default (8
+  /// bytes per thread of a block but one, the header's, on GPUs: one packet per thread; 1 KiB in host mode).
+  uint64_t p2pLLLaneBytes = 0;
+  static constexpr uint64_t kP2PLLDefault = ~0ull;
   /// Launch the kernels with programmatic dependent launch (kernel_launch.cuh),
   /// so back-to-back collectives overlap their launch latency.
   bool programmaticLaunch = true;

@@ -2,27 +2,40 @@
 // ncclSend and ncclRecv do, one call or a group of them (as between
 // ncclGroupStart and ncclGroupEnd) in one launch.
 //
-// Every rank's scratch holds, for every source rank, p2pBlocks rings of
-// p2pSlots slots of [16-byte header | p2pSliceBytes of data]. A transfer of
-// `bytes` runs on the same number of blocks on each side, its lanes (p2pShape:
-// one per p2pMinPieceBytes, at most p2pBlocks), each with its ring; step k
-// moves bytes [(k * lanes + b) * piece, + piece) through lane b's ring, where
-// the piece is the slice, or less when one step holds the whole transfer
+// A transfer runs on the same number of blocks on each side, its lanes
+// (p2pShape: one per few KiB, at most p2pBlocks), each with a ring of
+// p2pSlots slots per (source rank, lane) in the receiver's scratch. Both sides
+// derive the shape from the size alone, and the engines agree on p2pBlocks,
+// so the n-th send meets the n-th receive lane by lane. Lane b counts the
+// chunks it moved per peer and direction (in device memory) and the receiver
+// hands slots back with an ack count it stores into the sender's scratch.
+// A transfer takes one of two protocols, by size:
+//
+// HB (larger than p2pLLMaxBytes): slots of [16-byte header | p2pSliceBytes].
+// Step k moves bytes [(k * lanes + b) * piece, + piece) through lane b's ring,
+// where the piece is the slice, or less when one step holds the whole transfer
 // (possibly nothing: every lane takes every step, so the two sides count
-// alike). Both sides derive the shape from the size alone, and the engines
-// agree on p2pBlocks, so the n-th send meets the n-th receive lane by lane.
-// For its n-th chunk (n counted per peer, direction and lane, in device
-// memory), lane b of the sender
-//   1. waits until the receiver handed the slot back: the ack count it stores
-//      into the sender's scratch has reached n - p2pSlots + 1 (acquire);
-//   2. stores its piece and the header (the transfer's size) into the slot in
-//      the receiver's scratch;
+// alike). For its n-th chunk, lane b of the sender
+//   1. waits until the receiver handed the slot back: the ack count has
+//      reached n - p2pSlots + 1 (acquire);
+//   2. stores its piece and the header (the transfer's size and n) into the
+//      slot in the receiver's scratch;
 //   3. stores the ready count n + 1 into the receiver's scratch (release).
 // Block b of the receiver acquires ready >= n + 1, checks the header against
-// its own size (a mismatch is recorded and breaks the communicator: the two
-// sides would no longer agree on the counts), copies the piece out and stores
-// the ack count n + 1 into the sender's scratch (release, after every thread's
-// loads of the slot).
+// its own size and n, copies the piece out and stores the ack count n + 1
+// (release, after every thread's loads of the slot).
+//
+// LL (at most p2pLLMaxBytes): one step, as LL16 packets whose flags derive
+// from n (p2pFlag), so no ready count and no release: the receiver's threads
+// poll the data itself. A slot holds a header packet (the size) and the
+// lane's piece; the sender waits for the slot's ack as above and stores the
+// packets; the receiver polls them, copies them out and acks. Small messages
+// pay one trip over the link instead of a store, a release and a poll.
+//
+// A receive that meets a send of another size is recorded (kMismatch) and
+// breaks the communicator: the two sides would no longer agree on the
+// counts. Where the sizes put the two sides in different protocols, the
+// header of the other protocol's slot names the size sent.
 //
 // The counts carry on across calls and CUDA-graph replays, so no host
 // synchronization is needed, and the n-th send to a peer meets the n-th
@@ -37,10 +50,10 @@ namespace pyccl {
 
 /// Transfers in one launch: a send to and a receive from every peer.
 constexpr int kMaxP2PTransfers = 2 * (kMaxCollectiveRanks - 1);
-/// Bytes of a slot's header (the transfer's size), before its data.
+/// Bytes of an HB slot's header (the transfer's size, and the chunk's number + 1), before its data.
 constexpr uint64_t kP2PHeaderBytes = 16;
 
-/// Per-lane bytes of a step below which a transfer takes no further lane.
+/// Per-lane bytes of an HB step below which a transfer takes no further lane.
 constexpr uint64_t kP2PMinPieceBytes = 4096;
 
 /// One send or receive of a launch.
@@ -61,21 +74,34 @@ struct P2PArgs {
 
 /// How a transfer is cut: `lanes` rings, `piece` bytes per lane and step,
 /// `steps` steps (at least one, so that an empty transfer still meets its
-/// peer's and has its size checked).
+/// peer's and has its size checked); `ll`: as packets (one step).
 struct P2PShape {
   uint32_t lanes;
   uint64_t piece;
   uint64_t steps;
+  bool ll;
 };
 
 namespace detail {
 
-/// The slot of `source`'s ring `block` in `owner`'s scratch that holds chunk `chunk`.
+/// The HB slot of `source`'s ring `block` in `owner`'s scratch that holds chunk `chunk`.
 PYCCL_HOST_DEVICE char* p2pSlot(const CollectiveContext& c, int owner, int source, uint32_t block, uint64_t chunk) {
   const uint64_t ring = static_cast<uint64_t>(source) * c.p2pBlocks + block;
   return c.scratch[owner] + c.p2pDataOffset +
          (ring * c.p2pSlots + chunk % c.p2pSlots) * (kP2PHeaderBytes + c.p2pSliceBytes);
 }
+
+/// The LL slot (header packet, then data packets) of the same ring and chunk.
+PYCCL_HOST_DEVICE LL16Packet* p2pPacketSlot(const CollectiveContext& c, int owner, int source, uint32_t block,
+                                            uint64_t chunk) {
+  const uint64_t ring = static_cast<uint64_t>(source) * c.p2pBlocks + block;
+  return reinterpret_cast<LL16Packet*>(c.scratch[owner] + c.p2pLLOffset) +
+         (ring * c.p2pSlots + chunk % c.p2pSlots) * c.p2pLLSlotPackets;
+}
+
+/// The packet flag of chunk `chunk`: never 0 (fresh scratch), and distinct
+/// from the flag of every earlier chunk that shared its slot.
+PYCCL_HOST_DEVICE uint32_t p2pFlag(uint64_t chunk) { return static_cast<uint32_t>(chunk % 0xFFFFFFFFull) + 1; }
 
 /// The count word of (`peer`, `block`) in `owner`'s scratch, in the region at `offset` (ready or ack).
 PYCCL_HOST_DEVICE uint64_t* p2pCount(const CollectiveContext& c, int owner, uint64_t offset, int peer,
@@ -90,47 +116,107 @@ PYCCL_HOST_DEVICE void p2pPiece(const P2PShape& s, uint64_t bytes, uint64_t step
   *length = *begin >= bytes ? 0 : (bytes - *begin < s.piece ? bytes - *begin : s.piece);
 }
 
+/// Whether the LL header of chunk `chunk` has arrived in `slot`, and the size it carries. Never blocks.
+PYCCL_HOST_DEVICE bool p2pPacketHeader(const LL16Packet* slot, uint64_t chunk, uint64_t* bytes) {
+  uint32_t words[2];
+  if (!slot[0].tryRead(p2pFlag(chunk), words)) return false;
+  *bytes = static_cast<uint64_t>(words[0]) | (static_cast<uint64_t>(words[1]) << 32);
+  return true;
+}
+
+/// Whether `slot`'s HB header is chunk `chunk`'s, and the size it carries
+/// (read after acquiring the chunk's ready count).
+PYCCL_HOST_DEVICE bool p2pSlotHeader(const char* slot, uint64_t chunk, uint64_t* bytes) {
+  const auto* header = reinterpret_cast<const uint64_t*>(slot);
+  if (header[1] != chunk + 1) return false;
+  *bytes = header[0];
+  return true;
+}
+
+/// Ceiling of a / b, rounded up to a multiple of 8 (an LL16 packet's data).
+PYCCL_HOST_DEVICE uint64_t p2pPacketPiece(uint64_t a, uint64_t b) { return ((a + b - 1) / b + 7) / 8 * 8; }
+
 }  // namespace detail
 
 /// The shape of a transfer of `bytes`, a function of the size and the
-/// engine's p2pBlocks and p2pSliceBytes only, so that both sides cut alike:
-/// a lane per kP2PMinPieceBytes (or slice, if smaller) up to p2pBlocks, and
-/// pieces of the slice, or of the transfer spread over its lanes (16-byte
-/// multiples) where one step holds it. A transfer that takes fewer than
-/// p2pBlocks lanes takes one step, so every transfer of up to
-/// p2pSlots * p2pBlocks * p2pSliceBytes fits its rings.
+/// engine's p2pBlocks, p2pSliceBytes, p2pLLMaxBytes and p2pLLLaneBytes only,
+/// so that both sides cut alike.
+///  - LL (bytes <= p2pLLMaxBytes): a lane per p2pLLLaneBytes up to p2pBlocks,
+///    the transfer spread over them (multiples of 8 bytes), one step.
+///  - HB: a lane per kP2PMinPieceBytes (or slice, if smaller) up to
+///    p2pBlocks, and pieces of the slice, or of the transfer spread over its
+///    lanes (16-byte multiples) where one step holds it. A transfer that takes
+///    fewer than p2pBlocks lanes takes one step, so every transfer of up to
+///    p2pSlots * p2pBlocks * p2pSliceBytes fits its rings.
 PYCCL_HOST_DEVICE P2PShape p2pShape(const CollectiveContext& c, uint64_t bytes) {
+  if (bytes <= c.p2pLLMaxBytes) {
+    const uint64_t wanted = (bytes + c.p2pLLLaneBytes - 1) / c.p2pLLLaneBytes;
+    const uint32_t lanes = wanted < 1 ? 1u : (wanted > c.p2pBlocks ? c.p2pBlocks : static_cast<uint32_t>(wanted));
+    return P2PShape{lanes, detail::p2pPacketPiece(bytes, lanes), 1, true};
+  }
   const uint64_t minPiece = c.p2pSliceBytes < kP2PMinPieceBytes ? c.p2pSliceBytes : kP2PMinPieceBytes;
   const uint64_t wanted = (bytes + minPiece - 1) / minPiece;
   const uint32_t lanes = wanted < 1 ? 1u : (wanted > c.p2pBlocks ? c.p2pBlocks : static_cast<uint32_t>(wanted));
   const uint64_t spread = ((bytes + lanes - 1) / lanes + 15) / 16 * 16;
   const uint64_t piece = spread < c.p2pSliceBytes ? (spread < 16 ? 16 : spread) : c.p2pSliceBytes;
   const uint64_t perStep = lanes * piece;
-  return P2PShape{lanes, piece, bytes == 0 ? 1 : (bytes + perStep - 1) / perStep};
+  return P2PShape{lanes, piece, bytes == 0 ? 1 : (bytes + perStep - 1) / perStep, false};
 }
 
-/// Lane `block`'s share of a send (see the top of this file).
-PYCCL_HOST_DEVICE void p2pSendBlock(const CollectiveContext& c, const P2PTransfer& t, uint32_t block, uint32_t tid,
-                                    uint32_t numThreads) {
+/// Packets per LL slot (the header and the largest piece) for these limits:
+/// the engine sizes its scratch with it.
+PYCCL_HOST_DEVICE uint64_t p2pLLSlotPackets(uint64_t llMaxBytes, uint64_t laneBytes, uint32_t blocks) {
+  const uint64_t oneLane = detail::p2pPacketPiece(llMaxBytes < laneBytes ? llMaxBytes : laneBytes, 1);
+  const uint64_t spread = detail::p2pPacketPiece(llMaxBytes, blocks);
+  return 1 + (oneLane > spread ? oneLane : spread) / LL16Packet::kDataBytes;
+}
+
+namespace detail {
+
+/// Thread 0 of lane `block`, before the sender's n-th chunk: waits until the
+/// receiver handed its slot back (acquire). Every thread: whether to go on.
+PYCCL_HOST_DEVICE bool p2pSlotFree(const CollectiveContext& c, const P2PTransfer& t, uint32_t block, uint64_t chunk,
+                                   uint32_t tid) {
+  bool ok = true;
+  if (tid == 0 && chunk >= c.p2pSlots) {
+    const uint64_t* acks = p2pCount(c, c.rank, c.p2pAckOffset, t.peer, block);
+    uint64_t seen = 0;
+    ok = spinUntilAtLeast(acks, chunk - c.p2pSlots + 1, c.abort, t.peer, &seen) == WaitStatus::kOk;
+  }
+  // Acquired by thread 0, the receiver's loads of the slot happen before every thread's stores after this.
+  return blockAll(ok);  // false: the communicator is broken, its counts no longer matter
+}
+
+/// The size the sender announced for chunk `chunk` in the protocol other
+/// than `ll`, where it has (a receive met a send of another protocol).
+PYCCL_HOST_DEVICE bool p2pSentOtherwise(const CollectiveContext& c, const P2PTransfer& t, uint32_t block,
+                                        uint64_t chunk, bool ll, uint64_t* sentBytes) {
+  if (!ll) return p2pPacketHeader(p2pPacketSlot(c, c.rank, t.peer, block, chunk), chunk, sentBytes);
+  const uint64_t* ready = p2pCount(c, c.rank, c.p2pReadyOffset, t.peer, block);
+  // Acquired, every earlier chunk's stores are visible: no LL header means chunk `chunk` went HB.
+  if (atomicLoadAcquire(ready) < chunk + 1) return false;
+  uint64_t packetBytes = 0;
+  if (p2pPacketHeader(p2pPacketSlot(c, c.rank, t.peer, block, chunk), chunk, &packetBytes)) return false;
+  return p2pSlotHeader(p2pSlot(c, c.rank, t.peer, block, chunk), chunk, sentBytes);
+}
+
+/// Lane `block`'s share of an HB send (see the top of this file).
+PYCCL_HOST_DEVICE void p2pSendHB(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
+                                 uint32_t block, uint32_t tid, uint32_t numThreads) {
   uint64_t* sent = &c.p2pSent[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
   const uint64_t first = *sent;
-  const P2PShape shape = p2pShape(c, t.bytes);
-  const uint64_t* acks = detail::p2pCount(c, c.rank, c.p2pAckOffset, t.peer, block);
-  uint64_t* ready = detail::p2pCount(c, t.peer, c.p2pReadyOffset, c.rank, block);
+  uint64_t* ready = p2pCount(c, t.peer, c.p2pReadyOffset, c.rank, block);
   for (uint64_t k = 0; k < shape.steps; ++k) {
     const uint64_t chunk = first + k;
-    bool ok = true;
-    if (tid == 0 && chunk >= c.p2pSlots) {
-      uint64_t seen = 0;
-      ok = spinUntilAtLeast(acks, chunk - c.p2pSlots + 1, c.abort, t.peer, &seen) == WaitStatus::kOk;
-    }
-    // Acquired by thread 0, the receiver's loads of the slot happen before every thread's stores below.
-    if (!detail::blockAll(ok)) return;  // the communicator is broken: its counts no longer matter
-    char* slot = detail::p2pSlot(c, t.peer, c.rank, block, chunk);
+    if (!p2pSlotFree(c, t, block, chunk, tid)) return;
+    char* slot = p2pSlot(c, t.peer, c.rank, block, chunk);
     uint64_t begin = 0, length = 0;
-    detail::p2pPiece(shape, t.bytes, k, block, &begin, &length);
+    p2pPiece(shape, t.bytes, k, block, &begin, &length);
     if (length > 0) copyBytes(slot + kP2PHeaderBytes, t.data + begin, length, tid, numThreads);
-    if (tid == 0) *reinterpret_cast<uint64_t*>(slot) = t.bytes;
+    if (tid == 0) {
+      reinterpret_cast<uint64_t*>(slot)[0] = t.bytes;
+      reinterpret_cast<uint64_t*>(slot)[1] = chunk + 1;  // never 0, as a fresh slot's
+    }
     syncBlock();  // the block's stores happen before the releasing store below (cumulativity)
     if (tid == 0) atomicStoreRelease(ready, chunk + 1);
   }
@@ -138,31 +224,67 @@ PYCCL_HOST_DEVICE void p2pSendBlock(const CollectiveContext& c, const P2PTransfe
   if (tid == 0) *sent = first + shape.steps;
 }
 
-/// Lane `block`'s share of a receive (see the top of this file).
-PYCCL_HOST_DEVICE void p2pReceiveBlock(const CollectiveContext& c, const P2PTransfer& t, uint32_t block,
-                                       uint32_t tid, uint32_t numThreads) {
+/// Lane `block`'s share of an LL send (see the top of this file).
+PYCCL_HOST_DEVICE void p2pSendLL(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
+                                 uint32_t block, uint32_t tid, uint32_t numThreads) {
+  uint64_t* sent = &c.p2pSent[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
+  const uint64_t chunk = *sent;
+  if (!p2pSlotFree(c, t, block, chunk, tid)) return;  // also: every thread has read `chunk`
+  LL16Packet* slot = p2pPacketSlot(c, t.peer, c.rank, block, chunk);
+  const uint32_t flag = p2pFlag(chunk);
+  uint64_t begin = 0, length = 0;
+  p2pPiece(shape, t.bytes, 0, block, &begin, &length);
+  const uint64_t packets = packetsFor<LL16Packet>(length);
+  for (uint64_t i = tid; i <= packets; i += numThreads) {
+    uint32_t payload[2] = {static_cast<uint32_t>(t.bytes), static_cast<uint32_t>(t.bytes >> 32)};
+    if (i > 0) packPayload<LL16Packet>(t.data + begin, i - 1, length, payload);
+    slot[i].write(payload, flag);
+  }
+  if (tid == 0) *sent = chunk + 1;
+}
+
+/// Thread 0 of a receiving lane: records that chunk `chunk` of `sentBytes` met a receive of t.bytes.
+PYCCL_HOST_DEVICE void p2pRecordMismatch(const CollectiveContext& c, const P2PTransfer& t, uint64_t sentBytes) {
+  c.abort.record(WaitStatus::kMismatch, t.peer, t.bytes, sentBytes);
+}
+
+/// Lane `block`'s share of an HB receive (see the top of this file).
+PYCCL_HOST_DEVICE void p2pReceiveHB(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
+                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
   uint64_t* received = &c.p2pReceived[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
   const uint64_t first = *received;
-  const P2PShape shape = p2pShape(c, t.bytes);
-  const uint64_t* ready = detail::p2pCount(c, c.rank, c.p2pReadyOffset, t.peer, block);
-  uint64_t* ack = detail::p2pCount(c, t.peer, c.p2pAckOffset, c.rank, block);
+  const uint64_t* ready = p2pCount(c, c.rank, c.p2pReadyOffset, t.peer, block);
+  uint64_t* ack = p2pCount(c, t.peer, c.p2pAckOffset, c.rank, block);
   for (uint64_t k = 0; k < shape.steps; ++k) {
     const uint64_t chunk = first + k;
-    const char* slot = detail::p2pSlot(c, c.rank, t.peer, block, chunk);
+    const char* slot = p2pSlot(c, c.rank, t.peer, block, chunk);
     bool ok = true;
     if (tid == 0) {
-      uint64_t seen = 0;
-      ok = spinUntilAtLeast(ready, chunk + 1, c.abort, t.peer, &seen) == WaitStatus::kOk;
-      const uint64_t sentBytes = ok ? *reinterpret_cast<const uint64_t*>(slot) : t.bytes;
-      if (sentBytes != t.bytes) {
-        c.abort.record(WaitStatus::kMismatch, t.peer, t.bytes, sentBytes);
+      uint64_t seen = 0, sentBytes = t.bytes;
+      // Checked now and then while waiting: an LL send met this receive, and may be the last send for a while.
+      bool otherProtocol = false;
+      const WaitStatus status = boundedPoll(
+          [&] {
+            seen = atomicLoadAcquire(ready);
+            return seen >= chunk + 1;
+          },
+          [&] { return seen; }, c.abort, t.peer, chunk + 1,
+          [&] { return otherProtocol = p2pSentOtherwise(c, t, block, chunk, false, &sentBytes); });
+      ok = status == WaitStatus::kOk;
+      // A later chunk's ready count may have passed an LL chunk: the header names the chunk it came with.
+      if (ok && !p2pSlotHeader(slot, chunk, &sentBytes)) {
+        otherProtocol = p2pSentOtherwise(c, t, block, chunk, false, &sentBytes);
+        if (!otherProtocol) sentBytes = ~0ull;  // unreachable while both sides count alike
+      }
+      if (otherProtocol || (ok && sentBytes != t.bytes)) {
+        p2pRecordMismatch(c, t, sentBytes);
         ok = false;
       }
     }
     // Acquired by thread 0, the sender's stores into the slot happen before every thread's loads below.
-    if (!detail::blockAll(ok)) return;
+    if (!blockAll(ok)) return;
     uint64_t begin = 0, length = 0;
-    detail::p2pPiece(shape, t.bytes, k, block, &begin, &length);
+    p2pPiece(shape, t.bytes, k, block, &begin, &length);
     if (length > 0) copyBytes(t.data + begin, slot + kP2PHeaderBytes, length, tid, numThreads);
     syncBlock();  // every thread's loads of the slot happen before it is handed back
     if (tid == 0) atomicStoreRelease(ack, chunk + 1);
@@ -171,6 +293,55 @@ PYCCL_HOST_DEVICE void p2pReceiveBlock(const CollectiveContext& c, const P2PTran
   if (tid == 0) *received = first + shape.steps;
 }
 
+/// Lane `block`'s share of an LL receive (see the top of this file).
+PYCCL_HOST_DEVICE void p2pReceiveLL(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
+                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
+  uint64_t* received = &c.p2pReceived[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
+  const uint64_t chunk = *received;
+  const LL16Packet* slot = p2pPacketSlot(c, c.rank, t.peer, block, chunk);
+  const uint32_t flag = p2pFlag(chunk);
+  uint64_t begin = 0, length = 0;
+  p2pPiece(shape, t.bytes, 0, block, &begin, &length);
+  const uint64_t packets = packetsFor<LL16Packet>(length);
+  bool ok = true;
+  // Checked now and then while a packet is awaited: the send was of another size or went HB. Thread 0, which
+  // reads the header, records it; the others only stop waiting.
+  uint64_t sentBytes = t.bytes;
+  bool mismatch = false;
+  auto sentOtherwise = [&] {
+    uint64_t headerBytes = 0;
+    if (p2pPacketHeader(slot, chunk, &headerBytes)) {
+      mismatch = headerBytes != t.bytes;
+      sentBytes = headerBytes;
+    } else {
+      mismatch = p2pSentOtherwise(c, t, block, chunk, true, &sentBytes);
+    }
+    return mismatch;
+  };
+  for (uint64_t i = tid; ok && i <= packets; i += numThreads) {
+    uint32_t payload[2];
+    const WaitStatus status = boundedPoll([&] { return slot[i].tryRead(flag, payload); }, [&] { return i; },
+                                          c.abort, t.peer, flag, sentOtherwise);
+    ok = status == WaitStatus::kOk;
+    if (ok && i == 0) {
+      sentBytes = static_cast<uint64_t>(payload[0]) | (static_cast<uint64_t>(payload[1]) << 32);
+      mismatch = sentBytes != t.bytes;
+      ok = !mismatch;
+    } else if (ok) {
+      unpackPayload<LL16Packet>(t.data + begin, i - 1, length, payload);
+    }
+    if (mismatch && tid == 0) p2pRecordMismatch(c, t, sentBytes);
+  }
+  // Every thread's loads of the slot happen before it is handed back (cumulativity through the barrier).
+  if (!blockAll(ok)) return;
+  if (tid == 0) {
+    atomicStoreRelease(p2pCount(c, t.peer, c.p2pAckOffset, c.rank, block), chunk + 1);
+    *received = chunk + 1;
+  }
+}
+
+}  // namespace detail
+
 /// Block `blockIndex` of a launch of `a` (a block per lane of each transfer, in order).
 PYCCL_HOST_DEVICE void sendRecvBlock(const CollectiveContext& c, const P2PArgs& a, uint32_t blockIndex, uint32_t tid,
                                      uint32_t numThreads) {
@@ -178,10 +349,17 @@ PYCCL_HOST_DEVICE void sendRecvBlock(const CollectiveContext& c, const P2PArgs& 
   while (i + 1 < a.count && a.transfers[i + 1].firstBlock <= blockIndex) ++i;
   const P2PTransfer t = a.transfers[i];
   const uint32_t block = blockIndex - t.firstBlock;
+  const P2PShape shape = p2pShape(c, t.bytes);
   if (t.send != 0) {
-    p2pSendBlock(c, t, block, tid, numThreads);
+    if (shape.ll) {
+      detail::p2pSendLL(c, t, shape, block, tid, numThreads);
+    } else {
+      detail::p2pSendHB(c, t, shape, block, tid, numThreads);
+    }
+  } else if (shape.ll) {
+    detail::p2pReceiveLL(c, t, shape, block, tid, numThreads);
   } else {
-    p2pReceiveBlock(c, t, block, tid, numThreads);
+    detail::p2pReceiveHB(c, t, shape, block, tid, numThreads);
   }
 }
 

@@ -69,7 +69,8 @@ void bindCollectives(py::module_& m) {
                        uint64_t fusedTwoShotBytes, uint64_t fusedTwoKernelMinBytes,
                        uint64_t onePhaseHBBytesPerBlock, uint64_t onePhaseHBMaxBytes,
                        const KernelChoices& kernelChoices, uint32_t p2pBlocks, uint64_t p2pSliceBytes,
-                       uint32_t p2pSlots, uint32_t p2pThreads) {
+                       uint32_t p2pSlots, uint32_t p2pThreads, std::optional<uint64_t> p2pLLMaxBytes,
+                       uint64_t p2pLLLaneBytes) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -98,6 +99,12 @@ void bindCollectives(py::module_& m) {
              o.p2pSliceBytes = p2pSliceBytes;
              o.p2pSlots = p2pSlots;
              o.p2pThreads = p2pThreads;
+             if (p2pLLMaxBytes) {
+               PYCCL_CHECK_ARG(*p2pLLMaxBytes != CollectiveOptions::kP2PLLDefault, "p2p_ll_max_bytes",
+                               "must be at most 16 MiB (None: the default)");
+               o.p2pLLMaxBytes = *p2pLLMaxBytes;
+             }
+             o.p2pLLLaneBytes = p2pLLLaneBytes;
              applyKernelChoices(o, kernelChoices);
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
@@ -121,7 +128,8 @@ void bindCollectives(py::module_& m) {
            py::arg("fused_two_kernel_min_bytes") = 0, py::arg("one_phase_hb_bytes_per_block") = 0,
            py::arg("one_phase_hb_max_bytes") = 0, py::arg("kernel_choices") = KernelChoices{},
            py::arg("p2p_blocks") = 0, py::arg("p2p_slice_bytes") = 0, py::arg("p2p_slots") = CollectiveOptions{}.p2pSlots,
-           py::arg("p2p_threads") = CollectiveOptions{}.p2pThreads,
+           py::arg("p2p_threads") = CollectiveOptions{}.p2pThreads, py::arg("p2p_ll_max_bytes") = std::nullopt,
+           py::arg("p2p_ll_lane_bytes") = 0,
            py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),
@@ -236,6 +244,8 @@ void bindCollectives(py::module_& m) {
                                return static_cast<uint64_t>(o.p2pSlots) * o.p2pBlocks * o.p2pSliceBytes;
                              },
                              "The largest send that completes before its receive starts.")
+      .def_property_readonly("p2p_ll_max_bytes", [](const CollectiveEngine& e) { return e.options().p2pLLMaxBytes; },
+                             "Sends and receives of at most this many bytes go as LL packets.")
       .def_property_readonly("p2p_lanes", [](const CollectiveEngine& e) { return e.options().p2pBlocks; },
                              "Most lanes (blocks) of a send or receive: p2p_blocks, or fewer where a launch with "
                              "every peer would not stay resident on some rank's GPU.")

@@ -443,7 +443,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                                              check=lambda: _check(collective, label, out, ref, whole), output=out)
             tuned = pyccl.tuning.select(pyccl.selection.table_for(device, world, dtype), collective, whole)
             if collective == "send_recv":
-                row["pyccl_algo"] = "p2p"
+                row["pyccl_algo"] = "ll" if x.numel() * x.element_size() <= comm._engine.p2p_ll_max_bytes else "hb"
             elif tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
                 row["pyccl_algo"] = tuned
             elif whole >= pyccl.selection._nccl_min_bytes(collective):
