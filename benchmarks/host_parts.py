@@ -9,12 +9,14 @@ times the layers between them, each alone:
   (no Python wrapper) and the group's backend called directly; the same two
   on torch's fake process group (torch's own cost, the backend doing nothing);
 - the collective engine alone, ``pyccl.all_reduce`` with and without ``out``,
-  ``torch.empty_like`` and torch's ``copy_``.
+  ``torch.empty_like`` and torch's ``copy_``;
+- the other ops with C++ kernels (all_gather, reduce_scatter,
+  fused_all_reduce_rmsnorm), each beside the engine's own call.
 
 Each trial times every part in turn (the host's drift reaches all alike);
 medians over the trials. ``--python-path`` sends every call of
-``torch.ops.pyccl.all_reduce`` through its Python path (as before its kernel
-was C++), for a comparison in turn::
+``torch.ops.pyccl.*`` op through its Python path (as before its kernel was
+C++), for a comparison in turn::
 
     python benchmarks/host_parts.py [--python-path] [--out F]
 """
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=9, help="timed loops per part (median)")
     parser.add_argument("--port", type=int, default=29561)
     parser.add_argument("--python-path", action="store_true",
-                        help="every torch.ops.pyccl.all_reduce call through its Python path")
+                        help="every torch.ops.pyccl.* call through its Python path")
     parser.add_argument("--out", default=None, help="write every loop's time as JSON here")
     args = parser.parse_args(argv)
 
@@ -57,13 +59,17 @@ def main(argv=None) -> int:
     group, fake = dist.group.WORLD, dist.new_group(backend="fake")
     name = group.group_name
     if args.python_path:
-        pyccl.ops._WATCHED = []  # nothing is learned: every call falls back
-        pyccl._C.forget_all_reduce_op_routes()
+        pyccl.ops._WATCHED = dict.fromkeys(pyccl.ops._WATCHED, [])  # nothing is learned: every call falls back
+        pyccl._C.forget_op_routes()
     x = torch.randn(max(1, args.bytes // 2), device=device).to(torch.bfloat16)
     out, inplace = torch.empty_like(x), x.clone()
     if not torch.equal(torch.ops.pyccl.all_reduce(x, "sum", name), x):  # one rank: the sum is the input
         raise AssertionError("torch.ops.pyccl.all_reduce: wrong result")
     comm = pyccl.communicator_for(None, device)
+    hidden = 128 if x.numel() % 128 == 0 else x.numel()
+    rows = x.view(-1, hidden)  # the fused op's message: rows of `hidden`, the same bytes
+    residual, weight = torch.randn_like(rows), torch.rand(hidden, device=device).to(torch.bfloat16)
+    normed, new_residual = torch.empty_like(rows), torch.empty_like(rows)
     backend = group._get_backend(device)
     opts = AllreduceOptions()
     opts.reduceOp = dist.ReduceOp.MAX  # in place, call after call: the same result
@@ -80,6 +86,17 @@ def main(argv=None) -> int:
         "backend.allreduce (pyccl)": lambda: backend.allreduce([inplace], opts),
         "dist.all_reduce (fake)": lambda: dist.all_reduce(inplace, op=dist.ReduceOp.MAX, group=fake),
         "ProcessGroup.allreduce (fake)": lambda: fake.allreduce([inplace], opts),
+        # The other ops with C++ kernels, beside their Python entry points and the engine's own calls.
+        "engine all_gather (C++)": lambda: comm._engine.all_gather(comm._comm, x, out, None),
+        "pyccl.all_gather, new output": lambda: pyccl.all_gather(x),
+        "torch.ops.pyccl.all_gather": lambda: torch.ops.pyccl.all_gather(x, 1, name),
+        "engine reduce_scatter (C++)": lambda: comm._engine.reduce_scatter(comm._comm, x, out, "sum", None),
+        "torch.ops.pyccl.reduce_scatter": lambda: torch.ops.pyccl.reduce_scatter(x, "sum", 1, name),
+        "engine fused norm (C++)": lambda: comm._engine.all_reduce_rmsnorm(comm._comm, rows, residual, weight,
+                                                                           normed, new_residual, 1e-6, None),
+        "pyccl.fused_all_reduce_rmsnorm": lambda: pyccl.fused_all_reduce_rmsnorm(rows, residual, weight),
+        "torch.ops.pyccl.fused_all_reduce_rmsnorm": lambda: torch.ops.pyccl.fused_all_reduce_rmsnorm(
+            rows, residual, weight, 1e-6, name),
     }
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for fn in parts.values():
@@ -94,14 +111,16 @@ def main(argv=None) -> int:
                 fn()
             loops[label].append((time.perf_counter() - start) / args.calls * 1e6)
             sync()
-    calls = pyccl._C.all_reduce_op_calls()
+    calls = {op: pyccl._C.op_calls(op)
+             for op in ("all_reduce", "all_gather", "reduce_scatter", "fused_all_reduce_rmsnorm")}
     engine = statistics.median(loops["engine (C++)"])
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (host mode)"
     print(f"# host µs per call, {args.bytes} B bf16, {where}; median of {args.trials} loops of {args.calls}; "
-          f"torch.ops.pyccl.all_reduce calls: {calls['engine']} to the engine, {calls['python']} to Python")
+          "torch.ops.pyccl calls to the engine / to Python: " +
+          ", ".join(f"{op} {c['engine']}/{c['python']}" for op, c in calls.items()))
     for label, times in loops.items():
         median = statistics.median(times)
-        print(f"{label:32s} {median:7.2f}   ({median / engine:4.2f} × the engine's)")
+        print(f"{label:42s} {median:7.2f}   ({median / engine:4.2f} × the engine's all-reduce)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": where, "bytes": args.bytes, "python_path": args.python_path, "loops_us": loops,

@@ -227,9 +227,9 @@ def all_reduce_routes(rank, world, store, on_gpu):
         x = parts[rank].to(device)
         if transpose:
             x = x.t().contiguous().t()  # the same values, column-major
-        before = _C.all_reduce_op_calls()
+        before = _C.op_calls("all_reduce")
         got = torch.ops.pyccl.all_reduce(x, op, name)
-        after = _C.all_reduce_op_calls()
+        after = _C.op_calls("all_reduce")
         ref = torch.stack([p.double() for p in parts])
         ref = {"sum": ref.sum(0), "max": ref.amax(0), "SUM": ref.sum(0)}[op]
         if got.shape != x.shape or not torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-5):
@@ -279,6 +279,127 @@ def all_reduce_routes(rank, world, store, on_gpu):
     return taken
 
 
+OTHER_OP_ROUTES = [
+    ("all_gather first", "python"),
+    ("all_gather again", "engine"),
+    ("all_gather new dtype", "python"),
+    ("all_gather new dtype, again", "engine"),
+    ("all_gather PYCCL_ALGO=hb", "python"),
+    ("all_gather PYCCL_ALGO=hb, again", "engine"),
+    ("all_gather group_size wrong", "refused"),
+    ("reduce_scatter first", "python"),
+    ("reduce_scatter again, max", "engine"),
+    ("reduce_scatter NCCL_MIN_BYTES changed", "python"),
+    ("reduce_scatter NCCL_MIN_BYTES restored", "python"),
+    ("reduce_scatter NCCL_MIN_BYTES restored, again", "engine"),
+    ("reduce_scatter rows that do not split", "refused"),
+    ("fused first", "python"),
+    ("fused again", "engine"),
+    ("fused wrong residual", "refused"),
+    ("fused FUSED_MAX_BYTES lowered", "python"),
+    ("fused FUSED_MAX_BYTES lowered, again", "python"),
+    # The choice learned before the limit changed holds again (the unfused calls in between learned nothing).
+    ("fused FUSED_MAX_BYTES restored", "engine"),
+]
+
+
+def other_op_routes(rank, world, store, on_gpu):
+    """The C++ kernels of torch.ops.pyccl.all_gather, reduce_scatter and
+    fused_all_reduce_rmsnorm, as all_reduce_routes checks all_reduce's: which
+    calls run straight into the engine, which go to Python, and the errors
+    of bad arguments on either path; every result against float64. Returns
+    [(step, path)] (OTHER_OP_ROUTES: what they should be)."""
+    import os
+
+    from pyccl import _C, fused, selection
+
+    device = _init(rank, world, store, on_gpu)
+    name = dist.group.WORLD.group_name
+    seeds = iter(range(5000, 100000, 89))
+    taken = []
+
+    def parts_of(shape, dtype=torch.float32):
+        seed = next(seeds)
+        return [torch.randn(*shape, generator=torch.Generator().manual_seed(seed + q)).to(dtype)
+                for q in range(world)]
+
+    def run(step, op, body, check):
+        before = _C.op_calls(op)
+        got = body()
+        after = _C.op_calls(op)
+        if not check(got):
+            raise AssertionError(f"{step}: wrong result")
+        taken.append((step, "+".join(k for k in ("engine", "python") if after[k] != before[k])))
+
+    def refused(step, body, words):
+        try:
+            body()
+            taken.append((step, "no error"))
+        except (ValueError, pyccl.PycclError) as e:
+            taken.append((step, "refused" if all(w in str(e) for w in words) else str(e)))
+
+    def gather(step, dtype=torch.float32):
+        parts = parts_of((6, 5), dtype)
+        want = torch.cat(parts).view(torch.uint8)
+        run(step, "all_gather", lambda: torch.ops.pyccl.all_gather(parts[rank].to(device), world, name),
+            lambda got: got.shape == (6 * world, 5) and torch.equal(got.cpu().view(torch.uint8), want))
+
+    def scatter(step, op="sum"):
+        parts = parts_of((4 * world, 3))
+        ref = torch.stack([p.double() for p in parts])
+        ref = (ref.sum(0) if op == "sum" else ref.amax(0))[4 * rank:4 * (rank + 1)]
+        run(step, "reduce_scatter", lambda: torch.ops.pyccl.reduce_scatter(parts[rank].to(device), op, world, name),
+            lambda got: got.shape == (4, 3) and torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-5))
+
+    def norm(step, rows=3, hidden=64):
+        parts = parts_of((rows, hidden))
+        residual, weight = parts_of((rows, hidden))[0], parts_of((hidden,))[0]
+        new_res = torch.stack([p.double() for p in parts]).sum(0) + residual.double()
+        normed = new_res * torch.rsqrt(new_res.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double()
+        run(step, "fused_all_reduce_rmsnorm",
+            lambda: torch.ops.pyccl.fused_all_reduce_rmsnorm(parts[rank].to(device), residual.to(device),
+                                                             weight.to(device), 1e-6, name),
+            lambda got: all(torch.allclose(g.cpu().double(), w, rtol=1e-4, atol=1e-4)
+                            for g, w in zip(got, (normed, new_res))))
+
+    gather("all_gather first")
+    gather("all_gather again")
+    gather("all_gather new dtype", torch.bfloat16)
+    gather("all_gather new dtype, again", torch.bfloat16)
+    os.environ["PYCCL_ALGO"] = "hb"
+    gather("all_gather PYCCL_ALGO=hb")
+    gather("all_gather PYCCL_ALGO=hb, again")
+    del os.environ["PYCCL_ALGO"]
+    refused("all_gather group_size wrong",
+            lambda: torch.ops.pyccl.all_gather(torch.randn(6, 5).to(device), world + 1, name), ["group_size"])
+    scatter("reduce_scatter first")
+    scatter("reduce_scatter again, max", op="max")
+    saved = selection.NCCL_MIN_BYTES["reduce_scatter"]
+    selection.NCCL_MIN_BYTES["reduce_scatter"] = saved * 2
+    scatter("reduce_scatter NCCL_MIN_BYTES changed")
+    selection.NCCL_MIN_BYTES["reduce_scatter"] = saved
+    scatter("reduce_scatter NCCL_MIN_BYTES restored")
+    scatter("reduce_scatter NCCL_MIN_BYTES restored, again")
+    refused("reduce_scatter rows that do not split",
+            lambda: torch.ops.pyccl.reduce_scatter(torch.randn(4 * world + 1, 3).to(device), "sum", world, name),
+            ["split"])
+    norm("fused first")
+    norm("fused again")
+    refused("fused wrong residual",
+            lambda: torch.ops.pyccl.fused_all_reduce_rmsnorm(torch.randn(3, 64).to(device),
+                                                             torch.randn(3, 32).to(device),
+                                                             torch.randn(64).to(device), 1e-6, name),
+            ["'residual'", "shape"])
+    saved = fused.FUSED_MAX_BYTES
+    fused.FUSED_MAX_BYTES = 256  # the 768-byte message takes the unfused path, which is never learned
+    norm("fused FUSED_MAX_BYTES lowered")
+    norm("fused FUSED_MAX_BYTES lowered, again")
+    fused.FUSED_MAX_BYTES = saved
+    norm("fused FUSED_MAX_BYTES restored")
+    dist.destroy_process_group()
+    return taken
+
+
 def captured_all_reduce_op(rank, world, store, on_gpu):
     """torch.ops.pyccl.all_reduce captured in a CUDA graph after an eager call
     taught its C++ kernel the choice, replayed with new inputs: each replay
@@ -290,11 +411,11 @@ def captured_all_reduce_op(rank, world, store, on_gpu):
     static_in = torch.randn(1000, 3, device=device)
     torch.ops.pyccl.all_reduce(static_in, "sum", name)  # eager: the Python path, which teaches the kernel
     torch.cuda.synchronize()
-    before = _C.all_reduce_op_calls()
+    before = _C.op_calls("all_reduce")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = torch.ops.pyccl.all_reduce(static_in, "sum", name)
-    after = _C.all_reduce_op_calls()
+    after = _C.op_calls("all_reduce")
     path = "+".join(k for k in ("engine", "python") if after[k] != before[k])
     right = 0
     for replay in range(20):

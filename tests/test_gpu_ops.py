@@ -35,5 +35,11 @@ def test_all_reduce_op_runs_learned_calls_straight_into_the_engine_on_gpus():
 
 
 @requires_gpus(2)
+def test_other_ops_run_learned_calls_straight_into_the_engine_on_gpus():
+    for taken in run_ranks(ro.other_op_routes, 2, args=(True,), timeout=300):
+        assert taken == ro.OTHER_OP_ROUTES
+
+
+@requires_gpus(2)
 def test_all_reduce_op_captured_in_a_cuda_graph_after_an_eager_call():
     assert run_ranks(ro.captured_all_reduce_op, 2, args=(True,), timeout=300) == [(20, "engine")] * 2

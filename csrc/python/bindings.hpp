@@ -26,7 +26,6 @@ void bindSelftest(pybind11::module_& m);
 void bindCollectives(pybind11::module_& m);
 void bindExecutor(pybind11::module_& m);
 void bindBackend(pybind11::module_& m);
-void bindAllReduceOp(pybind11::module_& m);
 
 /// Sets the Python error of `e` (pyccl._C's class for its code, its message); with the GIL held.
 void setPythonError(const Error& e);

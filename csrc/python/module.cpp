@@ -9,6 +9,7 @@
 #include "core/ibverbs.hpp"
 #include "core/logging.hpp"
 #include "python/bindings.hpp"
+#include "python/op_routes.hpp"
 
 #ifdef PYCCL_WITH_CUDA
 #include "core/gpu_memory.hpp"
@@ -124,5 +125,5 @@ PYBIND11_MODULE(_C, m) {
   bindCollectives(m);
   bindExecutor(m);
   bindBackend(m);
-  bindAllReduceOp(m);
+  bindOpRoutes(m);
 }

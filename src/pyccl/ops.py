@@ -32,12 +32,13 @@ They have no derivative: their Autograd kernel (csrc/torch/custom_ops.cpp)
 lets a call on tensors that require grad run, and a backward through its
 result raise, naming the op.
 
-``all_reduce``'s CPU and CUDA kernel is C++ (csrc/python/all_reduce_op.cpp):
-a call like one that the Python kernel below already ran on the engine (same
-group, device, dtype and size, nothing its choice was made from changed since)
-goes straight to the engine without calling Python (it only reads, under the
-GIL, the values that choice was made from). Every other call runs the Python
-kernel, which then teaches the C++ one.
+The CPU and CUDA kernels of ``all_reduce``, ``all_gather``, ``reduce_scatter``
+and ``fused_all_reduce_rmsnorm`` are C++ (csrc/python/collective_ops.cpp): a
+call like one that the Python kernel below already ran on the engine (same
+op, group, device, dtype and size, nothing its choice was made from changed
+since) goes straight to the engine without calling Python (it only reads,
+under the GIL, the values that choice was made from). Every other call runs
+the Python kernel, which then teaches the C++ one.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from . import _C, _env, collectives, fused, registry, selection
+from .group_communicators import communicator_for
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "fused_all_reduce_rmsnorm", "reduce_scatter"]
 
@@ -73,7 +75,7 @@ def _define(schema: str, fake, kernel_in_cpp: bool = False):
         for key in ("Autograd", "CPU", "CUDA") if kernel_in_cpp else ("Autograd",):
             if not torch._C._dispatch_has_kernel_for_dispatch_key(f"pyccl::{name}", key):
                 raise RuntimeError(f"pyccl::{name} has no {key} kernel in pyccl._C (csrc/torch/custom_ops.cpp, "
-                                   "csrc/python/all_reduce_op.cpp)")
+                                   "csrc/python/collective_ops.cpp)")
         return kernel
 
     return register
@@ -120,24 +122,45 @@ def _normed(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: 
 @_define("all_reduce(Tensor x, str op, str group_name) -> Tensor", _like, kernel_in_cpp=True)
 def all_reduce(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """All-reduce of ``x`` over the group named ``group_name``; a new tensor."""
-    return collectives.all_reduce(x.contiguous(), op, group=_group(group_name))
-
-
-def _all_reduce_python_path(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
-    """The C++ kernel's fallback: the all-reduce, then the lesson."""
     x = x.contiguous()
     group = _group(group_name)
     out = collectives.all_reduce(x, op, group=group)
-    if _WATCHED and not registry._registry:  # else a registered plan may take some sizes
-        _teach_all_reduce(x, group, group_name)
+    if _WATCHED["all_reduce"] and not registry._registry:  # else a registered plan may take some sizes
+        _teach_collective("all_reduce", x, group, group_name)
     return out
 
 
-def _teach_all_reduce(x: torch.Tensor, group: dist.ProcessGroup, group_name: str) -> None:
-    """Where pyccl.all_reduce ran this call on the engine, tells the C++ kernel
-    the engine and the algorithms it was given: the same branches as
-    collectives.all_reduce, from the same memoized choice."""
-    call = selection._Call("all_reduce", x, group, None, None)
+@_define("all_gather(Tensor x, int group_size, str group_name) -> Tensor", _gathered, kernel_in_cpp=True)
+def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    """Every rank's ``x`` concatenated along dim 0, in rank order; ``group_size``
+    is the group's size (checked)."""
+    x = x.contiguous()
+    group = _group_of_size(group_name, group_size)
+    out = collectives.all_gather(x, group=group)
+    if _WATCHED["all_gather"] and not registry._registry:
+        _teach_collective("all_gather", x, group, group_name)
+    return out
+
+
+@_define("reduce_scatter(Tensor x, str op, int group_size, str group_name) -> Tensor", _scattered,
+         kernel_in_cpp=True)
+def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
+    """The reduction of ``x`` over the group, split along dim 0; this rank's
+    part. ``group_size`` is the group's size (checked)."""
+    x = x.contiguous()
+    group = _group_of_size(group_name, group_size)
+    out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
+    out = collectives.reduce_scatter(x, op, group=group, out=out)
+    if _WATCHED["reduce_scatter"] and not registry._registry:
+        _teach_collective("reduce_scatter", x, group, group_name)
+    return out
+
+
+def _teach_collective(collective: str, x: torch.Tensor, group: dist.ProcessGroup, group_name: str) -> None:
+    """Where pyccl.<collective> ran this call on the engine, tells the op's C++
+    kernel the engine and the choice it was given: the same branches as
+    pyccl.collectives, from the same memoized choice."""
+    call = selection._Call(collective, x, group, None, None, gathers=collective == "all_gather")
     engine = getattr(call.comm, "_engine", None)
     if engine is None or call.use_nccl:
         return
@@ -145,44 +168,25 @@ def _teach_all_reduce(x: torch.Tensor, group: dist.ProcessGroup, group_name: str
     if not call.forced:
         if call.spans_nodes or call.tuned_plan is not None:
             return
-        symmetric = call.symmetric_algorithm(engine, x)
-        if symmetric == "nccl":
-            return
-    _C.learn_all_reduce_op_route(group_name, x, call.comm._comm, engine, call.kernel_algorithm, symmetric)
+        if collective == "all_reduce":
+            symmetric = call.symmetric_algorithm(engine, x)
+            if symmetric == "nccl":
+                return
+    _C.learn_op_route(collective, group_name, x, call.comm._comm, engine, call.kernel_algorithm, symmetric)
 
 
-def _watched_sources() -> list:
-    """What a learned all-reduce choice was made from, beyond the call itself:
-    what pyccl.selection._Call's memo keys on, and the registered plans."""
+def _watched_sources(collective: str) -> list:
+    """What a learned choice of `collective` was made from, beyond the call
+    itself: what pyccl.selection._Call's memo keys on, and the registered plans."""
     sources = []
     for name in ("PYCCL_ALGO", "PYCCL_NCCL_MIN_BYTES", "PYCCL_TUNING_FILE"):
         lookup = _env.lookup(name)
         if lookup is None:
             return []  # the environment cannot be watched here: no call is learned
         sources.append((lookup[0], lookup[1], None))
-    sources.append((vars(selection), "NCCL_MIN_BYTES", "all_reduce"))
+    sources.append((vars(selection), "NCCL_MIN_BYTES", collective))
     sources.append((vars(registry), "_generation", None))
     return sources
-
-
-_WATCHED = _watched_sources()
-_C.set_all_reduce_op_python(_all_reduce_python_path, _WATCHED)
-
-
-@_define("all_gather(Tensor x, int group_size, str group_name) -> Tensor", _gathered)
-def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
-    """Every rank's ``x`` concatenated along dim 0, in rank order; ``group_size``
-    is the group's size (checked)."""
-    return collectives.all_gather(x.contiguous(), group=_group_of_size(group_name, group_size))
-
-
-@_define("reduce_scatter(Tensor x, str op, int group_size, str group_name) -> Tensor", _scattered)
-def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
-    """The reduction of ``x`` over the group, split along dim 0; this rank's
-    part. ``group_size`` is the group's size (checked)."""
-    group = _group_of_size(group_name, group_size)
-    out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
-    return collectives.reduce_scatter(x.contiguous(), op, group=group, out=out)
 
 
 @_define("all_to_all(Tensor x, str group_name) -> Tensor", _like)
@@ -198,9 +202,23 @@ def broadcast(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
 
 
 @_define("fused_all_reduce_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps, str group_name) "
-         "-> (Tensor, Tensor)", _normed)
+         "-> (Tensor, Tensor)", _normed, kernel_in_cpp=True)
 def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                              group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """All-reduce of ``x`` + ``residual``, then RMSNorm with ``weight``: (normed, new residual)."""
-    return fused.fused_all_reduce_rmsnorm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
-                                          group=_group(group_name))
+    x = x.contiguous()
+    group = _group(group_name)
+    out = fused.fused_all_reduce_rmsnorm(x, residual.contiguous(), weight.contiguous(), eps, group=group)
+    if _WATCHED["fused_all_reduce_rmsnorm"] and x.numel() * x.element_size() <= fused.FUSED_MAX_BYTES:
+        # The fused kernel ran, with the engine's own choice (above the limit: pyccl.all_reduce and torch's ops).
+        comm = communicator_for(group, x.device)
+        _C.learn_op_route("fused_all_reduce_rmsnorm", group_name, x, comm._comm, comm._engine)
+    return out
+
+
+# What each op's learned choices depend on; an op with nothing here learns nothing.
+_WATCHED = {name: _watched_sources(name) for name in ("all_reduce", "all_gather", "reduce_scatter")}
+_WATCHED["fused_all_reduce_rmsnorm"] = [(vars(fused), "FUSED_MAX_BYTES", None)]
+for _name, _path in (("all_reduce", all_reduce), ("all_gather", all_gather), ("reduce_scatter", reduce_scatter),
+                     ("fused_all_reduce_rmsnorm", fused_all_reduce_rmsnorm)):
+    _C.set_op_python(_name, _path, _WATCHED[_name])
