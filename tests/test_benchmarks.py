@@ -253,7 +253,7 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize("python_path", [False, True])
 def test_host_parts_bench_runs_in_host_mode(tmp_path, python_path):
-    """Every part is timed; the op's calls go to the engine, or with
+    """Every part is timed; the ops' calls go to the engine, or with
     --python-path every one to Python."""
     import json
 
@@ -264,10 +264,13 @@ def test_host_parts_bench_runs_in_host_mode(tmp_path, python_path):
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # host mode wherever it runs
     assert proc.returncode == 0, proc.stderr[-3000:]
     for needle in ("torch.ops.pyccl.all_reduce", "torch.ops.aten.alias", "dist.all_reduce (fake)",
-                   "backend.allreduce (pyccl)", "engine (C++)"):
+                   "backend.allreduce (pyccl)", "engine (C++)", "torch.ops.pyccl.all_gather",
+                   "torch.ops.pyccl.reduce_scatter", "torch.ops.pyccl.fused_all_reduce_rmsnorm"):
         assert needle in proc.stdout, proc.stdout
     result = json.loads(out_json.read_text())
     calls = result["op_calls"]
-    # Warm-up, trials and the checked first call: 20 + 2 * 3 + 1.
-    assert calls == ({"engine": 0, "python": 27} if python_path else {"engine": 26, "python": 1}), calls
+    # Warm-up and trials, 20 + 2 * 3 calls, and all_reduce's checked first call.
+    for op, n in (("all_reduce", 27), ("all_gather", 26), ("reduce_scatter", 26), ("fused_all_reduce_rmsnorm", 26)):
+        want = {"engine": 0, "python": n} if python_path else {"engine": n - 1, "python": 1}
+        assert calls[op] == want, (op, calls)
     assert all(len(t) == 2 and min(t) > 0 for t in result["loops_us"].values())
