@@ -84,19 +84,28 @@ struct P2PShape {
 
 namespace detail {
 
+/// Index of the slot of `source`'s ring `block` that holds chunk `chunk`, among every ring's slots (HB and LL
+/// rings are laid out alike).
+PYCCL_HOST_DEVICE uint64_t p2pSlotIndex(const CollectiveContext& c, int source, uint32_t block, uint64_t chunk) {
+  return (static_cast<uint64_t>(source) * c.p2pBlocks + block) * c.p2pSlots + chunk % c.p2pSlots;
+}
+
 /// The HB slot of `source`'s ring `block` in `owner`'s scratch that holds chunk `chunk`.
 PYCCL_HOST_DEVICE char* p2pSlot(const CollectiveContext& c, int owner, int source, uint32_t block, uint64_t chunk) {
-  const uint64_t ring = static_cast<uint64_t>(source) * c.p2pBlocks + block;
   return c.scratch[owner] + c.p2pDataOffset +
-         (ring * c.p2pSlots + chunk % c.p2pSlots) * (kP2PHeaderBytes + c.p2pSliceBytes);
+         p2pSlotIndex(c, source, block, chunk) * (kP2PHeaderBytes + c.p2pSliceBytes);
 }
 
 /// The LL slot (header packet, then data packets) of the same ring and chunk.
 PYCCL_HOST_DEVICE LL16Packet* p2pPacketSlot(const CollectiveContext& c, int owner, int source, uint32_t block,
                                             uint64_t chunk) {
-  const uint64_t ring = static_cast<uint64_t>(source) * c.p2pBlocks + block;
   return reinterpret_cast<LL16Packet*>(c.scratch[owner] + c.p2pLLOffset) +
-         (ring * c.p2pSlots + chunk % c.p2pSlots) * c.p2pLLSlotPackets;
+         p2pSlotIndex(c, source, block, chunk) * c.p2pLLSlotPackets;
+}
+
+/// This rank's count of chunks sent to or received from `peer` on lane `block` (p2pSent or p2pReceived).
+PYCCL_HOST_DEVICE uint64_t* p2pLaneCount(const CollectiveContext& c, uint64_t* counts, int peer, uint32_t block) {
+  return &counts[static_cast<uint64_t>(peer) * c.p2pBlocks + block];
 }
 
 /// The packet flag of chunk `chunk`: never 0 (fresh scratch), and distinct
@@ -116,11 +125,16 @@ PYCCL_HOST_DEVICE void p2pPiece(const P2PShape& s, uint64_t bytes, uint64_t step
   *length = *begin >= bytes ? 0 : (bytes - *begin < s.piece ? bytes - *begin : s.piece);
 }
 
+/// The size a header packet carries (its two data words, low first).
+PYCCL_HOST_DEVICE uint64_t p2pHeaderSize(const uint32_t (&words)[2]) {
+  return static_cast<uint64_t>(words[0]) | (static_cast<uint64_t>(words[1]) << 32);
+}
+
 /// Whether the LL header of chunk `chunk` has arrived in `slot`, and the size it carries. Never blocks.
 PYCCL_HOST_DEVICE bool p2pPacketHeader(const LL16Packet* slot, uint64_t chunk, uint64_t* bytes) {
   uint32_t words[2];
   if (!slot[0].tryRead(p2pFlag(chunk), words)) return false;
-  *bytes = static_cast<uint64_t>(words[0]) | (static_cast<uint64_t>(words[1]) << 32);
+  *bytes = p2pHeaderSize(words);
   return true;
 }
 
@@ -136,6 +150,12 @@ PYCCL_HOST_DEVICE bool p2pSlotHeader(const char* slot, uint64_t chunk, uint64_t*
 /// Ceiling of a / b, rounded up to a multiple of 8 (an LL16 packet's data).
 PYCCL_HOST_DEVICE uint64_t p2pPacketPiece(uint64_t a, uint64_t b) { return ((a + b - 1) / b + 7) / 8 * 8; }
 
+/// Lanes of a transfer of `bytes`: one per `perLane` bytes (rounded up), at least one, at most `blocks`.
+PYCCL_HOST_DEVICE uint32_t p2pLanes(uint64_t bytes, uint64_t perLane, uint32_t blocks) {
+  const uint64_t wanted = (bytes + perLane - 1) / perLane;
+  return wanted < 1 ? 1u : (wanted > blocks ? blocks : static_cast<uint32_t>(wanted));
+}
+
 }  // namespace detail
 
 /// The shape of a transfer of `bytes`, a function of the size and the
@@ -150,13 +170,11 @@ PYCCL_HOST_DEVICE uint64_t p2pPacketPiece(uint64_t a, uint64_t b) { return ((a +
 ///    p2pSlots * p2pBlocks * p2pSliceBytes fits its rings.
 PYCCL_HOST_DEVICE P2PShape p2pShape(const CollectiveContext& c, uint64_t bytes) {
   if (bytes <= c.p2pLLMaxBytes) {
-    const uint64_t wanted = (bytes + c.p2pLLLaneBytes - 1) / c.p2pLLLaneBytes;
-    const uint32_t lanes = wanted < 1 ? 1u : (wanted > c.p2pBlocks ? c.p2pBlocks : static_cast<uint32_t>(wanted));
+    const uint32_t lanes = detail::p2pLanes(bytes, c.p2pLLLaneBytes, c.p2pBlocks);
     return P2PShape{lanes, detail::p2pPacketPiece(bytes, lanes), 1, true};
   }
   const uint64_t minPiece = c.p2pSliceBytes < kP2PMinPieceBytes ? c.p2pSliceBytes : kP2PMinPieceBytes;
-  const uint64_t wanted = (bytes + minPiece - 1) / minPiece;
-  const uint32_t lanes = wanted < 1 ? 1u : (wanted > c.p2pBlocks ? c.p2pBlocks : static_cast<uint32_t>(wanted));
+  const uint32_t lanes = detail::p2pLanes(bytes, minPiece, c.p2pBlocks);
   const uint64_t spread = ((bytes + lanes - 1) / lanes + 15) / 16 * 16;
   const uint64_t piece = spread < c.p2pSliceBytes ? (spread < 16 ? 16 : spread) : c.p2pSliceBytes;
   const uint64_t perStep = lanes * piece;
@@ -203,7 +221,7 @@ PYCCL_HOST_DEVICE bool p2pSentOtherwise(const CollectiveContext& c, const P2PTra
 /// Lane `block`'s share of an HB send (see the top of this file).
 PYCCL_HOST_DEVICE void p2pSendHB(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
                                  uint32_t block, uint32_t tid, uint32_t numThreads) {
-  uint64_t* sent = &c.p2pSent[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
+  uint64_t* sent = p2pLaneCount(c, c.p2pSent, t.peer, block);
   const uint64_t first = *sent;
   uint64_t* ready = p2pCount(c, t.peer, c.p2pReadyOffset, c.rank, block);
   for (uint64_t k = 0; k < shape.steps; ++k) {
@@ -227,7 +245,7 @@ PYCCL_HOST_DEVICE void p2pSendHB(const CollectiveContext& c, const P2PTransfer& 
 /// Lane `block`'s share of an LL send (see the top of this file).
 PYCCL_HOST_DEVICE void p2pSendLL(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
                                  uint32_t block, uint32_t tid, uint32_t numThreads) {
-  uint64_t* sent = &c.p2pSent[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
+  uint64_t* sent = p2pLaneCount(c, c.p2pSent, t.peer, block);
   const uint64_t chunk = *sent;
   if (!p2pSlotFree(c, t, block, chunk, tid)) return;  // also: every thread has read `chunk`
   LL16Packet* slot = p2pPacketSlot(c, t.peer, c.rank, block, chunk);
@@ -251,7 +269,7 @@ PYCCL_HOST_DEVICE void p2pRecordMismatch(const CollectiveContext& c, const P2PTr
 /// Lane `block`'s share of an HB receive (see the top of this file).
 PYCCL_HOST_DEVICE void p2pReceiveHB(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
                                     uint32_t block, uint32_t tid, uint32_t numThreads) {
-  uint64_t* received = &c.p2pReceived[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
+  uint64_t* received = p2pLaneCount(c, c.p2pReceived, t.peer, block);
   const uint64_t first = *received;
   const uint64_t* ready = p2pCount(c, c.rank, c.p2pReadyOffset, t.peer, block);
   uint64_t* ack = p2pCount(c, t.peer, c.p2pAckOffset, c.rank, block);
@@ -296,7 +314,7 @@ PYCCL_HOST_DEVICE void p2pReceiveHB(const CollectiveContext& c, const P2PTransfe
 /// Lane `block`'s share of an LL receive (see the top of this file).
 PYCCL_HOST_DEVICE void p2pReceiveLL(const CollectiveContext& c, const P2PTransfer& t, const P2PShape& shape,
                                     uint32_t block, uint32_t tid, uint32_t numThreads) {
-  uint64_t* received = &c.p2pReceived[static_cast<uint64_t>(t.peer) * c.p2pBlocks + block];
+  uint64_t* received = p2pLaneCount(c, c.p2pReceived, t.peer, block);
   const uint64_t chunk = *received;
   const LL16Packet* slot = p2pPacketSlot(c, c.rank, t.peer, block, chunk);
   const uint32_t flag = p2pFlag(chunk);
@@ -324,7 +342,7 @@ PYCCL_HOST_DEVICE void p2pReceiveLL(const CollectiveContext& c, const P2PTransfe
                                           c.abort, t.peer, flag, sentOtherwise);
     ok = status == WaitStatus::kOk;
     if (ok && i == 0) {
-      sentBytes = static_cast<uint64_t>(payload[0]) | (static_cast<uint64_t>(payload[1]) << 32);
+      sentBytes = p2pHeaderSize(payload);
       mismatch = sentBytes != t.bytes;
       ok = !mismatch;
     } else if (ok) {
