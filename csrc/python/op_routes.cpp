@@ -115,7 +115,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolvedGroup(const std::string& name) {
   }
 }
 
-void setPython(RoutedOp op, py::function fallback, const std::vector<std::tuple<py::dict, py::object, py::object>>& sources) {
+void setPython(RoutedOp op, py::function fallback,
+               const std::vector<std::tuple<py::dict, py::object, py::object>>& sources) {
   OpState& s = state(op);
   forgetRoutes(s);
   Py_XDECREF(s.fallback);
@@ -173,6 +174,7 @@ std::optional<ReduceOp> reduceOpNamed(c10::string_view op) {
 }
 
 std::optional<RoutedCall> learnedRoute(RoutedOp op, c10::string_view group, const at::Tensor& key) {
+  py::gil_scoped_acquire gil;
   OpState& s = state(op);
   auto it = s.routes.find(RouteKey{std::string(group), key.device()});
   if (it == s.routes.end()) return std::nullopt;

@@ -48,19 +48,38 @@ struct RoutedCall {
   RouteChoice choice;
 };
 
-/// With the GIL held: the learned call of `op` on the group named `group` for
-/// `key` (its device, dtype and size), if everything it was made from still holds.
+/// The learned call of `op` on the group named `group` for `key` (its device,
+/// dtype and size), if everything it was made from still holds. Takes the GIL.
 std::optional<RoutedCall> learnedRoute(RoutedOp op, c10::string_view group, const at::Tensor& key);
 
 /// With the GIL held: `op`'s Python path on `args`; its error is raised as
 /// torch's own Python kernels raise theirs (python_error).
 pybind11::object callPythonPath(RoutedOp op, const pybind11::tuple& args);
 
+/// `op`'s Python path on `args` (taking the GIL), its result cast to `Result`.
+template <typename Result, typename... Args>
+Result pythonPath(RoutedOp op, const Args&... args) {
+  pybind11::gil_scoped_acquire gil;
+  return callPythonPath(op, pybind11::make_tuple(args...)).template cast<Result>();
+}
+
 /// Counts a call run straight into the engine.
 void countEngineCall(RoutedOp op);
 
 /// Raises `e` (from an engine call made without the GIL) as its Python error.
 [[noreturn]] void raiseAsPython(const Error& e);
+
+/// Runs `engineCall` (without the GIL) as a call of `op` straight into the
+/// engine: counted, and pyccl's errors raised as their Python errors.
+template <typename EngineCall>
+void runOnEngine(RoutedOp op, EngineCall&& engineCall) {
+  countEngineCall(op);
+  try {
+    engineCall();
+  } catch (const Error& e) {
+    raiseAsPython(e);
+  }
+}
 
 /// pyccl's reduce op of a name as pyccl.collectives reads it (any case);
 /// nullopt for the Python path to refuse.

@@ -125,8 +125,7 @@ def all_reduce(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     x = x.contiguous()
     group = _group(group_name)
     out = collectives.all_reduce(x, op, group=group)
-    if _WATCHED["all_reduce"] and not registry._registry:  # else a registered plan may take some sizes
-        _teach_collective("all_reduce", x, group, group_name)
+    _teach_collective("all_reduce", x, group, group_name)
     return out
 
 
@@ -137,8 +136,7 @@ def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tenso
     x = x.contiguous()
     group = _group_of_size(group_name, group_size)
     out = collectives.all_gather(x, group=group)
-    if _WATCHED["all_gather"] and not registry._registry:
-        _teach_collective("all_gather", x, group, group_name)
+    _teach_collective("all_gather", x, group, group_name)
     return out
 
 
@@ -151,15 +149,17 @@ def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -
     group = _group_of_size(group_name, group_size)
     out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
     out = collectives.reduce_scatter(x, op, group=group, out=out)
-    if _WATCHED["reduce_scatter"] and not registry._registry:
-        _teach_collective("reduce_scatter", x, group, group_name)
+    _teach_collective("reduce_scatter", x, group, group_name)
     return out
 
 
 def _teach_collective(collective: str, x: torch.Tensor, group: dist.ProcessGroup, group_name: str) -> None:
     """Where pyccl.<collective> ran this call on the engine, tells the op's C++
     kernel the engine and the choice it was given: the same branches as
-    pyccl.collectives, from the same memoized choice."""
+    pyccl.collectives, from the same memoized choice. Nothing is learned while
+    a plan is registered (it may take some sizes) or the sources cannot be watched."""
+    if not _WATCHED[collective] or registry._registry:
+        return
     call = selection._Call(collective, x, group, None, None, gathers=collective == "all_gather")
     engine = getattr(call.comm, "_engine", None)
     if engine is None or call.use_nccl:
