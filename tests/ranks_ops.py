@@ -22,6 +22,17 @@ def _init(rank, world, store, on_gpu):
     return torch.device("cpu")
 
 
+def _path_taken(op: str, body):
+    """Runs `body`; returns its result and the path(s) torch.ops.pyccl.<op>'s
+    C++ kernel sent its calls down meanwhile ("engine", "python" or both)."""
+    from pyccl import _C
+
+    before = _C.op_calls(op)
+    result = body()
+    after = _C.op_calls(op)
+    return result, "+".join(k for k in ("engine", "python") if after[k] != before[k])
+
+
 def opcheck_all(rank, world, store, on_gpu):
     """torch.library.opcheck on every op (schema, fake tensor, autograd
     registration, AOT dispatch). Returns the failures."""
@@ -214,7 +225,7 @@ def all_reduce_routes(rank, world, store, on_gpu):
     and raises on a wrong result (ALL_REDUCE_ROUTES: what they should be)."""
     import os
 
-    from pyccl import _C, algorithms, registry, selection
+    from pyccl import algorithms, registry, selection
 
     device = _init(rank, world, store, on_gpu)
     name = dist.group.WORLD.group_name
@@ -227,15 +238,12 @@ def all_reduce_routes(rank, world, store, on_gpu):
         x = parts[rank].to(device)
         if transpose:
             x = x.t().contiguous().t()  # the same values, column-major
-        before = _C.op_calls("all_reduce")
-        got = torch.ops.pyccl.all_reduce(x, op, name)
-        after = _C.op_calls("all_reduce")
+        got, path = _path_taken("all_reduce", lambda: torch.ops.pyccl.all_reduce(x, op, name))
         ref = torch.stack([p.double() for p in parts])
         ref = {"sum": ref.sum(0), "max": ref.amax(0), "SUM": ref.sum(0)}[op]
         if got.shape != x.shape or not torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-5):
             raise AssertionError(f"{step}: wrong result")
-        path = [k for k in ("engine", "python") if after[k] != before[k]]
-        taken.append((step, "+".join(path)))
+        taken.append((step, path))
 
     call("first")
     call("again")
@@ -311,7 +319,7 @@ def other_op_routes(rank, world, store, on_gpu):
     [(step, path)] (OTHER_OP_ROUTES: what they should be)."""
     import os
 
-    from pyccl import _C, fused, selection
+    from pyccl import fused, selection
 
     device = _init(rank, world, store, on_gpu)
     name = dist.group.WORLD.group_name
@@ -324,12 +332,10 @@ def other_op_routes(rank, world, store, on_gpu):
                 for q in range(world)]
 
     def run(step, op, body, check):
-        before = _C.op_calls(op)
-        got = body()
-        after = _C.op_calls(op)
+        got, path = _path_taken(op, body)
         if not check(got):
             raise AssertionError(f"{step}: wrong result")
-        taken.append((step, "+".join(k for k in ("engine", "python") if after[k] != before[k])))
+        taken.append((step, path))
 
     def refused(step, body, words):
         try:
@@ -404,19 +410,18 @@ def captured_all_reduce_op(rank, world, store, on_gpu):
     """torch.ops.pyccl.all_reduce captured in a CUDA graph after an eager call
     taught its C++ kernel the choice, replayed with new inputs: each replay
     against float64. Returns (replays right, path of the captured call)."""
-    from pyccl import _C
-
     device = _init(rank, world, store, on_gpu)
     name = dist.group.WORLD.group_name
     static_in = torch.randn(1000, 3, device=device)
     torch.ops.pyccl.all_reduce(static_in, "sum", name)  # eager: the Python path, which teaches the kernel
     torch.cuda.synchronize()
-    before = _C.op_calls("all_reduce")
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = torch.ops.pyccl.all_reduce(static_in, "sum", name)
-    after = _C.op_calls("all_reduce")
-    path = "+".join(k for k in ("engine", "python") if after[k] != before[k])
+
+    def capture():
+        with torch.cuda.graph(graph):
+            return torch.ops.pyccl.all_reduce(static_in, "sum", name)
+
+    static_out, path = _path_taken("all_reduce", capture)
     right = 0
     for replay in range(20):
         parts = [torch.randn(1000, 3, generator=torch.Generator().manual_seed(5000 + 31 * replay + q))

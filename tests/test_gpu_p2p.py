@@ -10,26 +10,26 @@ from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
+def _random_transfers_arrive(world: int, cases: int, max_bytes: int) -> None:
+    seed = random.randrange(1 << 20)
+    results = run_ranks(rp2p.random_transfers, world, args=(True, seed, cases, max_bytes), timeout=300)
+    assert sum(n for _, n in results) == len(rp2p.schedule(seed, world, cases, max_bytes))
+    for bad, _ in results:
+        assert bad == [], f"seed {seed}: {bad}"
+
+
 @requires_gpus(2)
 @pytest.mark.parametrize("world", gpu_worlds(2, 4, 8))
 def test_random_transfers_arrive_bit_for_bit_on_gpus(world):
     # GPUs buffer up to 8 MiB per (peer, direction): sizes up to 20 MB make many sends wait for their receives.
-    seed = random.randrange(1 << 20)
-    results = run_ranks(rp2p.random_transfers, world, args=(True, seed, 60, 20_000_000), timeout=300)
-    assert sum(n for _, n in results) == len(rp2p.schedule(seed, world, 60, 20_000_000))
-    for bad, _ in results:
-        assert bad == [], f"seed {seed}: {bad}"
+    _random_transfers_arrive(world, 60, 20_000_000)
 
 
 @requires_gpus(2)
 @pytest.mark.parametrize("world", gpu_worlds(2, 4))
 def test_packet_sized_transfers_arrive_bit_for_bit_on_gpus(world):
     # Up to 300 KB: most go as LL packets (up to 256 KiB, on 1 to 64 lanes), the rest in HB slots, on the same rings.
-    seed = random.randrange(1 << 20)
-    results = run_ranks(rp2p.random_transfers, world, args=(True, seed, 80, 300_000), timeout=300)
-    assert sum(n for _, n in results) == len(rp2p.schedule(seed, world, 80, 300_000))
-    for bad, _ in results:
-        assert bad == [], f"seed {seed}: {bad}"
+    _random_transfers_arrive(world, 80, 300_000)
 
 
 @requires_gpus(2)
