@@ -406,6 +406,27 @@ def gpu_extras(rank, world, store, replays):
     return bad
 
 
+def thresholds_must_agree(rank, world, store):
+    """On GPUs: a group whose last rank hands collectives to NCCL from other
+    sizes (PYCCL_NCCL_MIN_BYTES) is refused on every rank where its GPU side
+    is set up (init_process_group with device_id, else the first CUDA op),
+    naming a threshold, instead of waiting on peers that run pyccl's kernels."""
+    import os
+
+    if rank == world - 1:
+        os.environ["PYCCL_NCCL_MIN_BYTES"] = "4096"
+    try:
+        device = _init(rank, world, store, "cuda:pyccl", True)
+        dist.all_reduce(torch.randn(1000, device=device))
+        torch.cuda.synchronize()
+        error = ("accepted", "")
+    except Exception as e:  # noqa: BLE001 - the type is what is checked
+        error = (type(e).__name__, str(e))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return error
+
+
 def missing_peer_times_out(rank, world, store, timeout_s):
     """init_process_group's timeout bounds a collective whose peer never comes:
     the error is a DistBackendError that names the op and the peer."""

@@ -607,6 +607,63 @@ def engine_choices(rank, world, store):
     return picked, bad, errors
 
 
+def engine_options_must_agree(rank, world, store, on_gpu):
+    """Engines made with options that differ on the last rank: every rank
+    raises the same error, naming the option and both values, before any
+    scratch is allocated; then engines whose options agree (launch aside)
+    run a random all-reduce on the same communicator."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    last = rank == world - 1
+    cases = {
+        "scalar": {"ll_max_bytes": 8192 if last else 16384},
+        "exchange": {"exchange_ll_threshold_bytes": [512, 512, 512, 1024 if last else 512]},
+        "table_length": {"kernel_choices": {"all_reduce": [(2048, "1pa_ll")] + ([] if last else [(None, "2pa_hb")])}},
+        "table_entry": {"kernel_choices": {"all_gather": [(4096 if last else 2048, "ll"), (None, "hb")]}},
+        "p2p_default": {"p2p_ll_max_bytes": 1024 if last else None},
+        "setting": {"agreed_settings": {"PYCCL_ALGO (environment)": "1pa_ll" if last else "", "other": "same"}},
+    }
+    errors = {}
+    for label, options in cases.items():
+        try:
+            pyccl._C.CollectiveEngine(comm._comm, **options).close()
+            errors[label] = "accepted"
+        except ValueError as e:
+            errors[label] = str(e)
+    # programmatic_launch changes only how kernels are launched: it may differ.
+    engine = pyccl._C.CollectiveEngine(comm._comm, ll_blocks=3, programmatic_launch=last)
+    engine.close()
+    seed = 31 + world
+    inputs = [rank_input(seed, 0, r, 5003, torch.float32, "sum").to(device) for r in range(world)]
+    y = pyccl.all_reduce(inputs[rank], comm=comm)
+    bad = check_reduction(comm, y.cpu(), [x.cpu() for x in inputs], "sum", (5003,))
+    comm.close()
+    return errors, bad
+
+
+def communicator_under_another_algo(rank, world, store):
+    """A communicator made while PYCCL_ALGO differs on the last rank: its
+    engine refuses on every rank; made again with it alike, it runs."""
+    import os
+
+    last = rank == world - 1
+    if last:
+        os.environ["PYCCL_ALGO"] = "2pa_hb"
+    try:
+        pyccl.Communicator(store, rank, world, device="cpu", name="algo",
+                           timeout=datetime.timedelta(seconds=60)).close()
+        error = "accepted"
+    except ValueError as e:
+        error = str(e)
+    if last:
+        del os.environ["PYCCL_ALGO"]
+    comm = pyccl.Communicator(store, rank, world, device="cpu", name="algo_again",
+                              timeout=datetime.timedelta(seconds=60))
+    inputs = [rank_input(7, 0, r, 999, torch.float32, "sum") for r in range(world)]
+    bad = check_reduction(comm, pyccl.all_reduce(inputs[rank], comm=comm), inputs, "sum", (999,))
+    comm.close()
+    return error, bad
+
+
 def engine_choice_by_size(rank, world, store):
     """The automatic choice of a new communicator's own engine, at a few sizes."""
     comm, _ = _setup(store, rank, world, False)

@@ -144,6 +144,32 @@ def test_engine_takes_a_tables_kernel_choices():
         assert "'exchange_by_size'" in errors["collective"] and "gather" in errors["collective"]
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_engine_options_must_agree_on_every_rank(world):
+    # Ranks whose options differ would cut the scratch or pick algorithms differently: corrupt data or a hang.
+    last = world - 1
+    out = run_ranks(rcol.engine_options_must_agree, world, args=(False,), timeout=120)
+    for errors, bad in out:
+        assert errors == out[0][0]  # every rank raises alike
+        assert bad == []
+    errors = out[0][0]
+    assert "'ll_max_bytes'" in errors["scalar"] and f"rank 0 has 16384, rank {last} has 8192" in errors["scalar"]
+    assert "'exchange_ll_threshold_bytes'" in errors["exchange"] and "reduce_scatter" in errors["exchange"]
+    assert "'all_reduce_by_size'" in errors["table_length"] and "entries" in errors["table_length"]
+    assert "'exchange_by_size'" in errors["table_entry"] and "all_gather entry 0's max bytes" in errors["table_entry"]
+    assert "'p2p_ll_max_bytes'" in errors["p2p_default"] and "None (the default)" in errors["p2p_default"]
+    assert errors["setting"] == ("PYCCL_ALGO (environment) must be the same on every rank of communicator 'coll' "
+                                 f"(rank 0 has it unset, rank {last} has '1pa_ll')")
+    assert all("every rank" in e for e in errors.values()), errors
+
+
+def test_ranks_must_choose_under_the_same_environment():
+    # One rank forcing an algorithm would wait on peers that chose another.
+    for error, bad in run_ranks(rcol.communicator_under_another_algo, 3, timeout=120):
+        assert "PYCCL_ALGO (environment)" in error and "rank 2 has '2pa_hb'" in error, error
+        assert bad == []
+
+
 def _table_file(tmp_path, collectives: dict) -> str:
     """A 2-rank host tuning table with `collectives`' entries, written under tmp_path."""
     table = {"version": 1, "gpu": "host", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",

@@ -37,3 +37,13 @@ def test_torch_compile_fullgraph_with_functional_collectives_on_gpus():
 def test_graph_captured_through_the_backend_and_nccl_hand_off():
     for bad in run_ranks(rb.gpu_extras, min(gpu_count(), 4), args=(300,), timeout=300):
         assert bad == []
+
+
+@requires_gpus(2)
+def test_ranks_with_different_nccl_thresholds_are_refused_at_set_up():
+    world = min(gpu_count(), 4)
+    out = run_ranks(rb.thresholds_must_agree, world, timeout=300)
+    for kind, message in out:
+        assert kind == "ValueError", (kind, message)
+        assert "NCCL threshold of" in message and f"rank {world - 1} has '4096'" in message, message
+    assert len(set(out)) == 1  # every rank alike

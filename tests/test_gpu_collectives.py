@@ -116,3 +116,17 @@ def test_random_engine_configurations_on_gpus():
         for body, count in ((rcol.all_reduce_cases, 16), (rcol.exchange_cases, 16)):
             for bad, record in run_ranks(body, world, args=(True, seed, count, 300_000, options), timeout=300):
                 assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_engine_options_must_agree_on_every_rank_on_gpus():
+    # tests/test_collectives.py's check, where the GPU engine also caps its send/receive lanes after the agreement.
+    world = min(gpu_count(), 4)
+    out = run_ranks(rcol.engine_options_must_agree, world, args=(True,), timeout=300)
+    for errors, bad in out:
+        assert errors == out[0][0]
+        assert bad == []
+    errors = out[0][0]
+    assert "'ll_max_bytes'" in errors["scalar"] and f"rank {world - 1} has 8192" in errors["scalar"]
+    assert "'all_reduce_by_size'" in errors["table_length"]
+    assert all("every rank" in e for e in errors.values()), errors

@@ -14,96 +14,12 @@ namespace {
 
 uint64_t roundDown(uint64_t x, uint64_t m) { return x / m * m; }
 
-/// Entries in increasing maxBytes (a last one of UINT64_MAX included), each passed to `check`.
-template <typename Choice, typename Check>
-void checkBySize(const std::vector<SizeChoice<Choice>>& table, const char* what, Check&& check) {
-  for (size_t i = 0; i < table.size(); ++i) {
-    PYCCL_CHECK_ARG(i == 0 || table[i].maxBytes > table[i - 1].maxBytes, what,
-                    "entries must grow in max bytes (entry ", i, " has ", table[i].maxBytes, " after ",
-                    table[i - 1].maxBytes, ")");
-    check(table[i].choice, table[i].maxBytes);
-  }
-}
-
-}  // namespace
-
-AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what) {
-  if (name == "1pa_ll") return AllReduceAlgorithm::kOnePhaseLL;
-  if (name == "2pa_ll") return AllReduceAlgorithm::kTwoPhaseLL;
-  if (name == "2pa_hb") return AllReduceAlgorithm::kTwoPhaseHB;
-  if (name == "1pa_hb") return AllReduceAlgorithm::kOnePhaseHB;
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' is not an all-reduce algorithm (expected 1pa_ll, 2pa_ll, 1pa_hb or 2pa_hb)"));
-}
-
-const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
-  switch (a) {
-    case AllReduceAlgorithm::kOnePhaseLL: return "1pa_ll";
-    case AllReduceAlgorithm::kTwoPhaseLL: return "2pa_ll";
-    case AllReduceAlgorithm::kTwoPhaseHB: return "2pa_hb";
-    case AllReduceAlgorithm::kOnePhaseHB: return "1pa_hb";
-  }
-  return "?";
-}
-
-FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what) {
-  if (name == "one_shot") return FusedNormAlgorithm::kOneShot;
-  if (name == "two_shot") return FusedNormAlgorithm::kTwoShot;
-  if (name == "two_kernel") return FusedNormAlgorithm::kTwoKernel;
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' is not a fused all-reduce algorithm (expected one_shot, two_shot or two_kernel)"));
-}
-
-const char* fusedNormAlgorithmName(FusedNormAlgorithm a) {
-  switch (a) {
-    case FusedNormAlgorithm::kOneShot: return "one_shot";
-    case FusedNormAlgorithm::kTwoShot: return "two_shot";
-    case FusedNormAlgorithm::kTwoKernel: return "two_kernel";
-  }
-  return "?";
-}
-
-Protocol parseProtocol(const std::string& name, const char* what) {
-  if (name == "ll") return Protocol::kLL;
-  if (name == "hb") return Protocol::kHB;
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name, "' is not a protocol (expected ll or hb)"));
-}
-
-const char* protocolName(Protocol p) { return p == Protocol::kLL ? "ll" : "hb"; }
-
-namespace {
-// In ExchangeKind order.
-constexpr const char* kExchangeNames[] = {"all_gather", "all_to_all", "broadcast", "reduce_scatter"};
-}  // namespace
-
-const char* exchangeKindName(ExchangeKind kind) { return kExchangeNames[static_cast<uint32_t>(kind)]; }
-
-CallOp callOpOf(ExchangeKind kind) {
-  switch (kind) {
-    case ExchangeKind::kAllGather: return CallOp::kAllGather;
-    case ExchangeKind::kAllToAll: return CallOp::kAllToAll;
-    case ExchangeKind::kBroadcast: return CallOp::kBroadcast;
-    case ExchangeKind::kReduceScatter: return CallOp::kReduceScatter;
-  }
-  return CallOp::kNone;
-}
-
-ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
-  for (uint32_t k = 0; k < 4; ++k) {
-    if (name == kExchangeNames[k]) return static_cast<ExchangeKind>(k);
-  }
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
-}
-
-namespace {
-
 /// p2p_blocks as the engine uses it: on GPUs, at most what keeps a launch of
 /// a send to and a receive from every peer resident at once (a send's
 /// progress needs its receive running, and the receive may be in the same
-/// launch on the other side), and the same on every rank (the minimum), as
-/// both sides of a transfer cut it into lanes alike. Host mode runs every
-/// block on a thread of its own, so nothing is capped and the ranks' options agree.
+/// launch on the other side), and the same on every rank (the minimum, for
+/// GPUs that differ), as both sides of a transfer cut it into lanes alike.
+/// Host mode runs every block on a thread of its own: nothing is capped there.
 uint32_t agreedP2PLanes(Communicator& comm, uint32_t wanted, uint32_t threads) {
 #ifdef PYCCL_WITH_CUDA
   if (comm.hostMode() || comm.worldSize() < 2) return wanted;
@@ -156,92 +72,17 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
                                   comm.rank(), " cannot reach rank ", p, " (another node, or no P2P path)"));
   }
   if (!host) gpu::loadKernelsOnce(comm.device(), "collective", collectiveKernels());
+  // Before any check: with the same options on every rank, every rank fails the same check, or none does.
+  agreeOnCollectiveOptions(comm, options_);
+  options_ = resolveCollectiveOptions(std::move(options_), host, world);
   // PYCCL_PDL=0 turns programmatic dependent launch off for every engine (e.g. the backend's).
   if (!programmaticLaunchAllowed()) options_.programmaticLaunch = false;
-  // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
-  if (options_.llBlocks == 0) options_.llBlocks = host ? 2 : 64;
-  if (options_.hbBlocks == 0) options_.hbBlocks = host ? 2 : 128;
-  if (options_.llMaxBytes == 0) options_.llMaxBytes = host ? (64u << 10) : (1u << 20);
-  if (options_.hbPieceBytes == 0) options_.hbPieceBytes = host ? (1u << 20) : (16u << 20);
-  // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (benchmarks/RESULTS.md).
-  // A smaller ll_max_bytes lowers the default with it (1PA LL takes no more than the LL region).
-  if (options_.llThresholdBytes == 0) {
-    options_.llThresholdBytes = host ? options_.llMaxBytes / 2 : std::min<uint64_t>(128u << 10, options_.llMaxBytes);
-  }
-  const bool ll2Default = options_.ll2ThresholdBytes == 0;
-  if (ll2Default) options_.ll2ThresholdBytes = host ? options_.llMaxBytes : (1u << 20);
-  if (options_.zeroCopyThresholdBytes == 0) options_.zeroCopyThresholdBytes = options_.ll2ThresholdBytes;
-  // 2 x H200: 1PA HB beats 2PA LL and 2PA HB from 1 MiB to 8 MiB (benchmarks/RESULTS.md). With the 2PA
-  // LL threshold at 1PA LL's, it takes over from 1PA LL.
-  if (options_.onePhaseHBMaxBytes == 0 && !host && world == 2) {
-    options_.onePhaseHBMaxBytes = 8u << 20;
-    if (ll2Default) options_.ll2ThresholdBytes = options_.llThresholdBytes;
-  }
-  // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
-  if (options_.zeroCopyMaxBytes == 0) options_.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
-  // GPUs: two kernels above 128 KiB, where they beat the one-shot and the two-shot in a
-  // tensor-parallel decode step on 4 x H200 (hidden 8192 bf16; 32 tokens and more); the one-shot
-  // up to there (benchmarks/RESULTS.md).
-  if (options_.fusedTwoKernelMinBytes == 0) {
-    options_.fusedTwoKernelMinBytes = host ? options_.llMaxBytes + 1 : (128u << 10) + 1;
-  }
-  if (options_.fusedTwoShotBytes == 0) options_.fusedTwoShotBytes = host ? options_.llMaxBytes / 2 : (256u << 10);
-  // GPUs: up to 64 lanes of 2 slots of 64 KiB, 8 MiB per source rank: a transfer's rate grows with the bytes
-  // its lanes have in flight, and this matches NCCL's at 256 MiB on 2 x H200 (benchmarks/RESULTS.md).
-  if (options_.p2pBlocks == 0) options_.p2pBlocks = host ? 2 : 64;
-  if (options_.p2pSliceBytes == 0) options_.p2pSliceBytes = host ? (4u << 10) : (64u << 10);
-  PYCCL_CHECK_ARG(options_.p2pBlocks <= 64, "p2p_blocks", "must be at most 64, got ", options_.p2pBlocks);
-  PYCCL_CHECK_ARG(options_.p2pSliceBytes % 16 == 0 && options_.p2pSliceBytes <= (16u << 20), "p2p_slice_bytes",
-                  "must be a multiple of 16 up to 16 MiB, got ", options_.p2pSliceBytes);
-  PYCCL_CHECK_ARG(options_.p2pSlots >= 1 && options_.p2pSlots <= 64, "p2p_slots", "must be in [1, 64], got ",
-                  options_.p2pSlots);
-  // GPUs: LL up to 256 KiB, where the exchanges' LL (which moves the same bytes over the same links) still beats
-  // their HB on 4 x H200, on lanes of one packet per thread (benchmarks/RESULTS.md).
-  if (options_.p2pLLMaxBytes == CollectiveOptions::kP2PLLDefault) options_.p2pLLMaxBytes = host ? 2048 : (256u << 10);
-  if (options_.p2pLLLaneBytes == 0) options_.p2pLLLaneBytes = host ? 1024 : (options_.p2pThreads - 1) * 8ull;
-  PYCCL_CHECK_ARG(options_.p2pLLMaxBytes <= (16u << 20), "p2p_ll_max_bytes", "must be at most 16 MiB, got ",
-                  options_.p2pLLMaxBytes);
-  PYCCL_CHECK_ARG(options_.p2pLLLaneBytes % 8 == 0 && options_.p2pLLLaneBytes <= (16u << 20), "p2p_ll_lane_bytes",
-                  "must be a multiple of 8 up to 16 MiB, got ", options_.p2pLLLaneBytes);
 #ifdef PYCCL_WITH_CUDA
   clusters_ = host || clusterLaunchSupported(comm.device());
 #else
   clusters_ = host;
 #endif
-  PYCCL_CHECK_ARG(options_.fusedSegments <= kFusedMaxSegments && options_.fusedSegments <= options_.llBlocks,
-                  "fused_segments", "must be at most ", kFusedMaxSegments, " and at most ll_blocks (",
-                  options_.llBlocks, "), got ", options_.fusedSegments);
-  const uint32_t fusedThreads = options_.fusedThreads;
-  PYCCL_CHECK_ARG(fusedThreads == 0 || (fusedThreads >= 32 && fusedThreads <= kFusedMaxThreads && fusedThreads % 32 == 0),
-                  "fused_threads", "must be 0 (by the call) or a multiple of 32 in [32, ", kFusedMaxThreads, "], got ",
-                  options_.fusedThreads);
-  for (int k = 0; k < 4; ++k) {
-    uint64_t& threshold = options_.exchangeLLThresholdBytes[k];
-    const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
-    // Where LL stops beating HB on 4 x H200 (benchmarks/RESULTS.md).
-    if (threshold == 0) threshold = host ? options_.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
-  }
-  for (auto [threads, name] : {std::pair{options_.llThreads, "ll_threads"}, std::pair{options_.hbThreads, "hb_threads"},
-                               std::pair{options_.hbLargeThreads, "hb_large_threads"},
-                               std::pair{options_.zeroCopyThreads, "zero_copy_threads"},
-                               std::pair{options_.p2pThreads, "p2p_threads"}}) {
-    PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
-                    "must be a multiple of 32 in [32, 1024], got ", threads);
-  }
-  PYCCL_CHECK_ARG(options_.llBlocks <= 1024 && options_.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
   options_.p2pBlocks = agreedP2PLanes(comm, options_.p2pBlocks, options_.p2pThreads);
-  PYCCL_CHECK_ARG(options_.llThresholdBytes <= options_.llMaxBytes, "ll_threshold_bytes",
-                  "must not exceed ll_max_bytes (", options_.llMaxBytes, ")");
-  for (auto [table, name] : {std::pair{&options_.allReduceBySize, "all_reduce_by_size"},
-                             std::pair{&options_.allReduceSymmetricBySize, "all_reduce_symmetric_by_size"}}) {
-    checkBySize(*table, name, [&](AllReduceAlgorithm a, uint64_t maxBytes) {
-      PYCCL_CHECK_ARG(a != AllReduceAlgorithm::kOnePhaseLL || maxBytes <= options_.llMaxBytes, name,
-                      "takes 1pa_ll up to ", maxBytes, " bytes, past ll_max_bytes (", options_.llMaxBytes, ")");
-    });
-  }
-  for (const auto& table : options_.exchangeBySize) {
-    checkBySize(table, "exchange_by_size", [](Protocol, uint64_t) {});
-  }
 
   // Scratch layout (16-byte aligned regions).
   const uint64_t llBlockPackets =

@@ -70,7 +70,7 @@ void bindCollectives(py::module_& m) {
                        uint64_t onePhaseHBBytesPerBlock, uint64_t onePhaseHBMaxBytes,
                        const KernelChoices& kernelChoices, uint32_t p2pBlocks, uint64_t p2pSliceBytes,
                        uint32_t p2pSlots, uint32_t p2pThreads, std::optional<uint64_t> p2pLLMaxBytes,
-                       uint64_t p2pLLLaneBytes) {
+                       uint64_t p2pLLLaneBytes, std::map<std::string, std::string> agreedSettings) {
              CollectiveOptions o;
              o.llBlocks = llBlocks;
              o.hbBlocks = hbBlocks;
@@ -105,6 +105,7 @@ void bindCollectives(py::module_& m) {
                o.p2pLLMaxBytes = *p2pLLMaxBytes;
              }
              o.p2pLLLaneBytes = p2pLLLaneBytes;
+             o.agreedSettings = std::move(agreedSettings);
              applyKernelChoices(o, kernelChoices);
              PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
                              "exchange_ll_threshold_bytes",
@@ -129,7 +130,7 @@ void bindCollectives(py::module_& m) {
            py::arg("one_phase_hb_max_bytes") = 0, py::arg("kernel_choices") = KernelChoices{},
            py::arg("p2p_blocks") = 0, py::arg("p2p_slice_bytes") = 0, py::arg("p2p_slots") = CollectiveOptions{}.p2pSlots,
            py::arg("p2p_threads") = CollectiveOptions{}.p2pThreads, py::arg("p2p_ll_max_bytes") = std::nullopt,
-           py::arg("p2p_ll_lane_bytes") = 0,
+           py::arg("p2p_ll_lane_bytes") = 0, py::arg("agreed_settings") = std::map<std::string, std::string>{},
            py::keep_alive<1, 2>())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),

@@ -179,7 +179,7 @@ def _watched_sources(collective: str) -> list:
     """What a learned choice of `collective` was made from, beyond the call
     itself: what pyccl.selection._Call's memo keys on, and the registered plans."""
     sources = []
-    for name in ("PYCCL_ALGO", "PYCCL_NCCL_MIN_BYTES", "PYCCL_TUNING_FILE"):
+    for name in selection.SHARED_ENV:
         lookup = _env.lookup(name)
         if lookup is None:
             return []  # the environment cannot be watched here: no call is learned

@@ -83,11 +83,20 @@ def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[
         return _tables[key]
 
 
+# What every call's choice reads from the environment. Ranks that differ would run different algorithms and wait
+# on each other: new engines check that they agree.
+SHARED_ENV = ("PYCCL_ALGO", "PYCCL_NCCL_MIN_BYTES", "PYCCL_TUNING_FILE")
+
+
 def new_engine(native: "_C.Communicator", device: torch.device, world: int) -> "_C.CollectiveEngine":
     """A collective engine for `native` whose own automatic choice (the one the
     fused all-reduce + RMSNorm and the symmetric fallback use) follows the
-    tuning table's kernel entries where a table matches."""
-    return _C.CollectiveEngine(native, kernel_choices=tuning.kernel_choices(table_for(device, world, torch.bfloat16)))
+    tuning table's kernel entries where a table matches. The environment
+    variables that steer the choice of every call must be the same on every
+    rank: the engine checks them with its options (else ValueError naming one)."""
+    settings = {f"{name} (environment)": _env.get(name) or "" for name in SHARED_ENV}
+    return _C.CollectiveEngine(native, kernel_choices=tuning.kernel_choices(table_for(device, world, torch.bfloat16)),
+                               agreed_settings=settings)
 
 
 # The most automatic choices a communicator keeps (_Call): far more sizes than a model calls with.

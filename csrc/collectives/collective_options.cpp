@@ -1,0 +1,317 @@
+#include "collectives/collective_options.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <utility>
+
+#include "core/errors.hpp"
+#include "core/serialize.hpp"
+
+namespace pyccl {
+namespace {
+
+/// Entries in increasing maxBytes (a last one of UINT64_MAX included), each passed to `check`.
+template <typename Choice, typename Check>
+void checkBySize(const std::vector<SizeChoice<Choice>>& table, const char* what, Check&& check) {
+  for (size_t i = 0; i < table.size(); ++i) {
+    PYCCL_CHECK_ARG(i == 0 || table[i].maxBytes > table[i - 1].maxBytes, what,
+                    "entries must grow in max bytes (entry ", i, " has ", table[i].maxBytes, " after ",
+                    table[i - 1].maxBytes, ")");
+    check(table[i].choice, table[i].maxBytes);
+  }
+}
+
+}  // namespace
+
+AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what) {
+  if (name == "1pa_ll") return AllReduceAlgorithm::kOnePhaseLL;
+  if (name == "2pa_ll") return AllReduceAlgorithm::kTwoPhaseLL;
+  if (name == "2pa_hb") return AllReduceAlgorithm::kTwoPhaseHB;
+  if (name == "1pa_hb") return AllReduceAlgorithm::kOnePhaseHB;
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
+                               "' is not an all-reduce algorithm (expected 1pa_ll, 2pa_ll, 1pa_hb or 2pa_hb)"));
+}
+
+const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
+  switch (a) {
+    case AllReduceAlgorithm::kOnePhaseLL: return "1pa_ll";
+    case AllReduceAlgorithm::kTwoPhaseLL: return "2pa_ll";
+    case AllReduceAlgorithm::kTwoPhaseHB: return "2pa_hb";
+    case AllReduceAlgorithm::kOnePhaseHB: return "1pa_hb";
+  }
+  return "?";
+}
+
+FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what) {
+  if (name == "one_shot") return FusedNormAlgorithm::kOneShot;
+  if (name == "two_shot") return FusedNormAlgorithm::kTwoShot;
+  if (name == "two_kernel") return FusedNormAlgorithm::kTwoKernel;
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
+                               "' is not a fused all-reduce algorithm (expected one_shot, two_shot or two_kernel)"));
+}
+
+const char* fusedNormAlgorithmName(FusedNormAlgorithm a) {
+  switch (a) {
+    case FusedNormAlgorithm::kOneShot: return "one_shot";
+    case FusedNormAlgorithm::kTwoShot: return "two_shot";
+    case FusedNormAlgorithm::kTwoKernel: return "two_kernel";
+  }
+  return "?";
+}
+
+Protocol parseProtocol(const std::string& name, const char* what) {
+  if (name == "ll") return Protocol::kLL;
+  if (name == "hb") return Protocol::kHB;
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name, "' is not a protocol (expected ll or hb)"));
+}
+
+const char* protocolName(Protocol p) { return p == Protocol::kLL ? "ll" : "hb"; }
+
+namespace {
+// In ExchangeKind order.
+constexpr const char* kExchangeNames[] = {"all_gather", "all_to_all", "broadcast", "reduce_scatter"};
+}  // namespace
+
+const char* exchangeKindName(ExchangeKind kind) { return kExchangeNames[static_cast<uint32_t>(kind)]; }
+
+CallOp callOpOf(ExchangeKind kind) {
+  switch (kind) {
+    case ExchangeKind::kAllGather: return CallOp::kAllGather;
+    case ExchangeKind::kAllToAll: return CallOp::kAllToAll;
+    case ExchangeKind::kBroadcast: return CallOp::kBroadcast;
+    case ExchangeKind::kReduceScatter: return CallOp::kReduceScatter;
+  }
+  return CallOp::kNone;
+}
+
+ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
+  for (uint32_t k = 0; k < 4; ++k) {
+    if (name == kExchangeNames[k]) return static_cast<ExchangeKind>(k);
+  }
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
+                               "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
+}
+
+CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int world) {
+  // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
+  if (o.llBlocks == 0) o.llBlocks = host ? 2 : 64;
+  if (o.hbBlocks == 0) o.hbBlocks = host ? 2 : 128;
+  if (o.llMaxBytes == 0) o.llMaxBytes = host ? (64u << 10) : (1u << 20);
+  if (o.hbPieceBytes == 0) o.hbPieceBytes = host ? (1u << 20) : (16u << 20);
+  // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (benchmarks/RESULTS.md).
+  // A smaller ll_max_bytes lowers the default with it (1PA LL takes no more than the LL region).
+  if (o.llThresholdBytes == 0) {
+    o.llThresholdBytes = host ? o.llMaxBytes / 2 : std::min<uint64_t>(128u << 10, o.llMaxBytes);
+  }
+  const bool ll2Default = o.ll2ThresholdBytes == 0;
+  if (ll2Default) o.ll2ThresholdBytes = host ? o.llMaxBytes : (1u << 20);
+  if (o.zeroCopyThresholdBytes == 0) o.zeroCopyThresholdBytes = o.ll2ThresholdBytes;
+  // 2 x H200: 1PA HB beats 2PA LL and 2PA HB from 1 MiB to 8 MiB (benchmarks/RESULTS.md). With the 2PA
+  // LL threshold at 1PA LL's, it takes over from 1PA LL.
+  if (o.onePhaseHBMaxBytes == 0 && !host && world == 2) {
+    o.onePhaseHBMaxBytes = 8u << 20;
+    if (ll2Default) o.ll2ThresholdBytes = o.llThresholdBytes;
+  }
+  // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
+  if (o.zeroCopyMaxBytes == 0) o.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
+  // GPUs: two kernels above 128 KiB, where they beat the one-shot and the two-shot in a
+  // tensor-parallel decode step on 4 x H200 (hidden 8192 bf16; 32 tokens and more); the one-shot
+  // up to there (benchmarks/RESULTS.md).
+  if (o.fusedTwoKernelMinBytes == 0) {
+    o.fusedTwoKernelMinBytes = host ? o.llMaxBytes + 1 : (128u << 10) + 1;
+  }
+  if (o.fusedTwoShotBytes == 0) o.fusedTwoShotBytes = host ? o.llMaxBytes / 2 : (256u << 10);
+  // GPUs: up to 64 lanes of 2 slots of 64 KiB, 8 MiB per source rank: a transfer's rate grows with the bytes
+  // its lanes have in flight, and this matches NCCL's at 256 MiB on 2 x H200 (benchmarks/RESULTS.md).
+  if (o.p2pBlocks == 0) o.p2pBlocks = host ? 2 : 64;
+  if (o.p2pSliceBytes == 0) o.p2pSliceBytes = host ? (4u << 10) : (64u << 10);
+  PYCCL_CHECK_ARG(o.p2pBlocks <= 64, "p2p_blocks", "must be at most 64, got ", o.p2pBlocks);
+  PYCCL_CHECK_ARG(o.p2pSliceBytes % 16 == 0 && o.p2pSliceBytes <= (16u << 20), "p2p_slice_bytes",
+                  "must be a multiple of 16 up to 16 MiB, got ", o.p2pSliceBytes);
+  PYCCL_CHECK_ARG(o.p2pSlots >= 1 && o.p2pSlots <= 64, "p2p_slots", "must be in [1, 64], got ",
+                  o.p2pSlots);
+  // GPUs: LL up to 256 KiB, where the exchanges' LL (which moves the same bytes over the same links) still beats
+  // their HB on 4 x H200, on lanes of one packet per thread (benchmarks/RESULTS.md).
+  if (o.p2pLLMaxBytes == CollectiveOptions::kP2PLLDefault) o.p2pLLMaxBytes = host ? 2048 : (256u << 10);
+  if (o.p2pLLLaneBytes == 0) o.p2pLLLaneBytes = host ? 1024 : (o.p2pThreads - 1) * 8ull;
+  PYCCL_CHECK_ARG(o.p2pLLMaxBytes <= (16u << 20), "p2p_ll_max_bytes", "must be at most 16 MiB, got ",
+                  o.p2pLLMaxBytes);
+  PYCCL_CHECK_ARG(o.p2pLLLaneBytes % 8 == 0 && o.p2pLLLaneBytes <= (16u << 20), "p2p_ll_lane_bytes",
+                  "must be a multiple of 8 up to 16 MiB, got ", o.p2pLLLaneBytes);
+  PYCCL_CHECK_ARG(o.fusedSegments <= kFusedMaxSegments && o.fusedSegments <= o.llBlocks,
+                  "fused_segments", "must be at most ", kFusedMaxSegments, " and at most ll_blocks (",
+                  o.llBlocks, "), got ", o.fusedSegments);
+  const uint32_t fusedThreads = o.fusedThreads;
+  PYCCL_CHECK_ARG(fusedThreads == 0 ||
+                      (fusedThreads >= 32 && fusedThreads <= kFusedMaxThreads && fusedThreads % 32 == 0),
+                  "fused_threads", "must be 0 (by the call) or a multiple of 32 in [32, ", kFusedMaxThreads, "], got ",
+                  o.fusedThreads);
+  for (int k = 0; k < 4; ++k) {
+    uint64_t& threshold = o.exchangeLLThresholdBytes[k];
+    const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
+    // Where LL stops beating HB on 4 x H200 (benchmarks/RESULTS.md).
+    if (threshold == 0) threshold = host ? o.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
+  }
+  for (auto [threads, name] : {std::pair{o.llThreads, "ll_threads"}, std::pair{o.hbThreads, "hb_threads"},
+                               std::pair{o.hbLargeThreads, "hb_large_threads"},
+                               std::pair{o.zeroCopyThreads, "zero_copy_threads"},
+                               std::pair{o.p2pThreads, "p2p_threads"}}) {
+    PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
+                    "must be a multiple of 32 in [32, 1024], got ", threads);
+  }
+  PYCCL_CHECK_ARG(o.llBlocks <= 1024 && o.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
+  PYCCL_CHECK_ARG(o.llThresholdBytes <= o.llMaxBytes, "ll_threshold_bytes",
+                  "must not exceed ll_max_bytes (", o.llMaxBytes, ")");
+  for (auto [table, name] : {std::pair{&o.allReduceBySize, "all_reduce_by_size"},
+                             std::pair{&o.allReduceSymmetricBySize, "all_reduce_symmetric_by_size"}}) {
+    checkBySize(*table, name, [&](AllReduceAlgorithm a, uint64_t maxBytes) {
+      PYCCL_CHECK_ARG(a != AllReduceAlgorithm::kOnePhaseLL || maxBytes <= o.llMaxBytes, name,
+                      "takes 1pa_ll up to ", maxBytes, " bytes, past ll_max_bytes (", o.llMaxBytes, ")");
+    });
+  }
+  for (const auto& table : o.exchangeBySize) {
+    checkBySize(table, "exchange_by_size", [](Protocol, uint64_t) {});
+  }
+  return o;
+}
+
+namespace {
+
+/// One option as the ranks compare it: the option's name, where in it (a table entry, an exchange), the value.
+struct AgreedField {
+  std::string option;
+  std::string detail;
+  uint64_t value;
+  std::optional<uint64_t> unset = std::nullopt;  ///< the value that asks for the default (not exchanged)
+  std::optional<std::string> text = std::nullopt;  ///< a setting's value (agreedSettings), in place of `value`
+};
+
+std::string shown(const AgreedField& field, uint64_t value) {
+  if (field.unset && value == *field.unset) return strCat(value == UINT64_MAX ? "None" : "0", " (the default)");
+  return strCat(value);
+}
+
+std::string shown(const std::string& text) { return text.empty() ? "it unset" : strCat("'", text, "'"); }
+
+void addTable(std::vector<AgreedField>& fields, const char* option, const std::string& part, uint64_t size,
+              const std::function<std::pair<uint64_t, uint64_t>(uint64_t)>& entry) {
+  fields.push_back({option, strCat(part, "entries"), size});
+  for (uint64_t i = 0; i < size; ++i) {
+    const auto [maxBytes, choice] = entry(i);
+    fields.push_back({option, strCat(part, "entry ", i, "'s max bytes"), maxBytes});
+    fields.push_back({option, strCat(part, "entry ", i, "'s choice"), choice});
+  }
+}
+
+template <typename Choice>
+void addTable(std::vector<AgreedField>& fields, const char* option, const std::string& part,
+              const std::vector<SizeChoice<Choice>>& table) {
+  addTable(fields, option, part, table.size(), [&](uint64_t i) {
+    return std::pair<uint64_t, uint64_t>{table[i].maxBytes, static_cast<uint64_t>(table[i].choice)};
+  });
+}
+
+/// Every option that shapes the scratch or picks an algorithm, by its Python name.
+std::vector<AgreedField> agreedFields(const CollectiveOptions& o) {
+  std::vector<AgreedField> f = {
+      {"ll_blocks", "", o.llBlocks, 0},
+      {"hb_blocks", "", o.hbBlocks, 0},
+      {"ll_threads", "", o.llThreads},
+      {"ll_packets_per_block", "", o.llPacketsPerBlock},
+      {"hb_threads", "", o.hbThreads},
+      {"hb_large_threads", "", o.hbLargeThreads},
+      {"ll_max_bytes", "", o.llMaxBytes, 0},
+      {"hb_piece_bytes", "", o.hbPieceBytes, 0},
+      {"hb_rounds_per_launch", "", o.hbRoundsPerLaunch},
+      {"hb_push", "", o.hbPush ? 1u : 0u},
+      {"ll_threshold_bytes", "", o.llThresholdBytes, 0},
+      {"ll2_threshold_bytes", "", o.ll2ThresholdBytes, 0},
+      {"one_phase_hb_max_bytes", "", o.onePhaseHBMaxBytes, 0},
+      {"zero_copy_threshold_bytes", "", o.zeroCopyThresholdBytes, 0},
+      {"zero_copy_threads", "", o.zeroCopyThreads},
+      {"zero_copy_max_bytes", "", o.zeroCopyMaxBytes, 0},
+      {"zero_copy_bytes_per_block", "", o.zeroCopyBytesPerBlock},
+      {"one_phase_hb_bytes_per_block", "", o.onePhaseHBBytesPerBlock},
+      {"fused_segments", "", o.fusedSegments, 0},
+      {"fused_threads", "", o.fusedThreads, 0},
+      {"fused_two_kernel_min_bytes", "", o.fusedTwoKernelMinBytes, 0},
+      {"fused_two_shot_bytes", "", o.fusedTwoShotBytes, 0},
+      {"p2p_blocks", "", o.p2pBlocks, 0},
+      {"p2p_slice_bytes", "", o.p2pSliceBytes, 0},
+      {"p2p_slots", "", o.p2pSlots},
+      {"p2p_threads", "", o.p2pThreads},
+      {"p2p_ll_max_bytes", "", o.p2pLLMaxBytes, CollectiveOptions::kP2PLLDefault},
+      {"p2p_ll_lane_bytes", "", o.p2pLLLaneBytes, 0},
+  };
+  for (uint32_t k = 0; k < 4; ++k) {
+    const auto kind = static_cast<ExchangeKind>(k);
+    f.push_back({"exchange_ll_threshold_bytes", exchangeKindName(kind), o.exchangeLLThresholdBytes[k], 0});
+    addTable(f, "exchange_by_size", strCat(exchangeKindName(kind), " "), o.exchangeBySize[k]);
+  }
+  addTable(f, "all_reduce_by_size", "", o.allReduceBySize);
+  addTable(f, "all_reduce_symmetric_by_size", "", o.allReduceSymmetricBySize);
+  for (const auto& [name, value] : o.agreedSettings) f.push_back({name, "", 0, std::nullopt, value});
+  return f;
+}
+
+std::vector<AgreedField> readFields(const Bytes& bytes) {
+  ByteReader r(bytes, "exchanged engine options");
+  std::vector<AgreedField> fields;
+  for (uint64_t i = 0, n = r.get<uint64_t>(); i < n; ++i) {  // a corrupt count fails at its first missing field
+    AgreedField& field = fields.emplace_back();
+    field.option = r.getString();
+    field.detail = r.getString();
+    if (r.get<uint8_t>() != 0) {
+      field.text = r.getString();
+    } else {
+      field.value = r.get<uint64_t>();
+    }
+  }
+  return fields;
+}
+
+}  // namespace
+
+void agreeOnCollectiveOptions(Communicator& comm, const CollectiveOptions& given) {
+  if (comm.worldSize() < 2) return;
+  const std::vector<AgreedField> mine = agreedFields(given);
+  ByteWriter w;
+  w.put<uint64_t>(mine.size());
+  for (const auto& field : mine) {
+    w.putString(field.option).putString(field.detail).put<uint8_t>(field.text ? 1 : 0);
+    field.text ? w.putString(*field.text) : w.put<uint64_t>(field.value);
+  }
+  const std::vector<Bytes> all = comm.allGather(w.take());
+  // Every rank compares every rank with rank 0, in the same order: all raise the same error, or none does.
+  const std::vector<AgreedField> first = readFields(all[0]);
+  for (int p = 1; p < comm.worldSize(); ++p) {
+    const std::vector<AgreedField> theirs = readFields(all[p]);
+    for (size_t i = 0; i < first.size() || i < theirs.size(); ++i) {
+      if (i >= first.size() || i >= theirs.size() || theirs[i].option != first[i].option ||
+          theirs[i].detail != first[i].detail) {
+        throw UnsupportedError(strCat("collective engine of communicator '", comm.name(), "': ranks 0 and ", p,
+                                      " list different options or settings (different pyccl builds?)"));
+      }
+      if (first[i].text || theirs[i].text) {
+        if (first[i].text == theirs[i].text) continue;
+        throw InvalidArgument(strCat(first[i].option, " must be the same on every rank of communicator '",
+                                     comm.name(), "' (rank 0 has ", shown(first[i].text.value_or("")), ", rank ", p,
+                                     " has ", shown(theirs[i].text.value_or("")), ")"));
+      }
+      if (first[i].value == theirs[i].value) continue;
+      // What marks the default is not exchanged: this rank's list has it where its names match rank 0's.
+      AgreedField field = first[i];
+      if (i < mine.size() && mine[i].option == field.option && mine[i].detail == field.detail) {
+        field.unset = mine[i].unset;
+      }
+      const std::string where = field.detail.empty() ? "" : field.detail + ": ";
+      throw InvalidArgument(strCat("invalid argument '", field.option, "': must be the same on every rank of ",
+                                   "communicator '", comm.name(), "' (", where, "rank 0 has ",
+                                   shown(field, first[i].value), ", rank ", p, " has ", shown(field, theirs[i].value),
+                                   ")"));
+    }
+  }
+}
+
+}  // namespace pyccl
