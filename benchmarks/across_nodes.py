@@ -30,7 +30,7 @@ def _rank(rank, world, store, sizes):
 
     import pyccl
     from pyccl._nccl import NcclComm
-    from pyccl.bench import _time_graph
+    from pyccl.bench_timing import time_graph
 
     per_node = world // 2
     os.environ["PYCCL_NODE_ID"] = f"node{rank // per_node}"
@@ -52,16 +52,16 @@ def _rank(rank, world, store, sizes):
         iters = 10 if size <= M else 3
         row = {"bytes": size, "wrong": wrong,
                "plan": "allreduce_2ph_ll" if size <= pyccl.across_nodes.LL_MAX_BYTES else "allreduce_2ph_hb"}
-        row["pyccl_us"] = _time_graph(lambda: pyccl.all_reduce(x, comm=comm, out=out), iters, 5)
+        row["pyccl_us"] = time_graph(lambda: pyccl.all_reduce(x, comm=comm, out=out), iters, 5)
         if size <= pyccl.across_nodes.LL_MAX_BYTES and per_node > 1:  # 2PH LL in one piece and pipelined
             for pieces, key in ((1, "one_piece"), (2, "pipelined")):
                 pyccl.across_nodes.LL_PIPELINE = pieces
                 y = pyccl.all_reduce(x, comm=comm)
                 row[f"wrong_{key}"] = int((y.double() - ref).abs().gt(0.05 * ref.abs() + 0.1).sum())
-                row[f"pyccl_{key}_us"] = _time_graph(lambda: pyccl.all_reduce(x, comm=comm, out=out), iters, 5)
+                row[f"pyccl_{key}_us"] = time_graph(lambda: pyccl.all_reduce(x, comm=comm, out=out), iters, 5)
             pyccl.across_nodes.LL_PIPELINE = None
-        row["nccl_direct_us"] = _time_graph(lambda: nccl.all_reduce(x, out), iters, 5)
-        row["nccl_pg_us"] = _time_graph(lambda: dist.all_reduce(out), iters, 5)
+        row["nccl_direct_us"] = time_graph(lambda: nccl.all_reduce(x, out), iters, 5)
+        row["nccl_pg_us"] = time_graph(lambda: dist.all_reduce(out), iters, 5)
         rows.append(row)
     nccl.close()
     dist.destroy_process_group()

@@ -22,7 +22,7 @@ import torch
 
 import pyccl
 from pyccl._spawn import run_ranks
-from pyccl.bench import doubling_sizes
+from pyccl.bench_timing import doubling_sizes
 from pyccl.primitives import Op, pingpong, run
 
 MiB = 1 << 20

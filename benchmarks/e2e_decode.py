@@ -188,9 +188,9 @@ class Reducer:
 
 def _graph_ms(torch, fn, replays: int) -> float:
     """Median ms of `fn` captured once in a CUDA graph (pyccl.bench's timer)."""
-    from pyccl.bench import _time_graph
+    from pyccl.bench_timing import time_graph
 
-    return _time_graph(fn, 1, replays) / 1000
+    return time_graph(fn, 1, replays) / 1000
 
 
 def _eager_ms(torch, fn, reps: int) -> float:

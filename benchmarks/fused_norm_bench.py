@@ -26,7 +26,7 @@ import torch.distributed as dist
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph, align_trials_with, time_in_turn
+from pyccl.bench_timing import time_graph, align_trials_with, time_in_turn
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 ITERS, TRIALS, ROUNDS = 20, 7, 5
@@ -101,7 +101,7 @@ def body(rank, world, store, hidden, sweep, engine_options):
             for algo in ("one_shot", "two_shot"):
                 if algo == "two_shot" and tokens < world:
                     continue
-                us = _time_graph(fused(algo, other), ITERS, TRIALS)
+                us = time_graph(fused(algo, other), ITERS, TRIALS)
                 sweep_rows.append({"tokens": tokens, "segments": segments, "threads": threads, "algo": algo, "us": us})
     for other in sweepers.values():
         other.close()

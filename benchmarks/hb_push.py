@@ -31,7 +31,7 @@ import torch
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import align_trials_with, doubling_sizes, parse_bytes, size_label, time_in_turn
+from pyccl.bench_timing import align_trials_with, doubling_sizes, parse_bytes, size_label, time_in_turn
 
 M = 1 << 20
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     import torch
 
     from pyccl._spawn import run_ranks
-    from pyccl.bench import parse_bytes, size_label
+    from pyccl.bench_timing import parse_bytes, size_label
 
     on_gpu = not args.host
     if on_gpu and not torch.cuda.is_available():

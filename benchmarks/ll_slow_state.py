@@ -15,7 +15,7 @@ import torch
 
 import pyccl
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph
+from pyccl.bench_timing import time_graph
 
 K = 1 << 10
 SIZES = [1 * K, 4 * K, 16 * K, 64 * K, 256 * K, 256 * K, 256 * K, 512 * K, 128 * K, 256 * K, 256 * K]
@@ -29,7 +29,7 @@ def body(rank, world, store, group):
     for n in SIZES:
         x = torch.randn(n // 2, device=device).to(torch.bfloat16)
         y = torch.empty_like(x)
-        times.append(_time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm="1pa_ll"), 20, 5))
+        times.append(time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm="1pa_ll"), 20, 5))
     inputs = pyccl.all_gather(x, comm=comm).view(world, -1).double()
     error = float((y.double() - inputs.sum(0)).abs().max())
     comm.close()

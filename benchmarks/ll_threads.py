@@ -15,7 +15,7 @@ import torch
 
 import pyccl
 from pyccl._spawn import run_ranks
-from pyccl.bench import align_trials_with, time_in_turn
+from pyccl.bench_timing import align_trials_with, time_in_turn
 
 K = 1024
 CASES = (("1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K)), ("2pa_ll", (64 * K, 256 * K, 1024 * K)))

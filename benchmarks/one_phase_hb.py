@@ -25,7 +25,7 @@ import torch
 import pyccl
 from pyccl._nccl import NcclComm
 from pyccl._spawn import run_ranks
-from pyccl.bench import align_trials_with, doubling_sizes, parse_bytes, size_label, time_in_turn
+from pyccl.bench_timing import align_trials_with, doubling_sizes, parse_bytes, size_label, time_in_turn
 
 K, M = 1 << 10, 1 << 20
 # name: (algorithm, CollectiveEngine keywords or None for the communicator's own engine)

@@ -26,7 +26,7 @@ import torch
 import pyccl
 import pyccl.algorithms as algorithms
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph, align_trials_with
+from pyccl.bench_timing import time_graph, align_trials_with
 from pyccl.dsl import Plan
 from pyccl.plans import PlanRunner
 
@@ -138,7 +138,7 @@ def body(rank, world, store, plans):
         inputs = {n: torch.randn(n // 2, device=device).to(torch.bfloat16) for n in sizes}
         outputs = {n: torch.empty_like(x) for n, x in inputs.items()}
         for n in sizes:
-            t = _time_graph(_kernel_call(inputs[n], outputs[n], comm, algo, engine), ITERS, TRIALS)
+            t = time_graph(_kernel_call(inputs[n], outputs[n], comm, algo, engine), ITERS, TRIALS)
             rows.append({"plan": name, "kernel": algo, "bytes": n, "instances": 0, "threads": 0, "us": t})
         for k in instance_counts:
             plan = algorithms.LIBRARY[name](world, instances=k).lower()
@@ -149,7 +149,7 @@ def body(rank, world, store, plans):
                     if n % unit:
                         continue
                     x, y = inputs[n], outputs[n]
-                    t = _time_graph(lambda: run(x, out=y), ITERS, TRIALS)
+                    t = time_graph(lambda: run(x, out=y), ITERS, TRIALS)
                     rows.append({"plan": name, "kernel": algo, "bytes": n, "instances": k, "threads": threads, "us": t})
                 run.close()
         for n in sizes:
@@ -173,12 +173,12 @@ def body(rank, world, store, plans):
             x, y = inputs[n], outputs[n]
             kernel_us, plan_us, unfused_us, any_shape_us = [], [], [], []
             for _ in range(ROUNDS):
-                kernel_us.append(_time_graph(_kernel_call(x, y, comm, algo, engine), ITERS, TRIALS))
-                plan_us.append(_time_graph(lambda: run(x, out=y), ITERS, TRIALS))
+                kernel_us.append(time_graph(_kernel_call(x, y, comm, algo, engine), ITERS, TRIALS))
+                plan_us.append(time_graph(lambda: run(x, out=y), ITERS, TRIALS))
                 if unfused is not None:
-                    unfused_us.append(_time_graph(lambda: unfused(x, out=y), ITERS, TRIALS))
+                    unfused_us.append(time_graph(lambda: unfused(x, out=y), ITERS, TRIALS))
                 if any_shape is not None:
-                    any_shape_us.append(_time_graph(lambda: any_shape(x, out=y), ITERS, TRIALS))
+                    any_shape_us.append(time_graph(lambda: any_shape(x, out=y), ITERS, TRIALS))
             for runner in (run, unfused, any_shape):
                 if runner is not None:
                     runner.close()
@@ -211,7 +211,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sweep": rows, "head_to_head": head_to_head}, f, indent=1)
-    print(f"| plan (kernel) | size | kernel µs | plan µs (instances x threads) | plan / kernel |")
+    print("| plan (kernel) | size | kernel µs | plan µs (instances x threads) | plan / kernel |")
     print("|---|---:|---:|---:|---:|")
     ratios = {}
     for r in head_to_head:

@@ -13,7 +13,7 @@ import torch
 import pyccl
 import pyccl.algorithms as algorithms
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph
+from pyccl.bench_timing import time_graph
 from pyccl.dsl import AllReduce, Program
 from pyccl.plans import PlanRunner
 
@@ -37,15 +37,15 @@ def body(rank, world, store):
     for n in SIZES:
         x = torch.randn(n // 2, device=device).to(torch.bfloat16)
         y = torch.empty_like(x)
-        rows.append((n, "torch copy_", _time_graph(lambda: y.copy_(x), 20, 7)))
+        rows.append((n, "torch copy_", time_graph(lambda: y.copy_(x), 20, 7)))
         rows.append((n, "kernel 1pa_ll",
-                     _time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm="1pa_ll"), 20, 7)))
+                     time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm="1pa_ll"), 20, 7)))
         programs = [(f"plan copy-only x{k}", copy_only(world, k)) for k in (1, 4)]
         programs += [(f"plan 1pa x{k}", algorithms.allreduce_allpairs_ll(world, instances=k)) for k in (1, 4, 16)]
         for name, program in programs:
             for threads in (256, 512):
                 run = PlanRunner(program.lower(), comm, max_bytes=n, threads=threads)
-                rows.append((n, f"{name} t{threads}", _time_graph(lambda: run(x, out=y), 20, 7)))
+                rows.append((n, f"{name} t{threads}", time_graph(lambda: run(x, out=y), 20, 7)))
                 run.close()
     comm.close()
     return rows if rank == 0 else None

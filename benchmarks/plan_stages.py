@@ -19,7 +19,7 @@ import torch
 import pyccl
 from pyccl.dsl import AllReduce, Program, all_pairs_memory_channels, signal_and_wait
 from pyccl._spawn import run_ranks
-from pyccl.bench import _time_graph, align_trials_with
+from pyccl.bench_timing import time_graph, align_trials_with
 from pyccl.plans import PlanRunner
 
 PUSH_STAGES = 7
@@ -86,13 +86,13 @@ def body(rank, world, store, push):
     for nbytes in (256 << 10, 1 << 20, 4 << 20):
         x = torch.randn(nbytes // 2, device=device).to(torch.bfloat16)
         y = torch.empty_like(x)
-        kernel = _time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm="2pa_hb"), 20, 7)
+        kernel = time_graph(lambda: pyccl.all_reduce(x, out=y, comm=comm, algorithm="2pa_hb"), 20, 7)
         rows.append(("kernel", 0, 0, nbytes, kernel))
         for k in (64,):
             for stage in range(PUSH_STAGES if push else 6):
                 program = push_prog(world, k, stage) if push else prog(world, k, stage)
                 run = PlanRunner(program.lower(), comm, max_bytes=nbytes, threads=256)
-                rows.append(("stage", stage, k, nbytes, _time_graph(lambda: run(x, out=y), 20, 7)))
+                rows.append(("stage", stage, k, nbytes, time_graph(lambda: run(x, out=y), 20, 7)))
                 run.close()
     comm.close()
     return rows if rank == 0 else None

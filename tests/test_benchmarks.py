@@ -149,15 +149,16 @@ def test_bench_send_recv_is_nccl_tests_sendrecv():
 
 
 def test_bench_sizes_are_nccl_tests_b_e_f():
-    from pyccl import bench
+    from pyccl import bench_timing
 
-    assert bench.doubling_sizes(1024, 8192) == [1024, 2048, 4096, 8192]
-    assert bench.doubling_sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
-    assert bench.doubling_sizes(1000, 5000, 3) == [1000, 3000]
-    assert bench.doubling_sizes(4096, 4096) == [4096]
+    assert bench_timing.doubling_sizes(1024, 8192) == [1024, 2048, 4096, 8192]
+    assert bench_timing.doubling_sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1 << 20]
+    assert bench_timing.doubling_sizes(1000, 5000, 3) == [1000, 3000]
+    assert bench_timing.doubling_sizes(4096, 4096) == [4096]
+    assert [bench_timing.parse_bytes(t) for t in ("1K", "256M", "4KiB", "3000")] == [1024, 256 << 20, 4096, 3000]
     for bad in ((0, 10, 2), (2048, 1024, 2), (1024, 4096, 1)):
         with pytest.raises(ValueError, match="sizes"):
-            bench.doubling_sizes(*bad)
+            bench_timing.doubling_sizes(*bad)
 
 
 @pytest.mark.parametrize("argv, needle", [

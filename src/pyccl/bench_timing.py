@@ -1,0 +1,161 @@
+"""Timing and sizes for the benchmarks (``pyccl.bench`` and ``benchmarks/``):
+medians of CUDA-graph replays or eager launches, trials that start together
+on every rank, and nccl-tests' -b/-e/-f sizes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+
+import torch
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    t = text.strip().upper().rstrip("B").rstrip("I")
+    unit = t[-1] if t and t[-1] in _UNITS else ""
+    return int(float(t[: len(t) - len(unit)] if unit else t) * _UNITS[unit])
+
+
+# The barrier that starts every rank's trials together (align_trials), if any.
+_trial_barrier = None
+# A GPU sleep after the barrier, longer than a host takes to enqueue one trial
+# (about 200 µs at the H100/H200 SM clock): every rank's replay then starts
+# when its sleep ends, whichever host got there first.
+_ALIGN_SLEEP_CYCLES = 400_000
+
+
+def align_trials(barrier) -> None:
+    """Makes every later ``time_graph`` trial of this process start together
+    with the other ranks': ``barrier()`` (a collective of this process's
+    group, enqueued on the current stream) and a GPU sleep run before the
+    trial's start event. None turns it off.
+
+    Without it, the rank whose host launches a trial first waits for the
+    others inside its timed region: small collectives then read slower by the
+    hosts' launch skew over the graph's calls (0.35 µs per call at 1 KiB on
+    2 × H200, 20 calls per graph), on one rank and not the other, and which
+    rank that is changes between process groups."""
+    global _trial_barrier
+    _trial_barrier = barrier
+
+
+def align_trials_with(comm, device) -> None:
+    """align_trials with a one-element 1PA LL all-reduce on the pyccl
+    communicator `comm` as the barrier."""
+    import pyccl
+
+    one = torch.ones(1, device=device)
+    into = torch.empty_like(one)
+    align_trials(lambda: pyccl.all_reduce(one, out=into, comm=comm, algorithm="1pa_ll"))
+
+
+def time_graph(fn, iters: int, trials: int, capture_in=None, check=None, output=None) -> float:
+    """Median µs per call of `fn` captured `iters` times in one CUDA graph;
+    trials start together on every rank where align_trials was called.
+    `capture_in`: a context manager the capture runs in (pyccl.graph_capture);
+    `check`: called after the first replay (it raises on a wrong result), with
+    `output` filled with NaN before that replay, so that only the graph's calls
+    can make it right."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with capture_in if capture_in is not None else contextlib.nullcontext():
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+    if output is not None:
+        output.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    if check is not None:
+        check()
+    per_call = _median_per_call(graph.replay, iters, trials, align_sleep=True)
+    del graph
+    return per_call
+
+
+def time_eager(fn, iters: int, trials: int) -> float:
+    """Median µs per call of `fn` launched `iters` times in a row without a
+    graph (nccl-tests without -G): where the host takes longer to launch a
+    call than the GPU takes to run it, this is the host's time per call.
+    Trials start after a barrier where align_trials was called, without the
+    GPU sleep of graph mode: the launches are part of what is timed."""
+    fn()  # warm-up
+    torch.cuda.synchronize()
+
+    def launch() -> None:
+        for _ in range(iters):
+            fn()
+
+    return _median_per_call(launch, iters, trials, align_sleep=False)
+
+
+def _median_per_call(launch, calls: int, trials: int, align_sleep: bool) -> float:
+    """Median over `trials` of the GPU's µs per call while `launch()` enqueues
+    `calls` calls, each trial after the align_trials barrier (and, with
+    `align_sleep`, its GPU sleep) where one is set."""
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if _trial_barrier is not None:
+            _trial_barrier()
+            if align_sleep:
+                torch.cuda._sleep(_ALIGN_SLEEP_CYCLES)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    return statistics.median(times)
+
+
+def time_in_turn(calls: dict, iters: int, rounds: int, trials: int = 5) -> dict:
+    """{name: median µs per call} of each of `calls` (see time_graph), the
+    calls timed one after another `rounds` times, so that drift between the
+    rounds reaches every call alike."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(time_graph(fn, iters, trials))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def doubling_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list:
+    """min_bytes, `factor` times that, and so on while at most max_bytes
+    (nccl-tests' -b/-e/-f)."""
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise ValueError(f"sizes: need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
+    if factor < 2:
+        raise ValueError(f"sizes: the step factor must be at least 2, got {factor}")
+    sizes, n = [], min_bytes
+    while n <= max_bytes:
+        sizes.append(n)
+        n *= factor
+    return sizes
+
+
+def add_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """nccl-tests' -b/-e/-f (sizes of the whole buffer), for sizes_from_args."""
+    parser.add_argument("-b", "--min-bytes", default="1K", help="smallest size, whole buffer (nccl-tests' -b)")
+    parser.add_argument("-e", "--max-bytes", default="256M", help="largest size (nccl-tests' -e)")
+    parser.add_argument("-f", "--step-factor", type=int, default=2, help="each size is this times the last")
+
+
+def sizes_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list:
+    """The sizes add_size_arguments' flags ask for; a bad one is a usage error naming them."""
+    try:
+        return doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step_factor)
+    except ValueError as e:
+        parser.error(f"-b/-e/-f: {e}")
+
+
+def size_label(n: int) -> str:
+    """`n` bytes as "512 B" / "4 KiB" / "16 MiB" (powers of two)."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
