@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 import random
 
 import torch
@@ -643,17 +644,20 @@ def engine_options_must_agree(rank, world, store, on_gpu):
 def communicator_under_another_algo(rank, world, store):
     """A communicator made while PYCCL_ALGO differs on the last rank: its
     engine refuses on every rank; made again with it alike, it runs."""
-    import os
 
     last = rank == world - 1
     if last:
         os.environ["PYCCL_ALGO"] = "2pa_hb"
+    threads, kept = len(os.listdir("/proc/self/task")), None  # native threads too
     try:
         pyccl.Communicator(store, rank, world, device="cpu", name="algo",
                            timeout=datetime.timedelta(seconds=60)).close()
         error = "accepted"
     except ValueError as e:
-        error = str(e)
+        error, kept = str(e), e  # its traceback holds the refused communicator, as a caller's handler may
+    # The refused communicator's threads (its fd server) are gone at once, not when it is collected.
+    error_threads = len(os.listdir("/proc/self/task")) - threads
+    del kept
     if last:
         del os.environ["PYCCL_ALGO"]
     comm = pyccl.Communicator(store, rank, world, device="cpu", name="algo_again",
@@ -661,7 +665,7 @@ def communicator_under_another_algo(rank, world, store):
     inputs = [rank_input(7, 0, r, 999, torch.float32, "sum") for r in range(world)]
     bad = check_reduction(comm, pyccl.all_reduce(inputs[rank], comm=comm), inputs, "sum", (999,))
     comm.close()
-    return error, bad
+    return error, error_threads, bad
 
 
 def engine_choice_by_size(rank, world, store):

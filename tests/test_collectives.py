@@ -165,8 +165,9 @@ def test_engine_options_must_agree_on_every_rank(world):
 
 def test_ranks_must_choose_under_the_same_environment():
     # One rank forcing an algorithm would wait on peers that chose another.
-    for error, bad in run_ranks(rcol.communicator_under_another_algo, 3, timeout=120):
+    for error, threads_left, bad in run_ranks(rcol.communicator_under_another_algo, 3, timeout=120):
         assert "PYCCL_ALGO (environment)" in error and "rank 2 has '2pa_hb'" in error, error
+        assert threads_left == 0
         assert bad == []
 
 

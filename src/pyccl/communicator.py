@@ -108,6 +108,9 @@ class Communicator:
                 self._engine = new_engine(self._comm, self.device, world_size)
             except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
                 self._collectives_error = str(e)
+            except BaseException:  # e.g. ranks that disagree: no communicator, and nothing of it left open
+                self._comm.close()
+                raise
 
     @classmethod
     def _adopt(cls, native: "_C.Communicator") -> "Communicator":
