@@ -65,7 +65,7 @@ struct CollectiveOptions {
   /// size); 0: default (GPUs: 512 KiB, broadcast 128 KiB; host: llMaxBytes / 2).
   uint64_t exchangeLLThresholdBytes[4] = {0, 0, 0, 0};
   /// All-reduce, automatic choice, input and output in symmetric buffers:
-  /// zero-copy 2PA HB from here on; 0: default (see collective_engine.cpp).
+  /// zero-copy 2PA HB from here on; 0: default (see collective_options.cpp).
   uint64_t zeroCopyThresholdBytes = 0;
   uint32_t zeroCopyThreads = 512;  ///< threads per block of the zero-copy all-reduce
   /// Symmetric buffers above this many bytes take the staged 2PA HB path
