@@ -1,7 +1,6 @@
 #include "collectives/collective_options.hpp"
 
 #include <algorithm>
-#include <functional>
 #include <optional>
 #include <utility>
 
@@ -194,22 +193,14 @@ std::string shown(const AgreedField& field, uint64_t value) {
 
 std::string shown(const std::string& text) { return text.empty() ? "it unset" : strCat("'", text, "'"); }
 
-void addTable(std::vector<AgreedField>& fields, const char* option, const std::string& part, uint64_t size,
-              const std::function<std::pair<uint64_t, uint64_t>(uint64_t)>& entry) {
-  fields.push_back({option, strCat(part, "entries"), size});
-  for (uint64_t i = 0; i < size; ++i) {
-    const auto [maxBytes, choice] = entry(i);
-    fields.push_back({option, strCat(part, "entry ", i, "'s max bytes"), maxBytes});
-    fields.push_back({option, strCat(part, "entry ", i, "'s choice"), choice});
-  }
-}
-
 template <typename Choice>
 void addTable(std::vector<AgreedField>& fields, const char* option, const std::string& part,
               const std::vector<SizeChoice<Choice>>& table) {
-  addTable(fields, option, part, table.size(), [&](uint64_t i) {
-    return std::pair<uint64_t, uint64_t>{table[i].maxBytes, static_cast<uint64_t>(table[i].choice)};
-  });
+  fields.push_back({option, strCat(part, "entries"), table.size()});
+  for (size_t i = 0; i < table.size(); ++i) {
+    fields.push_back({option, strCat(part, "entry ", i, "'s max bytes"), table[i].maxBytes});
+    fields.push_back({option, strCat(part, "entry ", i, "'s choice"), static_cast<uint64_t>(table[i].choice)});
+  }
 }
 
 /// Every option that shapes the scratch or picks an algorithm, by its Python name.
