@@ -26,14 +26,6 @@ void bindBackend(py::module_& m) {
                         " sizes (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast), got ",
                         delegateMinBytes.size());
         std::copy(delegateMinBytes.begin(), delegateMinBytes.end(), o.delegateMinBytes.begin());
-        // A rank that hands a size to NCCL while another runs it on pyccl's kernels would wait forever.
-        const char* names[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
-        static_assert(std::size(names) == std::tuple_size_v<decltype(o.delegateMinBytes)>);
-        for (size_t c = 0; c < std::size(names); ++c) {
-          o.gpuEngine.agreedSettings[strCat("the NCCL threshold of ", names[c],
-                                            " (PYCCL_NCCL_MIN_BYTES, NCCL_MIN_BYTES or the tuning table)")] =
-              strCat(delegateMinBytes[c]);
-        }
         DelegateFactory factory;
         if (delegateFactory) {
           // Called from the backend without the GIL; the Python callable is

@@ -91,8 +91,22 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
                                       << "reduce_scatter run across nodes, the other ops on the delegate");
     return lane;
   }
-  lane.engine = std::make_unique<CollectiveEngine>(*lane.comm, device >= 0 ? options_.gpuEngine : CollectiveOptions{});
+  lane.engine = std::make_unique<CollectiveEngine>(*lane.comm, device >= 0 ? gpuEngineOptions() : CollectiveOptions{});
   return lane;
+}
+
+CollectiveOptions PycclBackend::gpuEngineOptions() const {
+  // A rank that hands a size to NCCL while another runs it on pyccl's kernels would wait forever: the engine
+  // checks that the thresholds agree, with its own options.
+  static constexpr const char* kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
+  static_assert(std::size(kNames) == static_cast<size_t>(BackendCollective::kCount));
+  CollectiveOptions o = options_.gpuEngine;
+  for (size_t c = 0; c < std::size(kNames); ++c) {
+    o.agreedSettings[strCat("the NCCL threshold of ", kNames[c],
+                            " (PYCCL_NCCL_MIN_BYTES, NCCL_MIN_BYTES or the tuning table)")] =
+        strCat(options_.delegateMinBytes[c]);
+  }
+  return o;
 }
 
 void PycclBackend::beginGraphCapture(int device) {

@@ -137,6 +137,8 @@ class PycclBackend : public c10d::Backend {
   };
 
   Lane makeLane(int device);
+  /// The GPU lane's engine options: options_.gpuEngine, with the delegate thresholds as settings every rank must share.
+  CollectiveOptions gpuEngineOptions() const;
   /// The lane of `t`'s device, whose engine runs `op`; refuses a lane that
   /// spans nodes (no engine) with a message naming `op`.
   Lane& laneFor(const at::Tensor& t, const char* op);
