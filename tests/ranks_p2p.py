@@ -194,11 +194,13 @@ def bad_arguments(rank, world, store, on_gpu):
     return messages
 
 
-def bad_engine_options(rank, world, store):
-    """Engine options of the sends and receives out of range: each names itself."""
-    comm, _ = _setup(store, rank, world, False)
+def bad_engine_options(rank, world, store, on_gpu=False):
+    """Engine options of the sends and receives out of range: each names itself
+    (on GPUs p2p_threads also makes p2p_ll_lane_bytes' default)."""
+    comm, _ = _setup(store, rank, world, on_gpu)
     messages = {}
-    for name, options in (("lane", {"p2p_ll_lane_bytes": 12}), ("max", {"p2p_ll_max_bytes": 1 << 30})):
+    for name, options in (("lane", {"p2p_ll_lane_bytes": 12}), ("max", {"p2p_ll_max_bytes": 1 << 30}),
+                          ("threads", {"p2p_threads": 0})):
         try:
             pyccl._C.CollectiveEngine(comm._comm, **options).close()
             messages[name] = "accepted"

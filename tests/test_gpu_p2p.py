@@ -65,3 +65,12 @@ def test_bad_arguments_raise_naming_them_on_gpus():
         assert "'tensor'" in messages["device"] and "cuda" in messages["device"]
         assert "'dst'" in messages["self"] and "'tensor'" in messages["overlap"]
         assert messages["after"] == [3.0] * 5
+
+
+@requires_gpus(2)
+def test_bad_engine_options_raise_naming_them_on_gpus():
+    # On GPUs p2p_ll_lane_bytes' default is made from p2p_threads: a bad p2p_threads is named, not that default.
+    for messages in run_ranks(rp2p.bad_engine_options, 2, args=(True,), timeout=120):
+        assert "'p2p_threads'" in messages["threads"], messages["threads"]
+        assert "'p2p_ll_lane_bytes'" in messages["lane"]
+        assert messages["default"] == 256 << 10

@@ -78,4 +78,5 @@ def test_bad_engine_options_raise_naming_them():
     for messages in run_ranks(rp2p.bad_engine_options, 2, timeout=120):
         assert "'p2p_ll_lane_bytes'" in messages["lane"] and "multiple of 8" in messages["lane"]
         assert "'p2p_ll_max_bytes'" in messages["max"] and "16 MiB" in messages["max"]
+        assert "'p2p_threads'" in messages["threads"]
         assert messages["default"] == 2048

@@ -93,6 +93,14 @@ ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
 }
 
 CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int world) {
+  // First: p2p_ll_lane_bytes' default is made from p2p_threads.
+  for (auto [threads, name] : {std::pair{o.llThreads, "ll_threads"}, std::pair{o.hbThreads, "hb_threads"},
+                               std::pair{o.hbLargeThreads, "hb_large_threads"},
+                               std::pair{o.zeroCopyThreads, "zero_copy_threads"},
+                               std::pair{o.p2pThreads, "p2p_threads"}}) {
+    PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
+                    "must be a multiple of 32 in [32, 1024], got ", threads);
+  }
   // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
   if (o.llBlocks == 0) o.llBlocks = host ? 2 : 64;
   if (o.hbBlocks == 0) o.hbBlocks = host ? 2 : 128;
@@ -151,13 +159,6 @@ CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int w
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
     // Where LL stops beating HB on 4 x H200 (benchmarks/RESULTS.md).
     if (threshold == 0) threshold = host ? o.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
-  }
-  for (auto [threads, name] : {std::pair{o.llThreads, "ll_threads"}, std::pair{o.hbThreads, "hb_threads"},
-                               std::pair{o.hbLargeThreads, "hb_large_threads"},
-                               std::pair{o.zeroCopyThreads, "zero_copy_threads"},
-                               std::pair{o.p2pThreads, "p2p_threads"}}) {
-    PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
-                    "must be a multiple of 32 in [32, 1024], got ", threads);
   }
   PYCCL_CHECK_ARG(o.llBlocks <= 1024 && o.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
   PYCCL_CHECK_ARG(o.llThresholdBytes <= o.llMaxBytes, "ll_threshold_bytes",
