@@ -426,6 +426,24 @@ def test_errors_point_at_the_users_line():
         MemoryChannel(1, 0)
 
 
+@pytest.mark.parametrize("kwargs, arg", [
+    ({"name": ""}, "name"), ({"name": 7}, "name"), ({"collective": "allreduce"}, "collective"),
+    ({"collective": 4}, "collective"), ({"protocol": "simple"}, "protocol"), ({"instances": 0}, "instances"),
+    ({"instances": True}, "instances"), ({"instances": 2.0}, "instances")])
+def test_bad_program_arguments_are_named(kwargs, arg):
+    args = {"name": "p", "collective": AllReduce(2), **kwargs}
+    with pytest.raises(DSLError, match=f"invalid argument '{arg}'"):
+        Program(**args)
+
+
+@pytest.mark.parametrize("sizes", [-5, "1K", (1024,), (1024, 512), (-1, 10), (1.0, 2.0), (True, 4), [1, 2, 3]])
+def test_lower_names_bad_sizes(sizes):
+    prog = algorithms.allreduce_allpairs_ll(2)
+    with pytest.raises(DSLError, match="invalid argument 'sizes'"):
+        prog.lower(sizes)
+    assert prog.lower([0, 4096]).sizes == [0, 4096] and prog.lower((64, 64)).sizes == [64, 64]
+
+
 def _two_rank_exchange(wait_first: bool, reduce_before_wait: bool):
     with Program("exchange", AllReduce(2, chunks=2)) as p:
         ch = {(0, 1): MemoryChannel(0, 1), (1, 0): MemoryChannel(1, 0)}

@@ -379,9 +379,22 @@ def _op_json(op: Op) -> dict:
     return d
 
 
+def _check_sizes(sizes) -> Optional[List[int]]:
+    """`lower`'s sizes as the plan records them: None, or [min, max] bytes."""
+    if sizes is None:
+        return None
+    ok = (isinstance(sizes, (tuple, list)) and len(sizes) == 2
+          and all(isinstance(x, int) and not isinstance(x, bool) for x in sizes) and 0 <= sizes[0] <= sizes[1])
+    if not ok:
+        raise DSLError(f"invalid argument 'sizes': expected (min_bytes, max_bytes) with 0 <= min_bytes <= "
+                       f"max_bytes, or None, got {sizes!r}")
+    return [sizes[0], sizes[1]]
+
+
 def lower(prog: Program, sizes: Optional[Tuple[int, int]] = None) -> Plan:
     """The plan of `prog`. `sizes` (min, max bytes) records the message sizes
     the plan is meant for; chunks are sizes / chunk count at run time."""
+    sizes = _check_sizes(sizes)
     _check(prog)
     ops, num_channels = _replicate(prog)
     k = prog.instances
@@ -405,5 +418,5 @@ def lower(prog: Program, sizes: Optional[Tuple[int, int]] = None) -> Plan:
     buffers = {kind: n * k for kind, n in prog.buffer_sizes().items()}
     coll = prog.collective.to_dict()
     plan = Plan(prog.name, coll, prog.protocol, k, buffers, channels, ranks,
-                None if sizes is None else [int(sizes[0]), int(sizes[1])])
+                sizes)
     return Plan.from_dict(plan.to_dict(), where=f"plan of {prog.name!r}")

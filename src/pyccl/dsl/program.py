@@ -165,9 +165,16 @@ class Program:
     operations per rank and thread block. Use as a context manager."""
 
     def __init__(self, name: str, collective, protocol: str = "hb", instances: int = 1) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise DSLError(f"invalid argument 'name': expected a non-empty string, got {name!r}")
+        from .collectives import Collective  # collectives.py imports this module
+
+        if not isinstance(collective, Collective):
+            raise DSLError(f"invalid argument 'collective': expected AllReduce, AllGather, ReduceScatter, AllToAll or "
+                           f"SendRecv (pyccl.dsl), got {collective!r}")
         if protocol not in PROTOCOLS:
             raise DSLError(f"invalid argument 'protocol': {protocol!r} (expected one of {', '.join(PROTOCOLS)})")
-        if not isinstance(instances, int) or instances < 1:
+        if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:
             raise DSLError(f"invalid argument 'instances': must be an integer >= 1, got {instances!r}")
         self.name = name
         self.collective = collective
