@@ -169,6 +169,12 @@ def test_bench_sizes_are_nccl_tests_b_e_f():
     (["--world", "0"], "--world"),
     (["--collectives", "all_reduce,gather"], "--collectives"),
     (["--world", "1", "--collectives", "send_recv"], "send_recv: needs --world 2"),
+    (["--engine", "{bad"], "--engine: not JSON"),
+    (["--engine", "[1, 2]"], "--engine: expected a JSON object"),
+    (["--timeout", "0"], "--timeout"),
+    (["--out", "/nonexistent-folder/results.json"], "--out /nonexistent-folder/results.json: the folder"),
+    (["--csv", "/"], "--csv /: is a folder"),
+    (["--plot", "/nonexistent-folder/plot.png"], "--plot"),
 ])
 def test_bench_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, capsys):
     """A bad argument is named at once, on any machine."""
@@ -180,14 +186,67 @@ def test_bench_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, caps
     assert needle in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["-b", "4K", "-e", "1K"], ["-f", "0"], ["-e", "many"]])
-def test_tune_rejects_bad_sizes_before_it_looks_for_gpus(argv, capsys):
+@pytest.mark.parametrize("argv, needle", [
+    (["-b", "4K", "-e", "1K"], "-b/-e/-f"), (["-f", "0"], "-b/-e/-f"), (["-e", "many"], "-b/-e/-f"),
+    (["--world", "1"], "--world must be at least 2"), (["--trials", "0"], "--trials"),
+    (["--timeout", "-1"], "--timeout"), (["--out", "/nonexistent-folder/table.json"], "--out"),
+])
+def test_tune_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, capsys):
+    """A tune runs for many minutes: a bad flag or an output it could not
+    write is named before it starts."""
     from pyccl import tune
 
     with pytest.raises(SystemExit) as e:
         tune.main(argv)
     assert e.value.code == 2
-    assert "-b/-e/-f" in capsys.readouterr().err
+    assert needle in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from pyccl import bench
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--plot", str(tmp_path / "p.png")])
+    assert e.value.code == 2 and "needs matplotlib" in capsys.readouterr().err
+
+
+def test_sizes_in_bytes_are_parsed_or_named():
+    from pyccl.bench_timing import parse_bytes
+
+    assert [parse_bytes(t) for t in ("1k", "2MiB", "1G", "0.5K", " 64 ")] == [1024, 2 << 20, 1 << 30, 512, 64]
+    for bad in ("lots", "", "K", "nan", "infK", "1KK"):
+        with pytest.raises(ValueError, match=f"{bad!r} is not a size in bytes"):
+            parse_bytes(bad)
+
+
+def test_results_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """An earlier file survives a write that fails partway; the new file gets
+    the permissions open() would give it; no temporary file is left behind."""
+    import os
+
+    from pyccl.bench_args import write_atomically
+
+    path = tmp_path / "table.json"
+    path.write_text("old")
+    old_umask = os.umask(0o027)
+    try:
+        write_atomically(str(path), "new")
+    finally:
+        os.umask(old_umask)
+    assert path.read_text() == "new" and (path.stat().st_mode & 0o777) == 0o640
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomically(str(path), "newer")
+    assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["table.json"]
 
 
 def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_path):

@@ -69,8 +69,9 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
-from .bench_timing import (add_size_arguments, align_trials, align_trials_with, sizes_from_args,  # noqa: E402
-                           time_eager, time_graph)
+from . import bench_args  # noqa: E402
+from .bench_args import add_size_arguments, sizes_from_args  # noqa: E402
+from .bench_timing import align_trials, align_trials_with, time_eager, time_graph  # noqa: E402
 
 # Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
 _BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
@@ -433,8 +434,11 @@ def main(argv=None) -> int:
                                                      "python -m pyccl.bench_plot results.json out.png)")
     args = parser.parse_args(argv)
     sizes = sizes_from_args(parser, args)
-    if args.iters < 1 or args.trials < 1:
-        parser.error(f"--iters and --trials must be at least 1, got {args.iters} and {args.trials}")
+    bench_args.check_counts(parser, args, min_world=1)
+    engine_options = bench_args.engine_options(parser, args.engine)
+    bench_args.check_output(parser, "--out", args.out)
+    bench_args.check_output(parser, "--csv", args.csv)
+    bench_args.check_plot(parser, args.plot)
     from ._spawn import run_ranks
 
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
@@ -443,17 +447,13 @@ def main(argv=None) -> int:
     for c in collectives:
         if c not in _BUS_FACTOR:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(_BUS_FACTOR)} (or all)")
-    if args.world is not None and args.world < 1:
-        parser.error(f"--world must be at least 1, got {args.world}")
     if args.world == 1 and "send_recv" in collectives:
         parser.error("--collectives send_recv: needs --world 2 or more (a rank sends to another)")
     if not torch.cuda.is_available() or torch.cuda.device_count() < (2 if args.world != 1 else 1):
         print("pyccl.bench needs at least 2 GPUs (--world 1 checks that it runs on one)", file=sys.stderr)
         return 2
     world = args.world or torch.cuda.device_count()
-    if world > torch.cuda.device_count():
-        parser.error(f"--world {world}: only {torch.cuda.device_count()} GPUs are visible")
-    engine_options = json.loads(args.engine) if args.engine else None
+    bench_args.check_world_fits(parser, world, torch.cuda.device_count())
     res = run_ranks(_bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials,
                                               args.all_algos, False, engine_options, args.plans, args.eager),
                      timeout=args.timeout)[0]
@@ -485,15 +485,15 @@ def main(argv=None) -> int:
             print(f"# {k}: {v}")
     about = {"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()),
              "mode": "eager" if args.eager else "graph", "iters": args.iters, "trials": args.trials}
+    # The JSON first: the plot can be drawn again from it (python -m pyccl.bench_plot).
+    if args.out:
+        bench_args.write_atomically(args.out, json.dumps({**about, **res}, indent=1))
     if args.csv:
         _write_csv(args.csv, res["tables"], world, args.dtype)
     if args.plot:
         from .bench_plot import plot
 
         plot({**about, **res}, args.plot)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**about, **res}, f, indent=1)
     return 0
 
 

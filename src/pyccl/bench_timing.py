@@ -4,7 +4,6 @@ on every rank, and nccl-tests' -b/-e/-f sizes."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 
@@ -14,9 +13,16 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_bytes(text: str) -> int:
+    """'3000', '4K', '4KiB', '256M', '1G' as bytes; a ValueError naming `text` otherwise."""
     t = text.strip().upper().rstrip("B").rstrip("I")
     unit = t[-1] if t and t[-1] in _UNITS else ""
-    return int(float(t[: len(t) - len(unit)] if unit else t) * _UNITS[unit])
+    try:
+        value = float(t[: len(t) - len(unit)] if unit else t)
+    except ValueError:
+        value = float("nan")
+    if not value == value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text!r} is not a size in bytes (e.g. 3000, 4K, 4KiB, 256M, 1G)")
+    return int(value * _UNITS[unit])
 
 
 # The barrier that starts every rank's trials together (align_trials), if any.
@@ -139,21 +145,6 @@ def doubling_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list:
         sizes.append(n)
         n *= factor
     return sizes
-
-
-def add_size_arguments(parser: argparse.ArgumentParser) -> None:
-    """nccl-tests' -b/-e/-f (sizes of the whole buffer), for sizes_from_args."""
-    parser.add_argument("-b", "--min-bytes", default="1K", help="smallest size, whole buffer (nccl-tests' -b)")
-    parser.add_argument("-e", "--max-bytes", default="256M", help="largest size (nccl-tests' -e)")
-    parser.add_argument("-f", "--step-factor", type=int, default=2, help="each size is this times the last")
-
-
-def sizes_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list:
-    """The sizes add_size_arguments' flags ask for; a bad one is a usage error naming them."""
-    try:
-        return doubling_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step_factor)
-    except ValueError as e:
-        parser.error(f"-b/-e/-f: {e}")
 
 
 def size_label(n: int) -> str:

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from . import bench, tuning
+from . import bench, bench_args, tuning
 
 
 def _choice(entry: dict) -> str:
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--collectives", default="all", help="comma-separated, or all")
-    bench.add_size_arguments(parser)
+    bench_args.add_size_arguments(parser)
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--trials", type=int, default=9, help="graph replays (median)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before the ranks are stopped")
@@ -49,23 +49,26 @@ def main(argv=None) -> int:
     for c in collectives:
         if c not in tuning.COLLECTIVES:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(tuning.COLLECTIVES)} (or all)")
-    sizes = bench.sizes_from_args(parser, args)
+    sizes = bench_args.sizes_from_args(parser, args)
+    bench_args.check_counts(parser, args, min_world=2)
+    bench_args.check_output(parser, "--out", args.out)
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         print("pyccl.tune needs at least 2 GPUs", file=sys.stderr)
         return 2
     world = args.world or torch.cuda.device_count()
+    bench_args.check_world_fits(parser, world, torch.cuda.device_count())
+    gpu = torch.cuda.get_device_name(0)
+    out = args.out or f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{args.dtype}.json"
+    bench_args.check_output(parser, "--out", out)
     from ._spawn import run_ranks
 
     res = run_ranks(bench._bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials, True,
                                                     True, None, not args.no_plans), timeout=args.timeout)[0]
-    gpu = torch.cuda.get_device_name(0)
     table = tuning.build_table(res["tables"], gpu=gpu, world=world, dtype=args.dtype,
                                date=str(datetime.date.today()),
                                command="python -m pyccl.tune " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
     tuning.check_table(table, "(new)")
-    out = args.out or f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{args.dtype}.json"
-    with open(out, "w") as f:
-        json.dump(table, f, indent=1)
+    bench_args.write_atomically(out, json.dumps(table, indent=1))
     for collective, entries in table["collectives"].items():
         ranges = ", ".join(f"{_choice(e)} to {e['max_bytes']} B" if e["max_bytes"] is not None
                            else f"{_choice(e)} above" for e in entries)
