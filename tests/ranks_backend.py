@@ -338,6 +338,7 @@ def functional_and_compile(rank, world, store, backend, on_gpu):
 def bad_input(rank, world, store):
     _init(rank, world, store, "cpu:pyccl", False)
     out = {}
+    buf = torch.ones(8 * world)
     for label, call in [
         ("dtype", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32))),
         ("op", lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND)),
@@ -346,16 +347,21 @@ def bad_input(rank, world, store):
         ("splits", lambda: dist.all_to_all_single(torch.empty(4 * world), torch.ones(4 * world),
                                                   [4] * world, [4 * world] + [1] * (world - 1))),
         ("gather_list", lambda: dist.gather(torch.ones(4), [torch.empty(4)] * (world + 1), dst=rank)),
+        ("overlap", lambda: dist.all_gather_into_tensor(buf[1:1 + 4 * world], buf[:4])),
     ]:
         try:
             call()
             out[label] = ("accepted", "")
         except Exception as e:  # noqa: BLE001 - the type is what is checked
             out[label] = (type(e).__name__, str(e))
-    # Still usable after the refusals.
+    # Still usable after the refusals; in place is not an overlap.
     x = torch.ones(3)
     dist.all_reduce(x)
     out["after"] = x.tolist()
+    gathered = torch.zeros(2 * world)
+    gathered[2 * rank:2 * rank + 2] = rank + 1.0
+    dist.all_gather_into_tensor(gathered, gathered[2 * rank:2 * rank + 2])
+    out["gathered"] = gathered.tolist()
     dist.destroy_process_group()
     return out
 

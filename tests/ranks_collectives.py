@@ -447,6 +447,97 @@ def exchange_bad_arguments(rank, world, store):
     return out
 
 
+def overlapping_outputs(rank, world, store, on_gpu):
+    """Outputs against inputs, through every protocol: the in-place forms
+    (the input itself; all-gather's input as out's chunk `rank`; reduce-
+    scatter's out as the input's chunk `rank`) give the float64 reference;
+    any other overlap is refused naming 'out', before anything runs, so the
+    valid call after it still agrees across ranks."""
+    comm, device = _setup(store, rank, world, on_gpu)
+    n = 1000 + 8 * world  # per-rank chunk, elements
+    refused, wrong = {}, []
+
+    def inputs(case, count):
+        return [rank_input(case, 7, r, count, torch.float32, "sum").double() for r in range(world)]
+
+    def check(label, got, want):
+        if not torch.allclose(got.cpu().double(), want, rtol=1e-6, atol=1e-5):
+            wrong.append(label)
+
+    for case, algo in enumerate((None, "ll", "hb")):
+        ar_algo = {None: None, "ll": "1pa_ll", "hb": "2pa_hb"}[algo]
+        # All-reduce and broadcast: partly overlapping outputs, then in place.
+        xs = inputs(case, 2 * n)
+        buf = xs[rank].to(device, torch.float32)
+        for label, call in [
+            ("all_reduce", lambda: pyccl.all_reduce(buf[:n], out=buf[1:n + 1], comm=comm, algorithm=ar_algo)),
+            ("broadcast", lambda: pyccl.broadcast(buf[:n], 0, out=buf[n - 3:2 * n - 3], comm=comm, algorithm=algo)),
+            ("all_to_all", lambda: pyccl.all_to_all(buf[:world * 8], out=buf[4:world * 8 + 4], comm=comm,
+                                                    algorithm=algo)),
+            ("all_gather", lambda: pyccl.all_gather(buf[:n // world], out=buf[1:1 + n // world * world],
+                                                    comm=comm, algorithm=algo)),
+            ("reduce_scatter", lambda: pyccl.reduce_scatter(buf[:world * 8], out=buf[rank * 8 + 1:rank * 8 + 9],
+                                                            comm=comm, algorithm=algo)),
+        ]:
+            try:
+                call()
+                refused[(label, algo)] = "accepted"
+            except pyccl.InvalidArgumentError as e:
+                refused[(label, algo)] = str(e)
+        if not torch.equal(buf.cpu().double(), xs[rank]):
+            wrong.append(("refused calls wrote", algo))
+        pyccl.all_reduce(buf[:n], out=buf[:n], comm=comm, algorithm=ar_algo)
+        check(("all_reduce in place", algo), buf[:n], sum(x[:n] for x in xs))
+        pyccl.broadcast(buf[n:], world - 1, out=buf[n:], comm=comm, algorithm=algo)
+        check(("broadcast in place", algo), buf[n:], xs[world - 1][n:])
+        # All-gather: the input is out's chunk `rank`.
+        xs = inputs(10 + case, n)
+        out = torch.empty(world * n, device=device)
+        out[rank * n:(rank + 1) * n] = xs[rank].to(device, torch.float32)
+        pyccl.all_gather(out[rank * n:(rank + 1) * n], out=out, comm=comm, algorithm=algo)
+        check(("all_gather in place", algo), out, torch.cat(xs))
+        # Reduce-scatter: out is the input's chunk `rank`.
+        xs = inputs(20 + case, world * n)
+        x = xs[rank].to(device, torch.float32)
+        pyccl.reduce_scatter(x, out=x[rank * n:(rank + 1) * n], comm=comm, algorithm=algo)
+        check(("reduce_scatter in place", algo), x[rank * n:(rank + 1) * n], sum(xs)[rank * n:(rank + 1) * n])
+        # All-to-all in place.
+        xs = inputs(30 + case, world * n)
+        x = xs[rank].to(device, torch.float32)
+        pyccl.all_to_all(x, out=x, comm=comm, algorithm=algo)
+        check(("all_to_all in place", algo), x, torch.cat([xs[q][rank * n:(rank + 1) * n] for q in range(world)]))
+    # DSL plans in the automatic choice: checked as the engine checks.
+    import pyccl.algorithms as algorithms
+
+    entries = [pyccl.register_algorithm(algorithms.allreduce_ring(world), "all_reduce", 0, 1 << 20, world),
+               pyccl.register_algorithm(algorithms.allgather_ring(world), "all_gather", 0, 1 << 20, world)]
+    unit = 2 * world * 8  # whole chunks of the ring all-reduce
+    xs = inputs(40, 2 * unit)
+    buf = xs[rank].to(device, torch.float32)
+    calls = lambda: sum(r.calls for r in getattr(comm, "_plan_runners", {}).values())  # noqa: E731
+    for label, call in [("all_reduce", lambda: pyccl.all_reduce(buf[:unit], out=buf[8:unit + 8], comm=comm)),
+                        ("all_gather", lambda: pyccl.all_gather(buf[:8], out=buf[4:4 + 8 * world], comm=comm))]:
+        try:
+            call()  # the plan executor would stage the all-gather's input: run, not refused
+            refused[(label, "plan")] = "accepted"
+        except pyccl.InvalidArgumentError as e:
+            refused[(label, "plan")] = str(e)
+    before = calls()
+    pyccl.all_reduce(buf[:unit], out=buf[:unit], comm=comm)
+    check(("all_reduce plan in place", None), buf[:unit], sum(x[:unit] for x in xs))
+    xs = inputs(41, unit)
+    out = torch.empty(world * unit, device=device)
+    out[rank * unit:(rank + 1) * unit] = xs[rank].to(device, torch.float32)
+    pyccl.all_gather(out[rank * unit:(rank + 1) * unit], out=out, comm=comm)
+    check(("all_gather plan in place", None), out, torch.cat(xs))
+    if calls() - before != 2:
+        wrong.append(("plans ran", calls() - before))
+    for e in entries:
+        pyccl.unregister_algorithm(e)
+    comm.close()
+    return refused, wrong
+
+
 def graph_all_collectives(rank, world, store, replays):
     """Every collective captured in one CUDA graph right after the communicator
     is made (no eager collective before), replayed with fresh inputs each time

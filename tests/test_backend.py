@@ -44,6 +44,8 @@ def test_backend_rejects_bad_input_with_clear_errors():
         assert out["splits"][0] == "ValueError" and "'input_split_sizes'" in out["splits"][1]
         assert out["gather_list"][0] == "ValueError" and "'gather_list'" in out["gather_list"][1]
         assert out["after"] == [2.0, 2.0, 2.0]
+        assert out["overlap"][0] == "ValueError" and "'out'" in out["overlap"][1] and "chunk" in out["overlap"][1]
+        assert out["gathered"] == [1.0, 1.0, 2.0, 2.0]
 
 
 def test_mixed_backend_string():

@@ -85,6 +85,25 @@ def test_single_rank_communicator_and_bad_registrations(store):
         comm.register(pyccl.empty(4))
 
 
+def test_collective_arguments_of_the_wrong_kind_are_named(store):
+    """What a caller may pass in the wrong place: a communicator as group=, a
+    group as comm=, a list as out=, a sparse tensor."""
+    comm = pyccl.Communicator(store, 0, 1, device="cpu")
+    x = torch.randn(12)
+    err = _expect_invalid("group", pyccl.all_reduce, x, group=comm)
+    assert "comm=" in str(err)
+    _expect_invalid("group", pyccl.all_gather, x, group="world")
+    err = _expect_invalid("comm", pyccl.all_reduce, x, comm="world")
+    assert "'group'" in str(err)
+    for fn in (pyccl.all_reduce, pyccl.all_gather, pyccl.reduce_scatter, pyccl.all_to_all):
+        _expect_invalid("out", fn, x, out=[torch.empty(12)], comm=comm)
+    _expect_invalid("out", pyccl.broadcast, x, 0, out=x.numpy(), comm=comm)
+    err = _expect_invalid("tensor", pyccl.all_reduce, x.to_sparse(), comm=comm)
+    assert "sparse" in str(err)
+    assert torch.equal(pyccl.all_reduce(x, comm=comm), x)  # the communicator is unharmed
+    comm.close()
+
+
 @pytest.mark.skipif(pyccl._C.device_count() > 0, reason="checks the message on machines without GPUs")
 def test_cuda_device_without_gpus_names_device(store):
     err = _expect_invalid("device", pyccl.Communicator, store, 0, 1, device="cuda:0")

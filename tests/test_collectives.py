@@ -99,6 +99,16 @@ def test_exchanges_reject_bad_arguments():
         assert messages["device"][0] != "accepted"
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_outputs_overlapping_inputs_are_in_place_or_refused(world):
+    for refused, wrong in run_ranks(rcol.overlapping_outputs, world, args=(False,), timeout=180):
+        assert wrong == []
+        assert len(refused) == 17
+        for (collective, algo), message in refused.items():
+            assert "invalid argument 'out'" in message and "overlaps the input" in message, (collective, algo, message)
+        assert "chunk" in refused[("all_gather", "ll")] and "chunk" in refused[("reduce_scatter", "hb")]
+
+
 def test_eight_ranks_every_collective():
     # The largest world size in one node: every collective and protocol at 8 ranks.
     seed = random.randrange(1 << 20)

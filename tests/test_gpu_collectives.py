@@ -119,6 +119,16 @@ def test_random_engine_configurations_on_gpus():
 
 
 @requires_gpus(2)
+def test_outputs_overlapping_inputs_are_in_place_or_refused_on_gpus():
+    # tests/test_collectives.py's check on the GPU kernels and plans.
+    for refused, wrong in run_ranks(rcol.overlapping_outputs, min(gpu_count(), 4), args=(True,), timeout=300):
+        assert wrong == []
+        assert len(refused) == 17
+        for key, message in refused.items():
+            assert "invalid argument 'out'" in message and "overlaps the input" in message, (key, message)
+
+
+@requires_gpus(2)
 def test_engine_options_must_agree_on_every_rank_on_gpus():
     # tests/test_collectives.py's check, where the GPU engine also caps its send/receive lanes after the agreement.
     world = min(gpu_count(), 4)

@@ -59,6 +59,23 @@ void bindCollectives(py::module_& m) {
     return out;
   }, py::arg("x"), py::arg("dtype"));
 
+  m.def(
+      "check_out_placement",
+      [](const std::string& collective, const at::Tensor& input, const at::Tensor& output, int rank) {
+        OutPlacement placement = OutPlacement::kSameOrApart;
+        if (collective == "all_gather") {
+          placement = OutPlacement::kInputAtRankChunk;
+        } else if (collective == "reduce_scatter") {
+          placement = OutPlacement::kOutputAtRankChunk;
+        } else {
+          PYCCL_CHECK_ARG(collective == "all_reduce" || collective == "all_to_all" || collective == "broadcast",
+                          "collective", "'", collective, "' is not a collective with an output");
+        }
+        checkOutPlacement(placement, input, output, rank);
+      },
+      py::arg("collective"), py::arg("tensor"), py::arg("out"), py::arg("rank"),
+      "InvalidArgumentError naming 'out' where it overlaps the input other than in place, as the engine checks.");
+
   py::class_<CollectiveEngine, std::shared_ptr<CollectiveEngine>>(m, "CollectiveEngine")
       .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
                        uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes, uint32_t llPacketsPerBlock,

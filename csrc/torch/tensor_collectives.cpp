@@ -33,6 +33,28 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
+void checkOutPlacement(OutPlacement placement, const at::Tensor& input, const at::Tensor& output, int rank) {
+  if (!overlaps(input, output)) return;
+  const auto* in = static_cast<const char*>(input.data_ptr());
+  const auto* out = static_cast<const char*>(output.data_ptr());
+  switch (placement) {
+    case OutPlacement::kSameOrApart:
+      PYCCL_CHECK_ARG(in == out && input.nbytes() == output.nbytes(), "out",
+                      "partly overlaps the input; pass the input itself (in place) or memory apart from it");
+      return;
+    case OutPlacement::kInputAtRankChunk:
+      PYCCL_CHECK_ARG(in == out + rank * input.nbytes(), "out",
+                      "overlaps the input, which is not out's chunk ", rank, " (in place, the input is out[", rank,
+                      " * n:", rank + 1, " * n] for an input of n elements)");
+      return;
+    case OutPlacement::kOutputAtRankChunk:
+      PYCCL_CHECK_ARG(out == in + rank * output.nbytes(), "out",
+                      "overlaps the input but is not the input's chunk ", rank, " (in place, out is tensor[", rank, " * n:",
+                      rank + 1, " * n] for an out of n elements)");
+      return;
+  }
+}
+
 std::string dtypeName(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "torch.float32";
@@ -94,6 +116,7 @@ void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
   checkPair(comm, input, output);
   PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
                   input.numel());
+  checkOutPlacement(OutPlacement::kSameOrApart, input, output, comm.rank());
   const DataType dtype = reductionTypeOf(input, "tensor");
   e.allReduce(input.data_ptr(), output.data_ptr(), static_cast<uint64_t>(input.numel()), dtype, op, algorithm,
               currentStream(comm), symmetricAlgorithm);
@@ -105,6 +128,7 @@ void allGatherTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
   PYCCL_CHECK_ARG(output.numel() == input.numel() * comm.worldSize(), "out", "has ", output.numel(),
                   " elements; an all-gather of ", input.numel(), " over ", comm.worldSize(), " ranks needs ",
                   input.numel() * comm.worldSize());
+  checkOutPlacement(OutPlacement::kInputAtRankChunk, input, output, comm.rank());
   const uint64_t chunk = input.nbytes();
   runExchange(e, comm, ExchangeKind::kAllGather, input, 0, output, chunk, chunk, 0, DataType::kFloat32,
               ReduceOp::kSum, protocol);
@@ -117,6 +141,7 @@ void reduceScatterTensor(CollectiveEngine& e, const Communicator& comm, const at
                   " elements; a reduce-scatter of ", input.numel(), " over ", comm.worldSize(), " ranks gives each ",
                   input.numel() / comm.worldSize(),
                   input.numel() % comm.worldSize() ? " (and the input must divide evenly)" : "");
+  checkOutPlacement(OutPlacement::kOutputAtRankChunk, input, output, comm.rank());
   const DataType dtype = reductionTypeOf(input, "tensor");
   const uint64_t chunk = output.nbytes();
   runExchange(e, comm, ExchangeKind::kReduceScatter, input, chunk, output, 0, chunk, 0, dtype, op, protocol);
@@ -129,6 +154,7 @@ void allToAllTensor(CollectiveEngine& e, const Communicator& comm, const at::Ten
                   input.numel());
   PYCCL_CHECK_ARG(input.numel() % comm.worldSize() == 0, "tensor", "has ", input.numel(),
                   " elements, not a multiple of the world size ", comm.worldSize());
+  checkOutPlacement(OutPlacement::kSameOrApart, input, output, comm.rank());
   const uint64_t chunk = input.nbytes() / comm.worldSize();
   runExchange(e, comm, ExchangeKind::kAllToAll, input, chunk, output, chunk, chunk, 0, DataType::kFloat32,
               ReduceOp::kSum, protocol);
@@ -180,6 +206,7 @@ void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
   checkPair(comm, input, output);
   PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
                   input.numel());
+  checkOutPlacement(OutPlacement::kSameOrApart, input, output, comm.rank());
   runExchange(e, comm, ExchangeKind::kBroadcast, input, 0, output, 0, input.nbytes(), root, DataType::kFloat32,
               ReduceOp::kSum, protocol);
 }

@@ -22,6 +22,15 @@ DataType reductionTypeOf(const at::Tensor& t, const char* arg);
 ReduceOp reduceOpOf(const std::string& op);
 /// Contiguous and on the communicator's device; InvalidArgument naming `arg` otherwise.
 void checkTensorFor(const Communicator& comm, const at::Tensor& t, const char* arg);
+/// Where a collective's output may lie against its input: the input itself
+/// or apart (all-reduce, all-to-all, broadcast); apart, or holding the input
+/// as this rank's chunk (all-gather in place); apart, or as this rank's chunk
+/// of the input (reduce-scatter in place). Any other overlap would have peers'
+/// writes land on data this rank has yet to send.
+enum class OutPlacement { kSameOrApart, kInputAtRankChunk, kOutputAtRankChunk };
+/// InvalidArgument naming 'out' where `output` overlaps `input` other than as
+/// `placement` allows; `rank` is this rank in the communicator.
+void checkOutPlacement(OutPlacement placement, const at::Tensor& input, const at::Tensor& output, int rank);
 /// The current CUDA stream of the communicator's device (nullptr in host mode).
 void* currentStream(const Communicator& comm);
 

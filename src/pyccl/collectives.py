@@ -68,6 +68,17 @@ def _op_name(op) -> str:
     return name
 
 
+def _not_a_tensor(out) -> InvalidArgumentError:
+    return InvalidArgumentError(f"invalid argument 'out': expected a torch.Tensor or None, got {type(out).__name__}")
+
+
+def _check_placement(collective: str, call: _Call, tensor: torch.Tensor, out: torch.Tensor) -> None:
+    """Where `out` may lie against `tensor` (the input itself, apart, or in
+    place as the collective defines it), for the calls that do not reach the
+    engine, which checks it itself: NCCL, plans, across nodes."""
+    _C.check_out_placement(collective, tensor, out, call.comm.rank)
+
+
 def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> bool:
     """Runs the call with a DSL plan, if one applies (never when the call forces
     an algorithm): one from pyccl.register_algorithm first, else the library
@@ -80,6 +91,7 @@ def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Ten
         runner = registry.library_runner(call.comm, call.tuned_plan, collective, call.nbytes, tensor)
     if runner is None:
         return False
+    _check_placement(collective, call, tensor, out)
     if op == "avg":
         runner(tensor, out=out, op="sum")
         out.div_(call.comm.world_size)
@@ -115,6 +127,8 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     op_name = _op_name(op)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    elif not isinstance(out, torch.Tensor):
+        raise _not_a_tensor(out)
     if _run_plan(call, "all_reduce", tensor, out, op_name):
         return out
     engine = getattr(call.comm, "_engine", None)
@@ -130,6 +144,7 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
                 call.algorithm, call.use_nccl = symmetric, symmetric == "nccl"
             symmetric = None
     if call.use_nccl:
+        _check_placement("all_reduce", call, tensor, out)
         # Large messages: NCCL's ring is faster than the 2PA kernel here (see
         # benchmarks/RESULTS.md), so hand them to NCCL: in place, the group's
         # backend; out of place, NCCL called directly (ProcessGroupNCCL would
@@ -146,6 +161,8 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
         dist.all_reduce(out, op=_DIST_OPS[op_name], group=group)
         return out
     if call.spans_nodes and not call.forced:
+        _check_placement("all_reduce", call, tensor, out)
+
         def nccl() -> None:
             out.copy_(tensor)
             dist.all_reduce(out, op=_DIST_OPS[op_name], group=group)
@@ -173,12 +190,16 @@ def all_gather(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
     if out is None:
         shape = (world * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() > 0 else (world,)
         out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    elif not isinstance(out, torch.Tensor):
+        raise _not_a_tensor(out)
     if _run_plan(call, "all_gather", tensor, out):
         return out
     if call.use_nccl:
+        _check_placement("all_gather", call, tensor, out)
         dist.all_gather_into_tensor(out, tensor, group=group)
         return out
     if call.spans_nodes and not call.forced:
+        _check_placement("all_gather", call, tensor, out)
         across_nodes.run(call.comm, "all_gather", tensor, out, fallback=(
             lambda: dist.all_gather_into_tensor(out, tensor, group=group)) if call.nccl_here else None)
         return out
@@ -212,12 +233,16 @@ def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessG
         else:
             shape = (tensor.numel() // world,)
         out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    elif not isinstance(out, torch.Tensor):
+        raise _not_a_tensor(out)
     if _run_plan(call, "reduce_scatter", tensor, out, op_name):
         return out
     if call.use_nccl:
+        _check_placement("reduce_scatter", call, tensor, out)
         dist.reduce_scatter_tensor(out, tensor, op=_DIST_OPS[op_name], group=group)
         return out
     if call.spans_nodes and not call.forced:
+        _check_placement("reduce_scatter", call, tensor, out)
         across_nodes.run(call.comm, "reduce_scatter", tensor, out, op_name, fallback=(
             lambda: dist.reduce_scatter_tensor(out, tensor, op=_DIST_OPS[op_name], group=group))
             if call.nccl_here else None)
@@ -240,9 +265,12 @@ def all_to_all(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, 
     call = _Call("all_to_all", tensor, group, comm, algorithm)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    elif not isinstance(out, torch.Tensor):
+        raise _not_a_tensor(out)
     if _run_plan(call, "all_to_all", tensor, out):
         return out
     if call.use_nccl:
+        _check_placement("all_to_all", call, tensor, out)
         if out.data_ptr() == tensor.data_ptr():
             tensor = tensor.clone()
         dist.all_to_all_single(out, tensor, group=group)
@@ -268,7 +296,10 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: Optional[dist.ProcessGr
                                    f"{call.comm.world_size - 1}), got {src!r}")
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    elif not isinstance(out, torch.Tensor):
+        raise _not_a_tensor(out)
     if call.use_nccl:
+        _check_placement("broadcast", call, tensor, out)
         if call.comm.rank == src and out.data_ptr() != tensor.data_ptr():
             out.copy_(tensor)
         pg = group if group is not None else dist.group.WORLD

@@ -44,6 +44,12 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     # _comm.closed, the native flag: the property would add a call per collective.
     if entry is not None and entry[0]() is pg and not entry[1]._comm.closed:
         return entry[1]
+    if isinstance(group, Communicator):
+        raise InvalidArgumentError("invalid argument 'group': got a pyccl.Communicator; pass it as comm=, "
+                                   "group= takes a torch.distributed ProcessGroup")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise InvalidArgumentError(f"invalid argument 'group': expected a torch.distributed ProcessGroup or None, "
+                                   f"got {type(group).__name__}")
     if not dist.is_initialized():
         raise InvalidArgumentError(
             "invalid argument 'group': torch.distributed is not initialized; call init_process_group "

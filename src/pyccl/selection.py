@@ -139,13 +139,17 @@ class _Call:
 
     def __init__(self, collective: str, tensor: torch.Tensor, group, comm: Optional[Communicator],
                  algorithm: Optional[str], gathers: bool = False) -> None:
-        if not isinstance(tensor, torch.Tensor):
+        if not isinstance(tensor, torch.Tensor) or tensor.layout is not torch.strided:
             raise InvalidArgumentError(
-                f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
+                f"invalid argument 'tensor': expected a dense torch.Tensor, got "
+                f"{tensor.layout if isinstance(tensor, torch.Tensor) else type(tensor).__name__}")
         device = tensor.device
         from_group = self.from_group = comm is None
         if from_group:
             comm = communicator_for(group, device)  # never a closed one
+        elif not isinstance(comm, Communicator):
+            raise InvalidArgumentError(f"invalid argument 'comm': expected a pyccl.Communicator, got "
+                                       f"{type(comm).__name__}; a torch ProcessGroup goes in 'group'")
         elif comm._comm.closed:
             raise ClosedError(f"{collective}: communicator '{comm.name}' is closed")
         self.comm = comm
