@@ -62,6 +62,23 @@ def two_communicators_one_store(rank, world, store):
     return ga, gb, names
 
 
+def names_serve_one_communicator(rank, world, store):
+    """A name taken on a store is refused on every rank, after its communicator
+    closed (its last barrier's keys remain) and while it lives; the live one
+    is unharmed."""
+    first = _comm(store, rank, world, name="alpha")
+    first.all_gather_bytes(b"x")
+    first.barrier()
+    first.close()
+    after_close = refusal(lambda: _comm(store, rank, world, name="alpha"), pyccl.InvalidArgumentError)
+    live = _comm(store, rank, world, name="beta")
+    while_live = refusal(lambda: _comm(store, rank, world, name="beta"), pyccl.InvalidArgumentError)
+    gathered = live.all_gather_bytes(f"b{rank}".encode())
+    live.barrier()
+    live.close()
+    return after_close, while_live, gathered
+
+
 def bootstrap_missing_rank(rank, world, store, timeout_s):
     if rank == world - 1:
         time.sleep(timeout_s + 3)  # never joins

@@ -34,6 +34,13 @@ def test_communicators_share_a_store_by_namespace():
     assert results[0][2][0] != results[0][2][1]
 
 
+def test_a_name_serves_one_communicator_per_store():
+    for after_close, while_live, gathered in run_ranks(ranks.names_serve_one_communicator, 3, timeout=120):
+        for message, name in ((after_close, "alpha"), (while_live, "beta")):
+            assert message is not None and "invalid argument 'name'" in message and f"'{name}' is taken" in message
+        assert gathered == [f"b{p}".encode() for p in range(3)]
+
+
 def test_missing_rank_times_out_naming_the_peer():
     timeout_s = 3
     results = run_ranks(ranks.bootstrap_missing_rank, 3, args=(timeout_s,), timeout=60)

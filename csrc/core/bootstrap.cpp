@@ -26,6 +26,17 @@ std::string Bootstrap::key(const std::string& suffix) const {
   return strCat("pyccl/", nameSpace_, "/", suffix);
 }
 
+void Bootstrap::claimNamespace() {
+  // Never deleted: the count is what tells a later communicator of the name
+  // that its keys may be stale (a barrier's leftover "done" would let it pass
+  // without waiting; an all-gather's leftover value would be read as new).
+  const int64_t joined = store_->add(key("ranks_joined"), 1);
+  PYCCL_CHECK_ARG(joined <= worldSize_, "name", "'", nameSpace_, "' is taken on this store: ", joined - 1,
+                  " ranks of communicators so named joined it before this one, for a world of ", worldSize_,
+                  ". A name serves one communicator per store (its keys' namespace); give this one another "
+                  "name, or none for a fresh one");
+}
+
 Bytes Bootstrap::getOrThrow(const std::string& k, const char* op, int peer) {
   try {
     return store_->get(k, timeout_);

@@ -28,6 +28,11 @@ class Bootstrap {
   const std::string& nameSpace() const { return nameSpace_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  /// Counts this rank into the namespace; InvalidArgument naming 'name' where
+  /// more ranks than the world have joined it: an earlier communicator of the
+  /// name on this store left keys that this one would read as its own. Every
+  /// rank of a reused name fails alike. Call once, before any other call.
+  void claimNamespace();
   /// Every rank contributes `mine`; returns all contributions, indexed by rank.
   /// Collective: all ranks call it in the same order.
   /// `onArrival(rank, bytes)`, if given, sees each contribution in rank order

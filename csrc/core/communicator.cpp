@@ -61,6 +61,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
   callChecks_ = callChecksFromEnv();
 
   try {
+    bootstrap_->claimNamespace();
     RankInfo mine;
     mine.rank = rank_;
     mine.worldSize = worldSize_;

@@ -64,8 +64,9 @@ class Communicator:
         world_size: number of ranks.
         device: ``"cpu"``, ``"cuda:N"``, an ordinal, or None for the current CUDA
             device (host mode when there is none).
-        name: namespace of the communicator's store keys; by default the n-th
-            communicator created over ``store`` in this process is ``comm<n>``.
+        name: namespace of the communicator's store keys, one communicator's per
+            store (a name taken before raises ``InvalidArgumentError``); by default
+            the n-th communicator created over ``store`` in this process is ``comm<n>``.
         timeout: bound of every wait (default: ProcessGroupNCCL's, 10 minutes).
     """
 
@@ -92,6 +93,8 @@ class Communicator:
             timeout_ms = int(float(timeout) * 1000)
         if timeout_ms <= 0:
             raise InvalidArgumentError(f"invalid argument 'timeout': must be positive, got {timeout!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidArgumentError(f"invalid argument 'name': expected a non-empty string or None, got {name!r}")
         self._device = _parse_device(device)
         self.name = name if name is not None else _next_name(store)
         self._comm = _C.Communicator(store, rank, world_size, self._device, self.name, timeout_ms)
