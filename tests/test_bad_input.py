@@ -100,6 +100,18 @@ def test_collective_arguments_of_the_wrong_kind_are_named(store):
     _expect_invalid("out", pyccl.broadcast, x, 0, out=x.numpy(), comm=comm)
     err = _expect_invalid("tensor", pyccl.all_reduce, x.to_sparse(), comm=comm)
     assert "sparse" in str(err)
+    _expect_invalid("comm", pyccl.send, x, 0, comm="world")
+    _expect_invalid("sends", pyccl.send_recv, 5, comm=comm)
+    _expect_invalid("comm", pyccl.fused_all_reduce_rmsnorm, x.view(3, 4), x.view(3, 4), x[:4], comm="world")
+    _expect_invalid("comm", pyccl.symmetric_empty, 4, comm=3)
+    _expect_invalid("group", pyccl.symmetric_empty, 4, group=comm)
+    _expect_invalid("tensor", pyccl.is_symmetric, [1.0], comm=comm)
+    _expect_invalid("dtype", pyccl.empty, 4, dtype="float32")
+    _expect_invalid("name", pyccl.Communicator, store, 0, 1, device="cpu", name="")
+    from pyccl.algorithms import allreduce_ring
+
+    _expect_invalid("min_bytes", pyccl.register_algorithm, allreduce_ring(2), "all_reduce", True, 10, 2)
+    _expect_invalid("world_size", pyccl.register_algorithm, allreduce_ring(2), "all_reduce", 0, 10, 2.0)
     assert torch.equal(pyccl.all_reduce(x, comm=comm), x)  # the communicator is unharmed
     comm.close()
 

@@ -94,6 +94,9 @@ def empty(*size, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tens
     """
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgumentError(f"invalid argument 'dtype': expected a torch.dtype (e.g. torch.bfloat16), got "
+                                   f"{dtype!r}")
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -36,9 +36,10 @@ import torch
 import torch.distributed as dist
 
 from ._logging import logger
-from .collectives import REDUCIBLE_DTYPES, _engine, all_reduce, communicator_for
+from .collectives import REDUCIBLE_DTYPES, _engine, all_reduce
 from .communicator import Communicator
 from .errors import ClosedError, InvalidArgumentError, PycclTypeError
+from .group_communicators import given_or_group_communicator
 
 __all__ = ["FUSED_ALGORITHMS", "FUSED_MAX_BYTES", "fused_all_reduce_rmsnorm"]
 
@@ -111,7 +112,7 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
         residual_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     _check(x, residual, weight, eps, out, residual_out)
     given = comm
-    comm = communicator_for(group, x.device) if comm is None else comm
+    comm = given_or_group_communicator(comm, group, x.device)
     if comm.closed:
         raise ClosedError(f"fused_all_reduce_rmsnorm: communicator '{comm.name}' is closed")
     engine = _engine(comm)

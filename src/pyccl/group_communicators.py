@@ -29,6 +29,18 @@ _communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator]]
 _made: Dict[str, int] = {}
 
 
+def given_or_group_communicator(comm, group, device: Optional[torch.device] = None) -> Communicator:
+    """`comm` where given (checked to be one), else the group's communicator
+    (:func:`communicator_for`): what every call taking ``group`` and ``comm=``
+    runs on."""
+    if comm is None:
+        return communicator_for(group, device)
+    if not isinstance(comm, Communicator):
+        raise InvalidArgumentError(f"invalid argument 'comm': expected a pyccl.Communicator, got "
+                                   f"{type(comm).__name__}; a torch ProcessGroup goes in 'group'")
+    return comm
+
+
 def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None) -> Communicator:
     """The pyccl communicator of a torch process group on ``device`` (made on
     first use, collectively, over the group's store). A group destroyed

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from .collectives import _engine
 from .communicator import Communicator
 from .errors import InvalidArgumentError
-from .group_communicators import communicator_for
+from .group_communicators import given_or_group_communicator
 
 __all__ = ["recv", "send", "send_recv"]
 
@@ -50,6 +50,9 @@ def _peer(value, arg: str, comm: Communicator) -> int:
 
 
 def _pairs(pairs: Iterable[Tuple[torch.Tensor, int]], arg: str) -> List[Tuple[torch.Tensor, int]]:
+    if isinstance(pairs, torch.Tensor) or not hasattr(pairs, "__iter__"):
+        raise InvalidArgumentError(f"invalid argument '{arg}': expected (tensor, rank) pairs, got "
+                                   f"{type(pairs).__name__}")
     out = []
     for i, pair in enumerate(pairs):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], torch.Tensor):
@@ -68,9 +71,7 @@ def send_recv(sends: Iterable[Tuple[torch.Tensor, int]] = (), recvs: Iterable[Tu
     sends, recvs = _pairs(sends, "sends"), _pairs(recvs, "recvs")
     if not sends and not recvs:
         return
-    first = (sends or recvs)[0][0]
-    if comm is None:
-        comm = communicator_for(group, first.device)
+    comm = given_or_group_communicator(comm, group, (sends or recvs)[0][0].device)
     transfers = [(True, _peer(dst, "dst", comm), t) for t, dst in sends]
     transfers += [(False, _peer(src, "src", comm), t) for t, src in recvs]
     _engine(comm).send_recv(comm._comm, transfers)

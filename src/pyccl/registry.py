@@ -60,8 +60,9 @@ def register_algorithm(program, collective: str, min_bytes: int, max_bytes: int,
     "all_to_all") for messages of [min_bytes, max_bytes] on `world_size` ranks.
     Returns a handle for :func:`unregister_algorithm`."""
     for name, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes), ("world_size", world_size)):
-        if not isinstance(value, int) or value < (1 if name != "min_bytes" else 0):
-            raise InvalidArgumentError(f"invalid argument '{name}': expected a positive integer, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name != "min_bytes" else 0):
+            raise InvalidArgumentError(f"invalid argument '{name}': expected an integer >= "
+                                       f"{1 if name != 'min_bytes' else 0}, got {value!r}")
     if max_bytes < min_bytes:
         raise InvalidArgumentError(f"invalid argument 'max_bytes': {max_bytes} is below min_bytes {min_bytes}")
     if isinstance(program, Program):

@@ -23,17 +23,18 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .collectives import _engine, communicator_for
+from .collectives import _engine
 from .communicator import Communicator
 from .errors import InvalidArgumentError
+from .group_communicators import given_or_group_communicator
 
 __all__ = ["is_symmetric", "register_symmetric", "symmetric_empty"]
 
 
-def _comm_for(tensor_device: torch.device, group, comm: Optional[Communicator]) -> Communicator:
-    if comm is not None:
-        return comm
-    return communicator_for(group, tensor_device)
+def _checked_tensor(tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
+    return tensor
 
 
 def register_symmetric(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, *,
@@ -42,9 +43,7 @@ def register_symmetric(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] 
     the same number of bytes on every rank) a symmetric buffer of the group and
     returns it. Tensors from torch's allocator and from :func:`pyccl.empty`
     both work; the registration holds a reference to ``tensor``."""
-    if not isinstance(tensor, torch.Tensor):
-        raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
-    c = _comm_for(tensor.device, group, comm)
+    c = given_or_group_communicator(comm, group, _checked_tensor(tensor).device)
     memory = c.register(tensor)
     _engine(c).register_symmetric(memory)
     return tensor
@@ -56,8 +55,7 @@ def symmetric_empty(*size, dtype: torch.dtype = torch.float32, group: Optional[d
     registered as a symmetric buffer of the group (see the module docstring)."""
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
-    if comm is None:
-        comm = communicator_for(group)  # on the current CUDA device, or the CPU
+    comm = given_or_group_communicator(comm, group)  # the group's on the current CUDA device, or the CPU
     from . import empty
 
     return register_symmetric(empty(*size, dtype=dtype, device=comm.device), comm=comm)
@@ -66,6 +64,6 @@ def symmetric_empty(*size, dtype: torch.dtype = torch.float32, group: Optional[d
 def is_symmetric(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None, *,
                  comm: Optional[Communicator] = None) -> bool:
     """Whether ``tensor``'s bytes lie within one symmetric buffer of the group."""
-    c = _comm_for(tensor.device, group, comm)
+    c = given_or_group_communicator(comm, group, _checked_tensor(tensor).device)
     engine = getattr(c, "_engine", None)
     return engine is not None and engine.is_symmetric(tensor)
