@@ -444,6 +444,22 @@ def test_lower_names_bad_sizes(sizes):
     assert prog.lower([0, 4096]).sizes == [0, 4096] and prog.lower((64, 64)).sizes == [64, 64]
 
 
+def test_simulator_arguments_are_named():
+    program = algorithms.allreduce_allpairs_ll(2)
+    plan = program.lower()
+    for call, arg in [(lambda: verify(plan, interleavings=0), "interleavings"),
+                      (lambda: verify(plan, interleavings="5"), "interleavings"),
+                      (lambda: verify(program), "plan"), (lambda: simulate(None), "plan"),
+                      (lambda: simulate(plan, seed="x"), "seed"), (lambda: simulate(plan, seed=-1), "seed"),
+                      (lambda: simulate(plan, elements=0), "elements"),
+                      (lambda: verify(plan, reduce_op="avg"), "reduce_op")]:
+        with pytest.raises(DSLError, match=f"invalid argument '{arg}'"):
+            call()
+    with pytest.raises(DSLError, match="program.lower()"):
+        verify(program)
+    assert simulate(plan, seed=3, elements=1).ok
+
+
 def _two_rank_exchange(wait_first: bool, reduce_before_wait: bool):
     with Program("exchange", AllReduce(2, chunks=2)) as p:
         ch = {(0, 1): MemoryChannel(0, 1), (1, 0): MemoryChannel(1, 0)}

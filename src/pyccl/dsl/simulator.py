@@ -333,14 +333,32 @@ class _Sim:
                                          f"{self.coll.name} definition")
 
 
+def _count(value, name: str, lo: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise DSLError(f"invalid argument '{name}': expected an integer >= {lo}, got {value!r}")
+
+
+def _check_arguments(plan, seed, reduce_op: str) -> None:
+    if not isinstance(plan, Plan):
+        hint = " (lower it first: program.lower())" if hasattr(plan, "lower") else ""
+        raise DSLError(f"invalid argument 'plan': expected a pyccl.dsl.Plan{hint}, got {type(plan).__name__}")
+    _count(seed, "seed", 0)
+    if reduce_op not in _REDUCE:
+        raise DSLError(f"invalid argument 'reduce_op': {reduce_op!r} is not one of {', '.join(_REDUCE)}")
+
+
 def simulate(plan: Plan, seed: int = 0, elements: int = 2, reduce_op: str = "sum") -> SimulationReport:
     """One run of `plan` under the interleaving that `seed` picks."""
+    _check_arguments(plan, seed, reduce_op)
+    _count(elements, "elements", 1)
     return _Sim(plan, seed, elements, reduce_op).run()
 
 
 def verify(plan: Plan, interleavings: int = 50, seed: int = 0, reduce_op: str = "sum") -> None:
     """Runs `plan` under `interleavings` random interleavings; raises
     SimulationError with the first failing one's report."""
+    _check_arguments(plan, seed, reduce_op)
+    _count(interleavings, "interleavings", 1)
     for k in range(interleavings):
         report = simulate(plan, seed + k, reduce_op=reduce_op)
         if not report.ok:
