@@ -197,7 +197,9 @@ def plan_errors(rank, world, store):
     for key, call in (("size", lambda: runner(torch.ones(world * 2 + 1))),
                       ("too big", lambda: runner(torch.ones(world * 4096))),
                       ("avg", lambda: runner(torch.ones(world * 4), op="avg")),
-                      ("out", lambda: runner(torch.ones(world * 4), out=torch.ones(3)))):
+                      ("out", lambda: runner(torch.ones(world * 4), out=torch.ones(3))),
+                      ("out list", lambda: runner(torch.ones(world * 4), out=[torch.ones(world * 4)])),
+                      ("comm", lambda: PlanRunner(plan, "comm", max_bytes=4096))):
         try:
             call()
         except pyccl.PycclError as e:

@@ -79,6 +79,8 @@ def test_plan_calls_reject_bad_arguments():
         assert "'tensor'" in m["too big"]
         assert "'op'" in m["avg"]
         assert "'out'" in m["out"]
+        assert "'out'" in m["out list"] and "list" in m["out list"]
+        assert "'comm'" in m["comm"]
         assert "'plan'" in m["world"]
         assert "'out'" in m["overlap"] and "partly overlaps" in m["overlap"]
         assert "'plan'" in m["pairs"] and "pairs" in m["pairs"] and "destinations" in m["pairs"]

@@ -264,6 +264,9 @@ class PlanRunner:
     def __init__(self, plan: Plan, comm: Communicator, max_bytes: int, threads: int = 512) -> None:
         if not isinstance(plan, Plan):
             raise InvalidArgumentError(f"invalid argument 'plan': expected a pyccl.dsl.Plan, got {type(plan).__name__}")
+        if not isinstance(comm, Communicator):
+            raise InvalidArgumentError(f"invalid argument 'comm': expected a pyccl.Communicator, got "
+                                       f"{type(comm).__name__}")
         if plan.num_ranks != comm.world_size:
             raise InvalidArgumentError(f"invalid argument 'plan': it is for {plan.num_ranks} ranks, the communicator "
                                        f"has {comm.world_size}")
@@ -284,6 +287,9 @@ class PlanRunner:
         if out is None:
             n = tensor.numel() // self._in_chunks * self._out_chunks
             out = torch.empty(n, dtype=tensor.dtype, device=tensor.device)
+        elif not isinstance(out, torch.Tensor):
+            raise InvalidArgumentError(f"invalid argument 'out': expected a torch.Tensor or None, got "
+                                       f"{type(out).__name__}")
         self._executor.run(self.comm._comm, tensor, out, op, self._reduces)
         self.calls += 1
         return out
