@@ -49,8 +49,8 @@ void checkOutPlacement(OutPlacement placement, const at::Tensor& input, const at
       return;
     case OutPlacement::kOutputAtRankChunk:
       PYCCL_CHECK_ARG(out == in + rank * output.nbytes(), "out",
-                      "overlaps the input but is not the input's chunk ", rank, " (in place, out is tensor[", rank, " * n:",
-                      rank + 1, " * n] for an out of n elements)");
+                      "overlaps the input but is not the input's chunk ", rank, " (in place, out is tensor[", rank,
+                      " * n:", rank + 1, " * n] for an out of n elements)");
       return;
   }
 }
