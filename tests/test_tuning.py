@@ -148,6 +148,11 @@ def test_tuning_file_overrides(monkeypatch, tmp_path):
     monkeypatch.setenv("PYCCL_TUNING_FILE", str(tmp_path / "missing.json"))
     with pytest.raises(InvalidArgumentError, match="PYCCL_TUNING_FILE"):
         tuning.load_table("NVIDIA H200", 4)
+    for name, content in (("cut.json", json.dumps(table)[:-7].encode()), ("binary.json", b"\xff\xfe{\x00")):
+        (tmp_path / name).write_bytes(content)
+        monkeypatch.setenv("PYCCL_TUNING_FILE", str(tmp_path / name))
+        with pytest.raises(InvalidArgumentError, match=f"PYCCL_TUNING_FILE '.*{name}': not a JSON tuning table"):
+            tuning.load_table("NVIDIA H200", 4)
 
 
 def test_bench_csv_has_nccl_tests_columns(tmp_path):

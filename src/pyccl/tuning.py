@@ -220,6 +220,8 @@ def load_table(gpu_name: str, world: int, dtype: Optional[str] = None) -> Option
                 return check_table(json.load(f), path)
         except OSError as e:
             raise InvalidArgumentError(f"PYCCL_TUNING_FILE {path!r}: {e.strerror}") from e
+        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+            raise InvalidArgumentError(f"PYCCL_TUNING_FILE {path!r}: not a JSON tuning table ({e})") from e
     best = None
     for path in _shipped():
         with open(path) as f:
