@@ -55,3 +55,45 @@ def test_raw_values_change_exactly_when_the_variable_is_set(monkeypatch):
     assert _env.raw(name) == first  # equal values: the same key
     del os.environ[name]
     assert _env.raw(name) is None
+
+
+ON_OFF_FLAGS = ["PYCCL_PDL", "PYCCL_PLAN_GENERIC_PACKETS", "PYCCL_RDMA_LOOPBACK", "PYCCL_ENABLE_NVLS",
+                "PYCCL_PRELOAD_KERNELS", "PYCCL_ALLOW_SHARED_GPU", "PYCCL_DEBUG", "PYCCL_BLOCKING_WAIT"]
+
+
+@pytest.mark.parametrize("name", ON_OFF_FLAGS)
+def test_an_on_off_variable_neither_on_nor_off_is_refused_when_a_communicator_is_made(monkeypatch, name):
+    """Each switch read in C++ takes 1/0 (true/false, yes/no, on/off); before, PYCCL_ALLOW_SHARED_GPU=yes
+    read as off and PYCCL_DEBUG=INFO as on, silently."""
+    import torch.distributed as dist
+
+    import pyccl
+
+    monkeypatch.setenv(name, "maybe")
+    with pytest.raises(InvalidArgumentError, match=f"'{name}'.*got 'maybe'"):
+        pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu")
+    monkeypatch.setenv(name, "Off")
+    pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu").close()
+
+
+def test_python_on_off_variables_and_nccl_min_bytes_are_named(monkeypatch):
+    for value, want in (("", True), ("1", True), ("YES", True), ("off", False), ("0", False), (" false ", False)):
+        monkeypatch.setenv("PYCCL_TEST_FLAG", value)
+        assert _env.flag("PYCCL_TEST_FLAG", True) is want
+    monkeypatch.setenv("PYCCL_TEST_FLAG", "2")
+    with pytest.raises(InvalidArgumentError, match="'PYCCL_TEST_FLAG'"):
+        _env.flag("PYCCL_TEST_FLAG", True)
+    # A bad PYCCL_NCCL_MIN_BYTES turned the tuning table off without a word where no NCCL was in reach.
+    import torch
+    import torch.distributed as dist
+
+    import pyccl
+
+    comm = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu")
+    monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "lots")
+    with pytest.raises(InvalidArgumentError, match="PYCCL_NCCL_MIN_BYTES 'lots'"):
+        pyccl.all_reduce(torch.randn(8), comm=comm)
+    monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
+    x = torch.randn(8)
+    assert torch.equal(pyccl.all_reduce(x, comm=comm), x)
+    comm.close()

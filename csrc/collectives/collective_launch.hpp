@@ -13,6 +13,7 @@
 #include "collectives/exchange_device.hpp"
 #include "collectives/fused_norm_device.hpp"
 #include "collectives/p2p_device.hpp"
+#include "core/env_flags.hpp"
 
 namespace pyccl {
 
@@ -81,10 +82,7 @@ struct KernelLaunch {
 
 /// False where PYCCL_PDL=0 turns programmatic dependent launch off (for the
 /// collective engines and the plan executors alike).
-inline bool programmaticLaunchAllowed() {
-  const char* pdl = std::getenv("PYCCL_PDL");
-  return pdl == nullptr || std::strcmp(pdl, "0") != 0;
-}
+inline bool programmaticLaunchAllowed() { return envFlag("PYCCL_PDL", true); }
 
 /// Runs one call on CPU threads and returns when it is done.
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);

@@ -1,6 +1,7 @@
 #include "core/channels.hpp"
 
 #include "core/communicator.hpp"
+#include "core/env_flags.hpp"
 #include "core/errors.hpp"
 #include "core/ibverbs.hpp"
 #include "core/proxy.hpp"
@@ -174,10 +175,7 @@ namespace {
 
 // PYCCL_RDMA_LOOPBACK=1: the RDMA transport's queue pairs become memcpy
 // stand-ins (host mode only), so its channel logic runs where no NIC exists.
-bool rdmaLoopback() {
-  const char* v = std::getenv("PYCCL_RDMA_LOOPBACK");
-  return v != nullptr && *v != '\0' && std::string(v) != "0";
-}
+bool rdmaLoopback() { return envFlag("PYCCL_RDMA_LOOPBACK", false); }
 
 int64_t rdmaLoopbackFailAt() {
   const char* v = std::getenv("PYCCL_RDMA_LOOPBACK_FAIL_AT");

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/env_flags.hpp"
 #include "core/logging.hpp"
 
 namespace pyccl {
@@ -68,8 +69,7 @@ AsyncErrorHandling asyncErrorHandlingFromEnv() {
 }
 
 bool callChecksFromEnv() {
-  const char* debug = std::getenv("PYCCL_DEBUG");
-  if (debug != nullptr && *debug != '\0' && std::strcmp(debug, "0") != 0) return true;
+  if (envFlag("PYCCL_DEBUG", false)) return true;
   const char* torchDebug = std::getenv("TORCH_DISTRIBUTED_DEBUG");
   return torchDebug != nullptr && std::strcmp(torchDebug, "DETAIL") == 0;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "core/env_flags.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
 
@@ -19,10 +20,7 @@ namespace pyccl::gpu {
 
 namespace {
 
-bool preloadOff() {
-  const char* v = std::getenv("PYCCL_PRELOAD_KERNELS");
-  return v != nullptr && std::string(v) == "0";
-}
+bool preloadOff() { return !envFlag("PYCCL_PRELOAD_KERNELS", true); }
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/communicator.hpp"
+#include "core/env_flags.hpp"
 #include "core/errors.hpp"
 
 #ifdef PYCCL_WITH_CUDA
@@ -15,10 +16,7 @@
 
 namespace pyccl {
 
-bool nvlsEnabled() {
-  const char* v = std::getenv("PYCCL_ENABLE_NVLS");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
+bool nvlsEnabled() { return envFlag("PYCCL_ENABLE_NVLS", false); }
 
 #ifdef PYCCL_WITH_CUDA
 namespace {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "core/env_flags.hpp"
 #include "core/errors.hpp"
 
 namespace pyccl {
@@ -84,10 +85,7 @@ std::pair<int, int> Topology::ranksSharingGpu() const {
   return {-1, -1};
 }
 
-bool sharedGpuAllowed() {
-  const char* v = std::getenv("PYCCL_ALLOW_SHARED_GPU");
-  return v != nullptr && std::string(v) == "1";
-}
+bool sharedGpuAllowed() { return envFlag("PYCCL_ALLOW_SHARED_GPU", false); }
 
 std::string Topology::describe(int rank) const {
   std::string out;

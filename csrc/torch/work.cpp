@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/env_flags.hpp"
 #include "core/errors.hpp"
 
 namespace pyccl {
@@ -21,10 +22,7 @@ namespace {
 /// timeout passes (PYCCL_BLOCKING_WAIT=1, like TORCH_NCCL_BLOCKING_WAIT), instead
 /// of ordering the caller's stream after it.
 bool blockingWait() {
-  static const bool on = [] {
-    const char* v = std::getenv("PYCCL_BLOCKING_WAIT");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
-  }();
+  static const bool on = envFlag("PYCCL_BLOCKING_WAIT", false);
   return on;
 }
 

@@ -57,3 +57,22 @@ def lookup(name: str) -> Optional[tuple]:
         return None
     raw(name)  # encodes the name once, into _KEYS
     return _DATA, _KEYS[name]
+
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+def flag(name: str, unset: bool) -> bool:
+    """The on/off variable ``name``, with the C++ side's vocabulary: unset or
+    empty gives ``unset``; 1/true/yes/on and 0/false/no/off (any case) give
+    their value; anything else raises InvalidArgumentError naming it."""
+    value = (get(name) or "").strip().lower()
+    if not value:
+        return unset
+    if value in _ON or value in _OFF:
+        return value in _ON
+    from .errors import InvalidArgumentError
+
+    raise InvalidArgumentError(f"invalid argument '{name}': expected 1 or 0 (also true/false, yes/no, on/off), "
+                               f"got {get(name)!r}")

@@ -34,13 +34,12 @@ other op to its ProcessGroupNCCL; CPU groups take those three only.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _env
 from ._logging import logger
 from .tuning import kernel_choices
 
@@ -50,7 +49,7 @@ _ORDER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast
 
 
 def _delegate(store, rank: int, size: int, timeout: datetime.timedelta, device: int):
-    if size < 2 or os.environ.get("PYCCL_NCCL_DELEGATE", "1") == "0" or not dist.is_nccl_available():
+    if size < 2 or not _env.flag("PYCCL_NCCL_DELEGATE", True) or not dist.is_nccl_available():
         return None
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout

@@ -188,6 +188,8 @@ class _Call:
         # The shipped tables are for ranks of one node.
         spans_nodes = collective in _ACROSS_NODES and across_nodes.node_layout(comm) is not None
         nccl_min_text = _env.get("PYCCL_NCCL_MIN_BYTES")
+        if nccl_min_text:  # set, it turns the table off for every call: a bad value is named wherever it is
+            _nccl_min_bytes_from(nccl_min_text, collective, None)
         if algorithm is None and not spans_nodes and not nccl_min_text:
             # The measured table for this GPU and world size, where there is one.
             entry = tuning.select_entry(table_for(device, comm.world_size, tensor.dtype), collective, nbytes)
