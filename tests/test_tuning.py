@@ -153,6 +153,14 @@ def test_tuning_file_overrides(monkeypatch, tmp_path):
         monkeypatch.setenv("PYCCL_TUNING_FILE", str(tmp_path / name))
         with pytest.raises(InvalidArgumentError, match=f"PYCCL_TUNING_FILE '.*{name}': not a JSON tuning table"):
             tuning.load_table("NVIDIA H200", 4)
+    # JSON, but not a table: the table's own check speaks, not the JSON error.
+    bad = json.loads(json.dumps(table))
+    next(iter(bad["collectives"].values()))[0]["algorithm"] = "zzz"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    monkeypatch.setenv("PYCCL_TUNING_FILE", str(tmp_path / "bad.json"))
+    with pytest.raises(InvalidArgumentError) as e:
+        tuning.load_table("NVIDIA H200", 4)
+    assert "not a JSON tuning table" not in str(e.value) and "'zzz'" in str(e.value)
 
 
 def test_bench_csv_has_nccl_tests_columns(tmp_path):

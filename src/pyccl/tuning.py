@@ -217,11 +217,12 @@ def load_table(gpu_name: str, world: int, dtype: Optional[str] = None) -> Option
             return None
         try:
             with open(path) as f:
-                return check_table(json.load(f), path)
+                table = json.load(f)
         except OSError as e:
             raise InvalidArgumentError(f"PYCCL_TUNING_FILE {path!r}: {e.strerror}") from e
-        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise InvalidArgumentError(f"PYCCL_TUNING_FILE {path!r}: not a JSON tuning table ({e})") from e
+        return check_table(table, path)
     best = None
     for path in _shipped():
         with open(path) as f:
