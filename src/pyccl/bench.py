@@ -70,7 +70,6 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 from . import bench_args  # noqa: E402
-from .bench_args import add_size_arguments, sizes_from_args  # noqa: E402
 from .bench_timing import align_trials, align_trials_with, time_eager, time_graph  # noqa: E402
 
 # Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
@@ -412,7 +411,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=None, help="GPUs (default: all visible)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
-    add_size_arguments(parser)
+    bench_args.add_size_arguments(parser)
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph (eager: calls per trial)")
     parser.add_argument("--trials", type=int, default=15, help="graph replays, or eager runs of --iters calls (median)")
     parser.add_argument("--eager", action="store_true",
@@ -433,7 +432,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", default=None, help="write the PNG here (needs matplotlib; or later: "
                                                      "python -m pyccl.bench_plot results.json out.png)")
     args = parser.parse_args(argv)
-    sizes = sizes_from_args(parser, args)
+    sizes = bench_args.sizes_from_args(parser, args)
     bench_args.check_counts(parser, args, min_world=1)
     engine_options = bench_args.engine_options(parser, args.engine)
     bench_args.check_output(parser, "--out", args.out)

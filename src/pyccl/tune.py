@@ -58,8 +58,10 @@ def main(argv=None) -> int:
     world = args.world or torch.cuda.device_count()
     bench_args.check_world_fits(parser, world, torch.cuda.device_count())
     gpu = torch.cuda.get_device_name(0)
-    out = args.out or f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{args.dtype}.json"
-    bench_args.check_output(parser, "--out", out)
+    out = args.out
+    if out is None:  # the default name, checked as a given one was above
+        out = f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{args.dtype}.json"
+        bench_args.check_output(parser, "--out", out)
     from ._spawn import run_ranks
 
     res = run_ranks(bench._bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials, True,
