@@ -3,8 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "collectives/add_rmsnorm_device.hpp"

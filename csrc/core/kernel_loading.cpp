@@ -1,6 +1,5 @@
 #include "core/kernel_loading.hpp"
 
-#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <string>

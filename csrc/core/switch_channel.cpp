@@ -1,8 +1,5 @@
 #include "core/switch_channel.hpp"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "core/communicator.hpp"
 #include "core/env_flags.hpp"
 #include "core/errors.hpp"

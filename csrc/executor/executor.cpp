@@ -1,7 +1,6 @@
 #include "executor/executor.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>

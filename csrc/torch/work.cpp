@@ -7,7 +7,6 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <cstdlib>
 #include <string>
 #include <thread>
 #include <utility>

@@ -417,6 +417,5 @@ def lower(prog: Program, sizes: Optional[Tuple[int, int]] = None) -> Plan:
         ranks.append({"rank": r, "threadblocks": tbs})
     buffers = {kind: n * k for kind, n in prog.buffer_sizes().items()}
     coll = prog.collective.to_dict()
-    plan = Plan(prog.name, coll, prog.protocol, k, buffers, channels, ranks,
-                sizes)
+    plan = Plan(prog.name, coll, prog.protocol, k, buffers, channels, ranks, sizes)
     return Plan.from_dict(plan.to_dict(), where=f"plan of {prog.name!r}")
