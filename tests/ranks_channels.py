@@ -430,8 +430,10 @@ def transport_errors(rank, world, store):
 
 
 def bad_proxy_spin(rank, world, store):
-    """A malformed PYCCL_PROXY_SPIN_US is refused by name when the proxy starts."""
+    """A PYCCL_PROXY_SPIN_US made malformed after the communicator (which
+    checks it first) is refused by name when the proxy starts."""
     comm, _ = _setup(store, rank, world, False)
+    os.environ["PYCCL_PROXY_SPIN_US"] = "10ms"
     mem = comm.register(pyccl.empty(1024, dtype=torch.uint8))
     try:
         comm.port_channel(1 - rank, mem)

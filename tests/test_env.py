@@ -76,6 +76,37 @@ def test_an_on_off_variable_neither_on_nor_off_is_refused_when_a_communicator_is
     pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu").close()
 
 
+# Settings that take a number or a choice, each with values its rule refuses. Before, PYCCL_IB_TIMEOUT=40 and
+# PYCCL_IB_GID_INDEX=300 were cut to their verbs fields' widths, PYCCL_RDMA_LOOPBACK_FAIL_AT=x read as 0, and
+# PYCCL_PROXY_SPIN_US and PYCCL_PLAN_TRANSPORT were read only when a proxy started or a plan crossed nodes.
+SETTINGS = {
+    "PYCCL_PROXY_SPIN_US": (["10ms", "-5", "+5", " 5", "60000001", "99999999999999999999999"], ["0", "60000000"],
+                            "must be a whole number of microseconds up to 60000000"),
+    "PYCCL_PLAN_TRANSPORT": (["ib", "RDMA", "auto "], ["auto", "rdma", "socket"], "must be auto, rdma or socket"),
+    "PYCCL_RDMA_LOOPBACK_FAIL_AT": (["x", "-1", "1e3"], ["0", "1000"], "must be a whole number of work requests"),
+    "PYCCL_IB_TIMEOUT": (["32", "40", "0x1f"], ["0", "31"], "must be a whole number up to 31"),
+    "PYCCL_IB_GID_INDEX": (["256", "300", "-1"], ["0", "255"], "must be a whole number up to 255"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_a_number_or_choice_setting_outside_its_rule_is_refused_when_a_communicator_is_made(monkeypatch, name):
+    import torch.distributed as dist
+
+    import pyccl
+
+    bad_values, good_values, rule = SETTINGS[name]
+    for value in bad_values:
+        monkeypatch.setenv(name, value)
+        with pytest.raises(InvalidArgumentError) as raised:
+            pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu")
+        assert f"'{name}'" in str(raised.value) and rule in str(raised.value), str(raised.value)
+        assert f"got '{value}'" in str(raised.value), str(raised.value)
+    for value in good_values:
+        monkeypatch.setenv(name, value)
+        pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu").close()
+
+
 def test_python_on_off_variables_and_nccl_min_bytes_are_named(monkeypatch):
     for value, want in (("", True), ("1", True), ("YES", True), ("off", False), ("0", False), (" false ", False)):
         monkeypatch.setenv("PYCCL_TEST_FLAG", value)

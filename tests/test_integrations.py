@@ -10,6 +10,7 @@ import pytest
 
 import ranks_integrations as ri
 from pyccl._spawn import run_ranks
+from pyccl.errors import InvalidArgumentError
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -61,6 +62,12 @@ def test_vllm_platform_plugin_is_opt_in(monkeypatch):
 
     monkeypatch.delenv("PYCCL_VLLM", raising=False)
     assert pv.platform_plugin() is None
+    monkeypatch.setenv("PYCCL_VLLM", "no")
+    assert pv.platform_plugin() is None
+    # Before, any word but 1/true/yes/on read as off without a word.
+    monkeypatch.setenv("PYCCL_VLLM", "enabled")
+    with pytest.raises(InvalidArgumentError, match="'PYCCL_VLLM'.*'enabled'"):
+        pv.platform_plugin()
     monkeypatch.setenv("PYCCL_VLLM", "1")
     assert pv.platform_plugin() == pv.PLATFORM_QUALNAME
     monkeypatch.setattr(sys.modules["vllm.platforms"], "cuda_platform_plugin", lambda: None)
@@ -112,6 +119,10 @@ def test_sglang_plugin_is_opt_in(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", hooks)
     monkeypatch.delenv("PYCCL_SGLANG", raising=False)
     ps.plugin()
+    assert registered == []
+    monkeypatch.setenv("PYCCL_SGLANG", "sglang")
+    with pytest.raises(InvalidArgumentError, match="'PYCCL_SGLANG'.*'sglang'"):
+        ps.plugin()
     assert registered == []
     monkeypatch.setenv("PYCCL_SGLANG", "on")
     ps.plugin()

@@ -11,7 +11,7 @@
 #include "collectives/exchange_device.hpp"
 #include "collectives/fused_norm_device.hpp"
 #include "collectives/p2p_device.hpp"
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 
 namespace pyccl {
 

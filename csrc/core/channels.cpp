@@ -1,14 +1,12 @@
 #include "core/channels.hpp"
 
 #include "core/communicator.hpp"
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 #include "core/ibverbs.hpp"
 #include "core/proxy.hpp"
 #include "core/transport_rdma.hpp"
 #include "core/transport_socket.hpp"
-
-#include <cstdlib>
 
 namespace pyccl {
 namespace {
@@ -177,11 +175,6 @@ namespace {
 // stand-ins (host mode only), so its channel logic runs where no NIC exists.
 bool rdmaLoopback() { return envFlag("PYCCL_RDMA_LOOPBACK", false); }
 
-int64_t rdmaLoopbackFailAt() {
-  const char* v = std::getenv("PYCCL_RDMA_LOOPBACK_FAIL_AT");
-  return v != nullptr && *v != '\0' ? std::atoll(v) : -1;
-}
-
 #ifdef PYCCL_WITH_IBVERBS
 /// A verbs queue pair to `peer` over `bytes` at `data` (GPU `device`'s
 /// memory, or host memory for -1) whose signals land in `inbound`: the
@@ -261,10 +254,7 @@ class KeepingQueuePair : public RdmaQueuePair {
 }  // namespace
 
 bool Communicator::plansUseRdma() const {
-  const char* v = std::getenv("PYCCL_PLAN_TRANSPORT");
-  const std::string choice = v == nullptr ? "auto" : v;
-  PYCCL_CHECK_ARG(choice == "auto" || choice == "rdma" || choice == "socket" || choice.empty(),
-                  "PYCCL_PLAN_TRANSPORT", "'", choice, "' is not auto, rdma or socket");
+  const std::string choice = planTransport();
   if (choice == "rdma") return true;
   // "auto": sockets, but for the stand-in. The plans' verbs path has not run
   // on a NIC yet, so a machine with one still asks for it by name.

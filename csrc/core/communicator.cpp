@@ -8,7 +8,7 @@
 #include <map>
 #include <thread>
 
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 #include "core/fd_passing.hpp"
 #include "core/gpu_runtime.hpp"
@@ -37,7 +37,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
   if (device_ >= 0) gpu::checkDevice(device_, "device");
   if (options_.name.empty()) options_.name = "default";
   (void)asyncErrorHandlingFromEnv();  // a bad value fails here, before anything is allocated
-  checkEnvFlags();
+  checkEnvironment();
   setLogRank(rank_);
 
   bootstrap_ = std::make_unique<Bootstrap>(std::move(store), options_.name, rank_, worldSize_,

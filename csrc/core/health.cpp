@@ -4,7 +4,7 @@
 #include <cstring>
 #include <utility>
 
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/logging.hpp"
 
 namespace pyccl {

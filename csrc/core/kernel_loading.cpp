@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
 

@@ -1,10 +1,9 @@
 #include "core/proxy.hpp"
 
-#include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
@@ -73,32 +72,13 @@ void Fifo::advance() {
   atomicStoreRelease(tailHost_, tailValue_);
 }
 
-namespace {
-
-/// How long an idle proxy keeps polling before it sleeps: PYCCL_PROXY_SPIN_US,
-/// by default 10 ms for a GPU's proxy (a kernel waiting on a put or signal
-/// must not wait for a sleeping proxy to wake) and 1 ms in host mode (where
-/// the ranks share few cores).
-uint64_t proxySpinNs(bool gpu) {
-  const char* env = std::getenv("PYCCL_PROXY_SPIN_US");
-  if (env == nullptr || *env == '\0') return gpu ? 10'000'000ull : 1'000'000ull;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long us = std::strtoull(env, &end, 10);
-  PYCCL_CHECK_ARG(errno == 0 && end != env && *end == '\0' && us <= 60'000'000ull, "PYCCL_PROXY_SPIN_US",
-                  "must be a whole number of microseconds up to 60000000, got '", env, "'");
-  return us * 1000ull;
-}
-
-}  // namespace
-
 ProxyService::ProxyService(int device, uint32_t fifoSize, AbortState abort, std::string name,
                            FailureHandler onFailure)
     : device_(device),
       name_(std::move(name)),
       abort_(abort),
       onFailure_(std::move(onFailure)),
-      spinNs_(proxySpinNs(device >= 0)),
+      spinNs_(proxySpinMicroseconds(device >= 0) * 1000),  // PYCCL_PROXY_SPIN_US
       fifo_(device, fifoSize, abort) {
   for (auto& c : channels_) c.store(nullptr);
   running_ = true;

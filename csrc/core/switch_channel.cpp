@@ -1,7 +1,7 @@
 #include "core/switch_channel.hpp"
 
 #include "core/communicator.hpp"
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 
 #ifdef PYCCL_WITH_CUDA

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 
 namespace pyccl {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 #include "core/ibverbs.hpp"
 #include "core/logging.hpp"
@@ -24,17 +25,6 @@ namespace {
 constexpr uint32_t kQueueDepth = 256;
 constexpr uint64_t kMaxMessageBytes = 1ull << 30;
 constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-
-int envInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (end == v || *end != '\0' || x < 0) {
-    throw InvalidArgument(strCat("invalid ", name, " '", v, "': expected a non-negative integer"));
-  }
-  return static_cast<int>(x);
-}
 
 bool isIpv4MappedGid(const ibv_gid& gid) {
   static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
@@ -131,7 +121,7 @@ class VerbsEndpoint {
            "RTR");
     attr = ibv_qp_attr{};
     attr.qp_state = IBV_QPS_RTS;
-    attr.timeout = static_cast<uint8_t>(envInt("PYCCL_IB_TIMEOUT", 18));
+    attr.timeout = ibTimeout();
     attr.retry_cnt = 7;
     attr.rnr_retry = 7;
     attr.sq_psn = psn_;
@@ -218,7 +208,7 @@ class VerbsEndpoint {
   }
 
   void chooseGid() {
-    gidIndex_ = envInt("PYCCL_IB_GID_INDEX", -1);
+    gidIndex_ = ibGidIndex();
     if (gidIndex_ < 0 && portAttr_.link_layer == IBV_LINK_LAYER_ETHERNET) {
       // RoCE: the last IPv4-mapped entry is RoCE v2 on common setups.
       for (int i = 0; i < portAttr_.gid_tbl_len && i < 16; ++i) {

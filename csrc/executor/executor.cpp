@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "collectives/collective_launch.hpp"  // dispatchReduction
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/kernel_loading.hpp"

@@ -11,7 +11,7 @@
 #include <thread>
 #include <utility>
 
-#include "core/env_flags.hpp"
+#include "core/env_settings.hpp"
 #include "core/errors.hpp"
 
 namespace pyccl {

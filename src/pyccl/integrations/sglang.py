@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from typing import Any, Optional, Tuple
 
 import torch
 
+from .. import _env
 from .._logging import logger
 from ..graphs import graph_capture
 from .group import GroupCommunicator
@@ -50,8 +50,9 @@ _FUSION_FUNCTION = "flashinfer_allreduce_residual_rmsnorm"
 
 
 def enabled() -> bool:
-    """Whether ``PYCCL_SGLANG`` asks for pyccl (``1``, ``true``, ``yes`` or ``on``)."""
-    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether ``PYCCL_SGLANG`` asks for pyccl: ``1``, ``true``, ``yes`` or ``on`` (any case) do; unset, ``0``,
+    ``false``, ``no`` and ``off`` do not; anything else raises InvalidArgumentError naming the variable."""
+    return _env.flag(ENABLE_ENV, False)
 
 
 class PycclCustomAllreduce:

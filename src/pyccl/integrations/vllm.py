@@ -37,9 +37,9 @@ The classes derive from vLLM's, so they are made on first access (module
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Iterator, Optional
 
+from .. import _env
 from .._logging import logger
 from ..graphs import graph_capture
 from .group import GroupCommunicator
@@ -58,8 +58,9 @@ _made: dict = {}
 
 
 def enabled() -> bool:
-    """Whether ``PYCCL_VLLM`` asks for pyccl (``1``, ``true``, ``yes`` or ``on``)."""
-    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether ``PYCCL_VLLM`` asks for pyccl: ``1``, ``true``, ``yes`` or ``on`` (any case) do; unset, ``0``,
+    ``false``, ``no`` and ``off`` do not; anything else raises InvalidArgumentError naming the variable."""
+    return _env.flag(ENABLE_ENV, False)
 
 
 def platform_plugin() -> Optional[str]:
