@@ -11,7 +11,8 @@ import torch.distributed._functional_collectives as funcol
 
 import pyccl  # noqa: F401  (registers the backend)
 from gpu_sharing import rank_gpu
-from ranks_collectives import TOLERANCE, error_scale, movement_input, rank_input, reference
+from ranks_collectives import TOLERANCE, error_scale, rank_input, reference
+from ranks_exchanges import movement_input
 
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
        "prod": dist.ReduceOp.PRODUCT}

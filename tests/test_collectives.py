@@ -8,6 +8,8 @@ import torch
 
 import pyccl
 import ranks_collectives as rcol
+import ranks_engine_choice as rch
+import ranks_exchanges as rex
 from pyccl._spawn import run_ranks
 
 
@@ -65,7 +67,7 @@ def test_exchanges_random_cases(world):
     # all_gather / all_to_all / broadcast over every dtype (bit-exact), reduce_scatter
     # against float64; LL, HB and the automatic choice; in place and out of place.
     seed = random.randrange(1 << 20)
-    for bad, record in run_ranks(rcol.exchange_cases, world, args=(False, seed, 48, 30_000), timeout=300):
+    for bad, record in run_ranks(rex.exchange_cases, world, args=(False, seed, 48, 30_000), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
@@ -76,17 +78,17 @@ def test_exchanges_in_rounds(options):
     # several rounds, in one launch or (hb_rounds_per_launch) one per launch.
     seed = random.randrange(1 << 20)
     options = {**options, "hb_piece_bytes": 64 << 10}
-    for bad, record in run_ranks(rcol.exchange_cases, 4, args=(False, seed, 40, 30_000, options), timeout=300):
+    for bad, record in run_ranks(rex.exchange_cases, 4, args=(False, seed, 40, 30_000, options), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
 def test_exchanges_and_all_reduce_back_to_back():
-    for bad in run_ranks(rcol.mixed_back_to_back, 3, args=(False, 40), timeout=300):
+    for bad in run_ranks(rex.mixed_back_to_back, 3, args=(False, 40), timeout=300):
         assert bad == []
 
 
 def test_exchanges_reject_bad_arguments():
-    for messages in run_ranks(rcol.exchange_bad_arguments, 2, timeout=120):
+    for messages in run_ranks(rex.exchange_bad_arguments, 2, timeout=120):
         kind, text = messages["rs_dtype"]
         assert kind == "PycclTypeError" and "int32" in text and "'tensor'" in text
         assert "'tensor'" in messages["rs_split"][1] and "equal parts" in messages["rs_split"][1]
@@ -112,7 +114,7 @@ def test_outputs_overlapping_inputs_are_in_place_or_refused(world):
 def test_eight_ranks_every_collective():
     # The largest world size in one node: every collective and protocol at 8 ranks.
     seed = random.randrange(1 << 20)
-    for bad, record in run_ranks(rcol.exchange_cases, 8, args=(False, seed, 16, 3000), timeout=300):
+    for bad, record in run_ranks(rex.exchange_cases, 8, args=(False, seed, 16, 3000), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
     for bad, record in run_ranks(rcol.all_reduce_cases, 8, args=(False, seed, 12, 3000), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
@@ -142,7 +144,7 @@ def test_one_phase_hb_on_fewer_blocks_and_in_rounds():
 
 
 def test_engine_takes_a_tables_kernel_choices():
-    for picked, bad, errors in run_ranks(rcol.engine_choices, 2, timeout=120):
+    for picked, bad, errors in run_ranks(rch.engine_choices, 2, timeout=120):
         assert picked == {100: "1pa_ll", 2048: "1pa_ll", 2049: "1pa_hb", 16384: "1pa_hb", 1 << 20: "2pa_ll",
                           "sym1000": "1pa_ll", "sym1025": "2pa_hb", f"sym{1 << 20}": "2pa_hb",
                           "ag512": "hb", "ag4096": "ll", "rs": "ll"}
@@ -158,7 +160,7 @@ def test_engine_takes_a_tables_kernel_choices():
 def test_engine_options_must_agree_on_every_rank(world):
     # Ranks whose options differ would cut the scratch or pick algorithms differently: corrupt data or a hang.
     last = world - 1
-    out = run_ranks(rcol.engine_options_must_agree, world, args=(False,), timeout=120)
+    out = run_ranks(rch.engine_options_must_agree, world, args=(False,), timeout=120)
     for errors, bad in out:
         assert errors == out[0][0]  # every rank raises alike
         assert bad == []
@@ -175,7 +177,7 @@ def test_engine_options_must_agree_on_every_rank(world):
 
 def test_ranks_must_choose_under_the_same_environment():
     # One rank forcing an algorithm would wait on peers that chose another.
-    for error, threads_left, bad in run_ranks(rcol.communicator_under_another_algo, 3, timeout=120):
+    for error, threads_left, bad in run_ranks(rch.communicator_under_another_algo, 3, timeout=120):
         assert "PYCCL_ALGO (environment)" in error and "rank 2 has '2pa_hb'" in error, error
         assert threads_left == 0
         assert bad == []
@@ -196,10 +198,10 @@ def test_a_communicators_engine_follows_the_tuning_table(tmp_path):
                                                  {"max_bytes": 8192, "algorithm": "1pa_hb"},
                                                  {"max_bytes": None, "algorithm": "nccl"}],
                                   "all_gather": [{"max_bytes": None, "algorithm": "hb"}]})
-    for picked in run_ranks(rcol.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": path}):
+    for picked in run_ranks(rch.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": path}):
         # Past the last kernel entry (NCCL's, where a group has NCCL), 1PA HB goes on.
         assert picked == {512: "2pa_ll", 4096: "1pa_hb", 40_000: "1pa_hb", "ag": "hb"}
-    for picked in run_ranks(rcol.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": "none"}):
+    for picked in run_ranks(rch.engine_choice_by_size, 2, timeout=120, env={"PYCCL_TUNING_FILE": "none"}):
         assert picked == {512: "1pa_ll", 4096: "1pa_ll", 40_000: "2pa_ll", "ag": "ll"}  # host-mode defaults
 
 
@@ -207,7 +209,7 @@ def test_a_groups_communicator_is_made_under_a_tuning_table(tmp_path):
     # communicator_for makes the group's communicator under its lock, and the new engine looks up
     # the table: the lookup must not wait on that lock.
     path = _table_file(tmp_path, {"all_reduce": [{"max_bytes": None, "algorithm": "1pa_hb"}]})
-    out = run_ranks(rcol.group_communicator_with_a_table, 2, timeout=60, env={"PYCCL_TUNING_FILE": path})
+    out = run_ranks(rch.group_communicator_with_a_table, 2, timeout=60, env={"PYCCL_TUNING_FILE": path})
     assert out == [(True, "1pa_hb")] * 2
 
 
@@ -216,7 +218,7 @@ def test_ll_calls_on_fewer_blocks_for_small_messages():
     # block's counter then advances only when it runs).
     seed = random.randrange(1 << 20)
     options = {"ll_blocks": 4, "ll_packets_per_block": 64}
-    for bad, record in run_ranks(rcol.exchange_cases, 3, args=(False, seed, 40, 3000, options), timeout=300):
+    for bad, record in run_ranks(rex.exchange_cases, 3, args=(False, seed, 40, 3000, options), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
     for bad, record in run_ranks(rcol.all_reduce_cases, 3, args=(False, seed, 30, 3000, options), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
@@ -230,13 +232,13 @@ def test_random_engine_configurations():
     rng = random.Random(seed)
     for _ in range(2):
         options, world = rcol.random_engine_options(rng), rng.choice([2, 3, 4, 5])
-        for body, count in ((rcol.all_reduce_cases, 24), (rcol.exchange_cases, 24)):
+        for body, count in ((rcol.all_reduce_cases, 24), (rex.exchange_cases, 24)):
             for bad, record in run_ranks(body, world, args=(False, seed, count, 30_000, options), timeout=300):
                 assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"
 
 
 def test_destroyed_groups_give_up_their_communicators():
     # A new group may take a destroyed one's id; it must never be handed the old communicator.
-    for seen in run_ranks(rcol.communicators_of_destroyed_groups, 2, timeout=120):
+    for seen in run_ranks(rch.communicators_of_destroyed_groups, 2, timeout=120):
         assert seen == {"first": True, "world kept": True, "second": True, "new communicator": True,
                         "destroyed closed": True, "after close": True, "another communicator": True}

@@ -6,6 +6,8 @@ import random
 import pytest
 
 import ranks_collectives as rcol
+import ranks_engine_choice as rch
+import ranks_exchanges as rex
 from conftest import gpu_count, gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
@@ -68,7 +70,7 @@ def test_all_reduce_on_a_torch_nccl_group():
 @pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
 def test_exchanges_random_cases(world):
     seed = random.randrange(1 << 20)
-    for bad, record in run_ranks(rcol.exchange_cases, world, args=(True, seed, 80, 2_000_000), timeout=300):
+    for bad, record in run_ranks(rex.exchange_cases, world, args=(True, seed, 80, 2_000_000), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
@@ -79,7 +81,7 @@ def test_exchanges_in_rounds(options):
     # HB rounds of 1 MiB: most HB cases run several rounds, in one launch or one per launch.
     seed = random.randrange(1 << 20)
     options = {**options, "hb_piece_bytes": 1 << 20}
-    for bad, record in run_ranks(rcol.exchange_cases, min(gpu_count(), 4), args=(True, seed, 60, 2_000_000, options),
+    for bad, record in run_ranks(rex.exchange_cases, min(gpu_count(), 4), args=(True, seed, 60, 2_000_000, options),
                                  timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
@@ -88,7 +90,7 @@ def test_exchanges_in_rounds(options):
 def test_exchanges_and_all_reduce_back_to_back():
     # 5000 rounds of two calls each: 10 000 back-to-back collectives of mixed sizes,
     # checked in windows of 250 rounds.
-    for bad in run_ranks(rcol.mixed_back_to_back, min(gpu_count(), 4), args=(True, 5000, 250), timeout=400):
+    for bad in run_ranks(rex.mixed_back_to_back, min(gpu_count(), 4), args=(True, 5000, 250), timeout=400):
         assert bad == []
 
 
@@ -113,7 +115,7 @@ def test_random_engine_configurations_on_gpus():
     rng = random.Random(seed)
     for _ in range(2):
         options, world = rcol.random_engine_options(rng), rng.choice(gpu_worlds(2, 3, 4))
-        for body, count in ((rcol.all_reduce_cases, 16), (rcol.exchange_cases, 16)):
+        for body, count in ((rcol.all_reduce_cases, 16), (rex.exchange_cases, 16)):
             for bad, record in run_ranks(body, world, args=(True, seed, count, 300_000, options), timeout=300):
                 assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"
 
@@ -132,7 +134,7 @@ def test_outputs_overlapping_inputs_are_in_place_or_refused_on_gpus():
 def test_engine_options_must_agree_on_every_rank_on_gpus():
     # tests/test_collectives.py's check, where the GPU engine also caps its send/receive lanes after the agreement.
     world = min(gpu_count(), 4)
-    out = run_ranks(rcol.engine_options_must_agree, world, args=(True,), timeout=300)
+    out = run_ranks(rch.engine_options_must_agree, world, args=(True,), timeout=300)
     for errors, bad in out:
         assert errors == out[0][0]
         assert bad == []
