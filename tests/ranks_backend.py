@@ -463,3 +463,108 @@ def missing_peer_times_out(rank, world, store, timeout_s):
     for q in range(world):
         store.get(f"done{q}")
     return result
+
+
+def one_runtime_per_group(rank, world, store):
+    """Host mode: pyccl.communicator_for on a "cpu:pyccl" group is the group's
+    own lane, with the group's timeout: calls through both APIs count on one
+    communicator, closing it leaves the group running, and destroying the
+    group closes it."""
+    import pyccl
+
+    dist.init_process_group("cpu:pyccl", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=45))
+    bad = []
+    comm = pyccl.communicator_for(device=torch.device("cpu"))
+    if comm.timeout != datetime.timedelta(seconds=45):
+        bad.append(("timeout", comm.timeout))
+    if pyccl.communicator_for(device=torch.device("cpu")) is not comm:
+        bad.append("a second communicator_for gave another communicator")
+    gen = torch.Generator().manual_seed(1234)
+    ins = [torch.randn(5000, generator=gen) for _ in range(world)]
+    ref = sum(t.double() for t in ins)
+    before = comm.sequence
+    x = ins[rank].clone()
+    dist.all_reduce(x)
+    y = pyccl.all_reduce(ins[rank].clone())
+    for name, got in (("dist.all_reduce", x), ("pyccl.all_reduce", y)):
+        if not torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5):
+            bad.append((name, (got.double() - ref).abs().max().item()))
+    if comm.sequence != before + 2:
+        bad.append(("calls on the group's communicator", before, comm.sequence))
+    comm.close()
+    if comm.closed:
+        bad.append("close() closed the group's own communicator")
+    z = ins[rank].clone()
+    dist.all_reduce(z)
+    if not torch.allclose(z.double(), ref, rtol=1e-5, atol=1e-5):
+        bad.append("dist.all_reduce after close()")
+    dist.destroy_process_group()
+    if not comm.closed:
+        bad.append("the group's communicator is open after destroy_process_group")
+    return bad
+
+
+def without_set_device(rank, world, store, backend, seed):
+    """GPUs, as torch's own tests and many scripts run: no torch.cuda.set_device
+    and no device_id, each rank's tensors on cuda:rank while the current device
+    stays cuda:0. Collectives of two sizes, twice; pyccl's API on the same
+    group; a second group; torch's average_parameters on the default group and
+    on a subgroup; and a tensor of another GPU refused at the call."""
+    import pyccl
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    device = torch.device("cuda", rank_gpu(rank))
+    bad = []
+    gen = torch.Generator().manual_seed(seed)
+
+    def fresh(n):
+        ins = [torch.randn(n, generator=gen) for _ in range(world)]
+        return ins, sum(t.double() for t in ins)
+
+    def check(what, got, ref):
+        if not torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-4):
+            bad.append((what, (got.cpu().double() - ref).abs().max().item()))
+
+    for call in range(2):
+        for n in (1000, 300_001, 5_000_000):  # the last goes to the NCCL delegate
+            ins, ref = fresh(n)
+            x = ins[rank].to(device)
+            dist.all_reduce(x)
+            check(("dist.all_reduce", call, n), x, ref)
+    ins, ref = fresh(70_000)
+    check("pyccl.all_reduce on the group", pyccl.all_reduce(ins[rank].to(device)), ref)
+    if pyccl.communicator_for(device=device).device != device:
+        bad.append(("communicator_for's device", pyccl.communicator_for(device=device).device))
+    second = dist.new_group(list(range(world)), backend=backend)
+    ins, ref = fresh(12_345)
+    x = ins[rank].to(device)
+    dist.all_reduce(x, group=second)
+    check("dist.all_reduce on a second group", x, ref)
+
+    # torch's parameter averaging: parameters on cuda:rank, random per rank; the average in float64.
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 3, kernel_size=3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Linear(1, 5, bias=False)).to(device)
+    for group, members in ((None, list(range(world))), ("sub", [0, 1])):
+        pg = dist.new_group(members, backend=backend) if group == "sub" else None
+        values = [[torch.randn(p.shape, generator=gen) for p in model.parameters()] for _ in range(world)]
+        for p, v in zip(model.parameters(), values[rank]):
+            p.data = v.to(device)
+        if rank in members:
+            average_parameters(model.parameters(), pg)
+            for i, p in enumerate(model.parameters()):
+                mean = sum(values[q][i].double() for q in members) / len(members)
+                check(("average_parameters", group or "world", i), p.data, mean)
+
+    other = torch.ones(10, device=torch.device("cuda", (device.index + 1) % torch.cuda.device_count()))
+    try:
+        dist.all_reduce(other)
+        bad.append("a tensor of another GPU was accepted")
+    except ValueError as e:
+        if f"cuda:{device.index}" not in str(e) or f"cuda:{other.device.index}" not in str(e):
+            bad.append(("the other GPU's error names both devices", str(e)))
+    torch.cuda.synchronize(device)
+    dist.destroy_process_group()
+    return bad

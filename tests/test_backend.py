@@ -1,6 +1,8 @@
 """The torch.distributed backend "pyccl" in host mode (CPU processes)."""
 
+import datetime
 import random
+import socket
 
 import pytest
 import torch.distributed as dist
@@ -64,6 +66,35 @@ def test_autoload_never_breaks_torch_import(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pyccl.backend", None)  # makes the import fail
     pyccl_autoload.autoload()
     assert "not registered" in caplog.text
+
+
+def test_communicator_for_a_pyccl_group_is_the_groups_own():
+    for bad in run_ranks(rb.one_runtime_per_group, 2, timeout=120):
+        assert bad == []
+
+
+def test_creator_binds_now_only_where_every_rank_chose_its_own_gpu():
+    # Ranks of one host on one current device never chose theirs (no set_device): bind at the first op.
+    from pyccl.backend import _ranks_chose_their_gpus
+
+    def probe(current_devices):
+        store = dist.HashStore()
+        size = len(current_devices)
+        answers = []
+        import unittest.mock as mock
+
+        for rank, dev in enumerate(current_devices):
+            with mock.patch("torch.cuda.current_device", return_value=dev):
+                store.set(f"pyccl/bind_probe/{rank}", f"{socket.gethostname()}/{dev}")
+        for rank, dev in enumerate(current_devices):
+            with mock.patch("torch.cuda.current_device", return_value=dev):
+                answers.append(_ranks_chose_their_gpus(store, rank, size, datetime.timedelta(seconds=5)))
+        assert len(set(answers)) == 1
+        return answers[0]
+
+    assert probe([0, 1, 2, 3])
+    assert not probe([0, 0])
+    assert not probe([0, 1, 1, 3])
 
 
 def test_creator_learns_its_device_from_the_store_prefix():

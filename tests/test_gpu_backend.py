@@ -47,3 +47,12 @@ def test_ranks_with_different_nccl_thresholds_are_refused_at_set_up():
         assert kind == "ValueError", (kind, message)
         assert "NCCL threshold of" in message and f"rank {world - 1} has '4096'" in message, message
     assert len(set(out)) == 1  # every rank alike
+
+
+@requires_gpus(2, own=True)
+@pytest.mark.parametrize("backend", ["pyccl", "cpu:pyccl,cuda:pyccl"])
+def test_backend_without_set_device_binds_to_the_tensors_gpu(backend):
+    # Ranks never call torch.cuda.set_device: the group binds at its first CUDA op, to that op's GPU.
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rb.without_set_device, 2, args=(backend, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"

@@ -163,6 +163,7 @@ void CollectiveEngine::close() {
 
 size_t CollectiveEngine::finishGraphCapture() {
   checkUsable("graph_capture");
+  gpu::OptionalDeviceGuard onDevice(comm_.device());
   return graphBuffers_.finish();
 }
 
@@ -288,6 +289,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
                                  std::optional<AllReduceAlgorithm> symmetricAlgorithm) {
   checkUsable("all_reduce");
   if (count == 0) return;
+  gpu::OptionalDeviceGuard onDevice(comm_.device());
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   const uint64_t elemSize = dataTypeSize(dtype);
   const uint64_t bytes = count * elemSize;
@@ -390,6 +392,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
   const char* name = exchangeKindName(kind);
   checkUsable(name);
   if (chunkBytes == 0) return;
+  gpu::OptionalDeviceGuard onDevice(comm_.device());
   PYCCL_CHECK_ARG(input != nullptr && output != nullptr, "tensor", "has no storage");
   if (kind == ExchangeKind::kBroadcast) {
     PYCCL_CHECK_ARG(root >= 0 && root < comm_.worldSize(), "src", "must be a rank of the group (0 to ",
@@ -438,6 +441,7 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
 
 void CollectiveEngine::sendRecv(const std::vector<PeerTransfer>& transfers, void* stream) {
   checkUsable("send_recv");
+  gpu::OptionalDeviceGuard onDevice(comm_.device());
   const int world = comm_.worldSize();
   for (const PeerTransfer& t : transfers) {
     const char* arg = t.send ? "dst" : "src";

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
 
 namespace pyccl {
 
@@ -52,6 +53,7 @@ void CollectiveEngine::allReduceRMSNorm(const void* input, const void* residual,
   static constexpr const char* kName = "fused_all_reduce_rmsnorm";
   checkUsable(kName);
   if (rows == 0 || hidden == 0) return;
+  gpu::OptionalDeviceGuard onDevice(comm_.device());
   PYCCL_CHECK_ARG(input != nullptr && residual != nullptr && weight != nullptr && normed != nullptr &&
                       residualOut != nullptr, "tensor", "has no storage");
   const int world = comm_.worldSize();

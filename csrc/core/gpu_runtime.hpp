@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/errors.hpp"
@@ -41,6 +42,21 @@ class DeviceGuard {
 
  private:
   int previous_ = -1;
+};
+
+/// A DeviceGuard for `device` where it is a CUDA device (>= 0); nothing for
+/// host mode (-1). Every call that enqueues work for a communicator holds one:
+/// the default stream's handle (0) names the current device's stream, so a
+/// launch on it from a thread whose current device is another GPU would run
+/// there, unordered with the caller's work.
+class OptionalDeviceGuard {
+ public:
+  explicit OptionalDeviceGuard(int device) {
+    if (device >= 0) guard_.emplace(device);
+  }
+
+ private:
+  std::optional<DeviceGuard> guard_;
 };
 
 /// The device's UUID as 32 hex digits, and its PCI bus id ("0000:18:00.0").

@@ -69,6 +69,21 @@ void bindBackend(py::module_& m) {
       py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate_factory") = std::nullopt,
       py::arg("across_nodes") = std::nullopt, py::arg("kernel_choices") = KernelChoices{});
   m.def(
+      "_backend_lane",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, int device) {
+        auto* pyccl = dynamic_cast<PycclBackend*>(backend.get());
+        PYCCL_CHECK_ARG(pyccl != nullptr, "group", "its backend is not pyccl's");
+        PycclBackend::Lane lane;
+        {
+          py::gil_scoped_release release;  // collective where the lane is made now
+          lane = pyccl->lane(device);
+        }
+        return py::make_tuple(lane.comm, lane.engine == nullptr ? py::none() : py::cast(lane.engine));
+      },
+      py::arg("backend"), py::arg("device"),
+      "(communicator, collective engine or None) of a pyccl process group's lane on `device` (a CUDA ordinal, or "
+      "-1 for CPU), made now where it was not yet: the runtime pyccl.communicator_for(group) adopts.");
+  m.def(
       "_backend_graph_capture",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& action, int device) -> size_t {
         auto* pyccl = dynamic_cast<PycclBackend*>(backend.get());

@@ -52,13 +52,16 @@ PycclBackend::PycclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int 
 void PycclBackend::ensureGpuLane(int device) {
   std::lock_guard<std::mutex> lock(laneMutex_);
   if (gpu_ != nullptr) return;
+  // As ProcessGroupNCCL: the device init_process_group(device_id=...) bound the group to, else the first op's.
+  if (const auto bound = getBoundDeviceId(); bound && bound->is_cuda() && bound->has_index()) device = bound->index();
 #ifdef PYCCL_WITH_CUDA
+  gpu::DeviceGuard onDevice(device);  // the default stream's handle names the current device's
   if (gpu::isCapturing(c10::cuda::getCurrentCUDAStream(device).stream())) {
     throw InvalidArgument(strCat(
         "invalid argument 'tensor': the first CUDA op of process group '", options_.name,
         "' is being captured in a CUDA graph, and the group cannot set up its GPU buffers during a capture; run "
         "one op eagerly first, or make the group with a backend string that names cuda first (\"pyccl\", "
-        "\"cuda:pyccl,cpu:pyccl\") after torch.cuda.set_device"));
+        "\"cuda:pyccl,cpu:pyccl\") after torch.cuda.set_device(local_rank) on every rank"));
   }
 #endif
   options_.cudaDevice = device;
@@ -91,7 +94,7 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
                                       << "reduce_scatter run across nodes, the other ops on the delegate");
     return lane;
   }
-  lane.engine = std::make_unique<CollectiveEngine>(*lane.comm, device >= 0 ? gpuEngineOptions() : CollectiveOptions{});
+  lane.engine = std::make_shared<CollectiveEngine>(*lane.comm, device >= 0 ? gpuEngineOptions() : CollectiveOptions{});
   return lane;
 }
 
@@ -111,7 +114,7 @@ CollectiveOptions PycclBackend::gpuEngineOptions() const {
 
 void PycclBackend::beginGraphCapture(int device) {
   checkUsable("graph_capture");
-  ensureGpuLane(device);
+  gpuLaneFor(device, "device");
   PYCCL_CHECK_ARG(gpu_->engine != nullptr, "group", "spans nodes, where captured all-reduces cannot take graph "
                   "buffers (they need every peer within P2P reach)");
   gpu_->engine->beginGraphCapture();
@@ -133,15 +136,26 @@ void PycclBackend::checkUsable(const char* op) const {
   if (shutDown_) throw ClosedError(strCat("process group '", options_.name, "' was shut down (", op, ")"));
 }
 
+PycclBackend::Lane& PycclBackend::gpuLaneFor(int device, const char* arg) {
+  ensureGpuLane(device);
+  PYCCL_CHECK_ARG(device == options_.cudaDevice, arg, "is on cuda:", device, ", but on this rank process group '",
+                  options_.name, "' runs on cuda:", options_.cudaDevice,
+                  " (one GPU per rank: the device_id given to init_process_group, else the current device when "
+                  "the group was made after torch.cuda.set_device, else the device of its first CUDA op)");
+  return *gpu_;
+}
+
+PycclBackend::Lane PycclBackend::lane(int device) {
+  checkUsable("communicator_for");
+  if (device >= 0) return gpuLaneFor(device, "device");
+  std::lock_guard<std::mutex> lock(laneMutex_);
+  if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));
+  return *host_;
+}
+
 PycclBackend::Lane& PycclBackend::laneFor(const at::Tensor& t, const char* op) {
   checkUsable(op);
-  if (t.is_cuda()) {
-    ensureGpuLane(t.device().index());
-    PYCCL_CHECK_ARG(t.device().index() == options_.cudaDevice, "tensor", "is on ", t.device().str(),
-                    ", but this rank's pyccl process group runs on cuda:", options_.cudaDevice,
-                    " (the device of its first CUDA op, or the current one when the group was made)");
-    return refuseAcrossNodes(*gpu_, options_.name, op);
-  }
+  if (t.is_cuda()) return refuseAcrossNodes(gpuLaneFor(t.device().index(), "tensor"), options_.name, op);
   PYCCL_CHECK_ARG(t.device().is_cpu(), "tensor", "must be a CUDA or CPU tensor, got ", t.device().str());
   std::lock_guard<std::mutex> lock(laneMutex_);
   if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));  // every rank makes the same first CPU call
@@ -151,8 +165,8 @@ PycclBackend::Lane& PycclBackend::laneFor(const at::Tensor& t, const char* op) {
 PycclBackend::Lane* PycclBackend::acrossNodesLane(const at::Tensor& t, const char* op) {
   checkUsable(op);
   if (t.is_cuda()) {
-    ensureGpuLane(t.device().index());
-    return gpu_->acrossNodes && t.device().index() == options_.cudaDevice ? gpu_.get() : nullptr;
+    Lane& gpuLane = gpuLaneFor(t.device().index(), "tensor");
+    return gpuLane.acrossNodes ? &gpuLane : nullptr;
   }
   if (!t.device().is_cpu()) return nullptr;  // laneFor names the device
   std::lock_guard<std::mutex> lock(laneMutex_);

@@ -3,10 +3,17 @@
 // (or "cpu:gloo,cuda:pyccl") runs torch's collectives, functional
 // collectives included, on pyccl's kernels.
 //
-//  - Every op runs on the current CUDA stream (CPU tensors: host mode, done on
-//    return) and can be captured in a CUDA graph. The GPU communicator and its
-//    scratch are made when the backend is, when it knows its device then;
-//    otherwise on the first CUDA op, which must then not be captured.
+//  - Every op runs on the current CUDA stream of its tensors' device (CPU
+//    tensors: host mode, done on return), with that device current while it
+//    enqueues, and can be captured in a CUDA graph.
+//  - One GPU per rank, as ProcessGroupNCCL: the GPU communicator and its
+//    scratch (the "GPU lane") are made when the backend is, where its creator
+//    knows the device then (BackendOptions::cudaDevice); otherwise at the first
+//    CUDA op, on the device init_process_group bound the group to (device_id)
+//    or else on that op's tensors' device, and that op must not be captured.
+//    A later op on another GPU is refused, naming both devices.
+//  - pyccl.communicator_for(group) runs on the same lanes (lane()): a group
+//    has one runtime, whichever API calls it.
 //  - Messages from a per-collective size on go to the delegate backend when
 //    one is given (ProcessGroupNCCL), like the Python API. So do the ops made
 //    of sends and receives on GPUs (send/recv, gather, scatter, all-to-all and
@@ -49,7 +56,7 @@ using AcrossNodesRunner = std::function<void(const std::string& collective, cons
 struct BackendOptions {
   std::string name;  ///< unique per group, the same on every rank
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
-  int cudaDevice = -1;  ///< the GPU of this rank, set up now; -1: on the first CUDA op
+  int cudaDevice = -1;  ///< the GPU of this rank, set up now; -1: bound at the first CUDA op
   /// From this many bytes (the whole buffer) a CUDA op goes to the delegate, if any.
   std::array<uint64_t, static_cast<int>(BackendCollective::kCount)> delegateMinBytes{};
   /// Where the group spans nodes: runs all_reduce, all_gather_into_tensor and
@@ -129,12 +136,19 @@ class PycclBackend : public c10d::Backend {
   /// Ends the collection without registering.
   void abandonGraphCapture();
 
- private:
+  /// A communicator and its collective engine: the runtime of one device kind of the group.
   struct Lane {
     std::shared_ptr<Communicator> comm;
-    std::unique_ptr<CollectiveEngine> engine;  ///< null where the ranks span nodes
+    std::shared_ptr<CollectiveEngine> engine;  ///< null where the ranks span nodes
     bool acrossNodes = false;
   };
+  /// The lane of `device` (a CUDA ordinal, or -1 for the CPU one), set up
+  /// first where it is not yet (collective then, like the first op on it):
+  /// what pyccl.communicator_for(group) runs on. A CUDA device other than the
+  /// GPU lane's is refused, naming both; a shut-down group with ClosedError.
+  Lane lane(int device);
+
+ private:
 
   Lane makeLane(int device);
   /// The GPU lane's engine options: options_.gpuEngine, with the delegate thresholds as settings every rank must share.
@@ -152,8 +166,13 @@ class PycclBackend : public c10d::Backend {
                                                 const at::Tensor& input, const at::Tensor& output,
                                                 const c10d::ReduceOp* reduceOp, c10d::OpType type,
                                                 const std::function<c10::intrusive_ptr<c10d::Work>()>& delegateCall);
-  /// Sets up the GPU lane (and the delegate) on `device` if not yet done.
+  /// Sets up the GPU lane (and the delegate) if not yet done: on the device
+  /// init_process_group bound the group to, else on `device` (that of the
+  /// first CUDA op's tensors).
   void ensureGpuLane(int device);
+  /// The lane of a CUDA tensor's `device`: the GPU lane, set up if need be;
+  /// InvalidArgument naming `arg` where the GPU lane runs on another device.
+  Lane& gpuLaneFor(int device, const char* arg);
   /// Whether a CUDA op goes to the delegate: by size, or a reduction dtype pyccl
   /// lacks. Sets up the GPU lane first.
   bool delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes);

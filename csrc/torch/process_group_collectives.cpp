@@ -68,7 +68,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::runAcrossNodes(
 
 bool PycclBackend::delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) {
   if (!t.is_cuda()) return false;
-  ensureGpuLane(t.device().index());
+  gpuLaneFor(t.device().index(), "tensor");
   if (!delegate_) return false;
   if (gpu_->acrossNodes) return true;  // what reaches here is not among the collectives run across nodes
   if (wholeBytes >= options_.delegateMinBytes[static_cast<int>(c)]) return true;

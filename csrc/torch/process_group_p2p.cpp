@@ -78,7 +78,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor&
 bool PycclBackend::delegateTakes(const at::Tensor& t, const char* op) {
   if (!t.is_cuda()) return false;
   checkUsable(op);
-  ensureGpuLane(t.device().index());  // and its delegate
+  gpuLaneFor(t.device().index(), "tensor");  // and its delegate
   return delegate_ != nullptr;
 }
 

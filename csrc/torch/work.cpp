@@ -41,6 +41,7 @@ PycclWork::PycclWork(int rank, c10d::OpType type, uint64_t seq, std::vector<at::
   if (!outputs_.empty() && outputs_[0].is_cuda()) {
     device_ = outputs_[0].device().index();
     stream_ = currentStreamOf(outputs_[0]);
+    gpu::DeviceGuard onDevice(device_);  // the default stream's handle names the current device's
     // A captured op completes when the graph is replayed; nothing to track here.
     if (!gpu::isCapturing(stream_)) event_ = std::make_unique<gpu::StreamEvent>(device_, stream_);
   }

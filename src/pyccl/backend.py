@@ -6,11 +6,17 @@ Importing pyccl registers it (and torch imports pyccl on start-up through the
     dist.init_process_group("cuda:pyccl,cpu:pyccl")   # or "pyccl", or "cpu:gloo,cuda:pyccl"
     dist.all_reduce(x)                                 # pyccl's kernels, current stream
 
-A group made for cuda (``"pyccl"``, ``"cuda:pyccl,..."``, ``"cpu:gloo,cuda:pyccl"``)
-sets up its GPU buffers at once on the current device, so call
-``torch.cuda.set_device(local_rank)`` first; CUDA graphs can then capture its
-first op. Otherwise (``"cpu:pyccl,cuda:pyccl"``) that happens on the first
-CUDA op, on that tensor's device, which must not be under capture.
+One GPU per rank, as with ProcessGroupNCCL. A group made for cuda
+(``"pyccl"``, ``"cuda:pyccl,..."``, ``"cpu:gloo,cuda:pyccl"``) after every rank
+of a host chose a GPU of its own (``torch.cuda.set_device(local_rank)``) sets
+up its GPU buffers at once on that device; CUDA graphs can then capture its
+first op. Otherwise (no ``set_device``, ranks sharing a GPU, or
+``"cpu:pyccl,cuda:pyccl"``) that happens on the first CUDA op: on the device
+``init_process_group(device_id=...)`` bound the group to, else on that op's
+tensors' device; that op must not be under capture. A later op on another GPU
+raises ValueError naming both devices. ``pyccl.communicator_for(group)`` and
+``pyccl.all_reduce(..., group=group)`` run on the group's own communicator and
+buffers (one runtime per group and device).
 
 Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, of a size
 per rank too; into_tensor, coalesced), reduce_scatter (list, tensor,
@@ -34,6 +40,7 @@ other op to its ProcessGroupNCCL; CPU groups take those three only.
 from __future__ import annotations
 
 import datetime
+import socket
 from typing import Optional
 
 import torch
@@ -72,6 +79,19 @@ def _made_for_cuda(store, rank: int) -> bool:
         return found
     except Exception:  # noqa: BLE001 - a store without a parent: decide on the first op
         return False
+
+
+def _ranks_chose_their_gpus(store, rank: int, size: int, timeout: datetime.timedelta) -> bool:
+    """Collective: whether no two ranks of a host have the same current CUDA
+    device, i.e. each chose its own (``torch.cuda.set_device``), so the group
+    can set up its GPU side now. Ranks that never chose all stand on device 0
+    while their tensors are on ``cuda:rank``: they bind at the first CUDA op."""
+    mine = f"{socket.gethostname()}/{torch.cuda.current_device()}"
+    store.set(f"pyccl/bind_probe/{rank}", mine)
+    keys = [f"pyccl/bind_probe/{q}" for q in range(size)]
+    store.wait(keys, timeout)
+    seen = [store.get(k).decode() for k in keys]
+    return len(set(seen)) == size
 
 
 def _group_timeout(timeout) -> datetime.timedelta:
@@ -113,17 +133,18 @@ def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     store, rank, size = options.store, options.group_rank, options.group_size
     timeout = _group_timeout(options.timeout)
     device = -1
-    if _C.cuda_built() and torch.cuda.is_available() and _made_for_cuda(store, rank):
-        device = torch.cuda.current_device()
     table = None
-    if device >= 0:
+    if _C.cuda_built() and torch.cuda.is_available():
         from .selection import table_for
 
-        table = table_for(torch.device("cuda", device), size, torch.bfloat16)
+        if _made_for_cuda(store, rank) and _ranks_chose_their_gpus(store, rank, size, timeout):
+            device = torch.cuda.current_device()
+        # The GPUs of a node are alike: the current one names the table, wherever the group binds.
+        table = table_for(torch.device("cuda", torch.cuda.current_device()), size, torch.bfloat16)
     thresholds = [_nccl_min_bytes(c, table) for c in _ORDER]
     name = f"pg{options.group_id}"
     logger.info("pyccl backend for group %s: rank %d of %d, %s", options.group_id, rank, size,
-                f"on cuda:{device}" if device >= 0 else "GPU set up on the first CUDA op")
+                f"on cuda:{device}" if device >= 0 else "GPU bound at the first CUDA op")
 
     def delegate(dev: int):
         return _delegate(store, rank, size, timeout, dev)
@@ -137,6 +158,18 @@ def register() -> None:
     if "PYCCL" in dist.Backend._plugins:
         return
     dist.Backend.register_backend("pyccl", _create, extended_api=True, devices=["cuda", "cpu"])
+
+
+def pyccl_backend_of(group: Optional[dist.ProcessGroup], device: torch.device):
+    """The pyccl backend that runs ``group``'s ops on tensors of ``device``'s
+    kind, or None where another backend does (or ``group`` is not a torch
+    process group)."""
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        backend = pg._get_backend(torch.device(device.type))
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    return backend if backend.name() == "pyccl" else None
 
 
 def is_pyccl_group(group: Optional[dist.ProcessGroup] = None) -> bool:

@@ -96,6 +96,7 @@ class Communicator:
         if name is not None and (not isinstance(name, str) or not name):
             raise InvalidArgumentError(f"invalid argument 'name': expected a non-empty string or None, got {name!r}")
         self._device = _parse_device(device)
+        self._group_owned = False
         self.name = name if name is not None else _next_name(store)
         self._comm = _C.Communicator(store, rank, world_size, self._device, self.name, timeout_ms)
         self._world_size = world_size  # every collective call reads it: no call into the module
@@ -116,16 +117,21 @@ class Communicator:
                 raise
 
     @classmethod
-    def _adopt(cls, native: "_C.Communicator") -> "Communicator":
-        """A Python communicator over one made in C++ (a lane of the "pyccl"
-        backend), with no collective engine of its own."""
+    def _adopt(cls, native: "_C.Communicator", engine: Optional["_C.CollectiveEngine"] = None) -> "Communicator":
+        """A Python communicator over one made in C++: a lane of a "pyccl"
+        process group, running on the lane's collective engine (None: the
+        group's ranks span nodes, where the engine's kernels cannot run). The
+        group owns both: :meth:`close` releases only what was made through this
+        object, and destroying the group closes the lane."""
         self = cls.__new__(cls)
         self._device = native.device
         self.name = native.name
         self._comm = native
         self._world_size = native.world_size
-        self._engine = None
-        self._collectives_error = "made by the torch backend without a collective engine"
+        self._engine = engine
+        self._collectives_error = None if engine is not None else (
+            "made by the torch backend without a collective engine (the group's ranks span nodes)")
+        self._group_owned = True
         return self
 
     # -- identity -----------------------------------------------------------
@@ -295,11 +301,17 @@ class Communicator:
         return broadcast(tensor, src, out=out, comm=self, algorithm=algorithm)
 
     def close(self) -> None:
-        """Releases every registration, mapping, semaphore, fd and thread. Idempotent."""
+        """Releases every registration, mapping, semaphore, fd and thread. Idempotent.
+
+        A communicator of a "pyccl" process group (:func:`pyccl.communicator_for`)
+        is the group's own runtime: this releases what was made through it (its
+        plans, its direct NCCL communicator), and the group keeps running;
+        ``dist.destroy_process_group`` closes the rest."""
         for runner in self.__dict__.pop("_plan_runners", {}).values():  # pyccl.register_algorithm's plans
             runner.close()
+        self.__dict__.pop("_call_choices", None)
         engine = getattr(self, "_engine", None)
-        if engine is not None:
+        if engine is not None and not self._group_owned:
             engine.close()
             self._engine = None
         nccl = getattr(self, "_nccl_direct", None)  # pyccl.collectives' NCCL hand-off
@@ -313,7 +325,8 @@ class Communicator:
             else:
                 nccl.close()
             self._nccl_direct = None
-        self._comm.close()
+        if not self._group_owned:
+            self._comm.close()
 
     def __enter__(self) -> "Communicator":
         return self

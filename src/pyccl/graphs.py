@@ -63,7 +63,8 @@ def graph_capture(group: Optional[dist.ProcessGroup] = None, *,
     backend = None
     if comm is None:
         comm = communicator_for(group)
-        backend = _pyccl_backend(group) if comm.device.type == "cuda" else None
+        # A pyccl group's communicator runs on the group's own engine, which the block below collects on.
+        backend = _pyccl_backend(group) if comm.device.type == "cuda" and not comm._group_owned else None
     elif not isinstance(comm, Communicator):
         raise InvalidArgumentError(f"invalid argument 'comm': expected a pyccl.Communicator, got {type(comm).__name__}")
     if comm.device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -15,7 +15,9 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _C
 from ._logging import logger
+from .backend import pyccl_backend_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError
 
@@ -43,9 +45,13 @@ def given_or_group_communicator(comm, group, device: Optional[torch.device] = No
 
 def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None) -> Communicator:
     """The pyccl communicator of a torch process group on ``device`` (made on
-    first use, collectively, over the group's store). A group destroyed
-    (``dist.destroy_process_group``) has its communicators closed when the
-    next one is made, and a new group never gets them."""
+    first use, collectively, over the group's store). On a group whose backend
+    for ``device`` is pyccl's (``init_process_group("pyccl")``), it is the
+    group's own communicator, the one ``torch.distributed`` ops on the group run
+    on: one runtime and one set of buffers per group and device, and the
+    group's timeout. A group destroyed (``dist.destroy_process_group``) has its
+    communicators closed when the next one is made, and a new group never gets
+    them."""
     pg = group if group is not None else dist.group.WORLD  # None before init_process_group: never a key
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -76,13 +82,19 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
                 "while a CUDA graph is being captured; call pyccl.communicator_for(group) (or any pyccl "
                 "collective) on the group once before capturing")
         _close_communicators_of_destroyed_groups()
-        # The name must be the same on every rank (device indices differ), and new on the store: a group whose
-        # communicator was closed gets another, and its set-up must not read the closed one's keys. Every rank
-        # makes a group's communicators at the same calls, so the count agrees.
-        base = f"pyccl_{pg.group_name}_{device.type}"
-        made = _made_count(base)
-        comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
-                            name=base if made == 1 else f"{base}_{made}")
+        backend = pyccl_backend_of(pg, device)
+        if backend is not None:
+            # The group's own runtime: its lane on this device (made now, collectively, if no op made it yet).
+            native, engine = _C._backend_lane(backend, device.index if device.type == "cuda" else -1)
+            comm = Communicator._adopt(native, engine)
+        else:
+            # The name must be the same on every rank (device indices differ), and new on the store: a group whose
+            # communicator was closed gets another, and its set-up must not read the closed one's keys. Every rank
+            # makes a group's communicators at the same calls, so the count agrees.
+            base = f"pyccl_{pg.group_name}_{device.type}"
+            made = _made_count(base)
+            comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
+                                name=base if made == 1 else f"{base}_{made}")
         _communicators[key] = (weakref.ref(pg), comm)
     return comm
 
