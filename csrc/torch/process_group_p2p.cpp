@@ -53,14 +53,16 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::recv(std::vector<at::Tensor>& tenso
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::pointToPoint(bool send, at::Tensor& t, int peer, int tag) {
   const char* op = send ? "send" : "recv";
-  if (delegateTakes(t, op)) {
-    // In a coalescing block the delegate holds it in its own (NCCL) group.
-    std::vector<at::Tensor> tensors{t};
-    return send ? delegate_->send(tensors, peer, tag) : delegate_->recv(tensors, peer, tag);
-  }
   PYCCL_CHECK_ARG(peer >= 0 && peer < getSize() && peer != getRank(), send ? "dst" : "src",
                   "must be another rank of the group, got ", peer);
   PYCCL_CHECK_ARG(send || t.is_contiguous(), "tensor", "must be contiguous");
+  if (delegateTakes(t, op)) {
+    // In a coalescing block the transfer is held, as pyccl's own are: the block's end hands it to the
+    // delegate's group, so a block dropped on an error runs none of them (an NCCL group cannot be dropped).
+    if (batch_.isOpen()) return batch_.hold(HeldTransfer{send, peer, tag, t}, getRank());
+    std::vector<at::Tensor> tensors{t};
+    return send ? delegate_->send(tensors, peer, tag) : delegate_->recv(tensors, peer, tag);
+  }
   Lane& lane = laneFor(t, op);
   HeldTransfer transfer{send, peer, tag, t};
   if (batch_.isOpen()) {
@@ -109,15 +111,37 @@ void PycclBackend::startDelegateCoalescing() {
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::endCoalescing() {
   return translated("endCoalescing", [&] {
-    const std::vector<HeldTransfer> held = batch_.close(options_.name);
+    std::vector<HeldTransfer> held = batch_.close(options_.name);
     try {
       c10::intrusive_ptr<c10d::Work> delegated;
+      std::vector<at::Tensor> delegatedTensors;
       if (delegateCoalescing_) {
+        // The delegate's group takes the block's CUDA transfers (with its collectives), in the order held.
+        std::vector<HeldTransfer> here;
+        for (HeldTransfer& h : held) {
+          if (!h.tensor.is_cuda()) {
+            here.push_back(std::move(h));
+            continue;
+          }
+          std::vector<at::Tensor> tensors{h.tensor};
+          if (h.send) {
+            delegate_->send(tensors, h.peer, h.tag);
+          } else {
+            delegate_->recv(tensors, h.peer, h.tag);
+          }
+          delegatedTensors.push_back(h.tensor);
+        }
+        held = std::move(here);
         delegateCoalescing_ = false;
         delegated = delegate_->endCoalescing();
       }
       c10::intrusive_ptr<c10d::Work> work;
-      if (!held.empty()) {
+      if (!delegatedTensors.empty()) {
+        // ProcessGroupNCCL may return no work for its group (having made the current stream wait for it):
+        // the block's work is then an event on the current stream, after it.
+        work = delegated ? delegated : done(c10d::OpType::COALESCED, delegatedTensors);
+        if (!held.empty()) runTransfers(held, "endCoalescing");  // CPU ones: done on return
+      } else if (!held.empty()) {
         runTransfers(held, "endCoalescing");
         // Held CUDA and CPU transfers together: the work follows the GPU's (the CPU ones are done).
         std::vector<at::Tensor> gpuTensors, cpuTensors;
