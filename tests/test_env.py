@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from pyccl import _env, selection
+from pyccl import _env
 from pyccl.errors import InvalidArgumentError
 
 
@@ -22,22 +22,41 @@ def test_reads_follow_every_change_made_through_os_environ(monkeypatch):
     assert _env.get(name) is None
 
 
-def test_collectives_see_pyccl_algo_change_between_calls(monkeypatch):
+def test_the_selector_reads_pyccl_algo_and_nccl_min_bytes_when_it_is_made(monkeypatch):
+    import torch
+
+    from pyccl import _C
+
+    def made():
+        return _C.Selector({"world": 2, "nccl_min_bytes": [1 << 40] * 5})
+
     monkeypatch.delenv("PYCCL_ALGO", raising=False)
-    assert selection._forced_algorithm("all_reduce", None) is None
+    monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
+    assert made().forced("all_reduce") == ""
     monkeypatch.setenv("PYCCL_ALGO", "all_reduce=2pa_ll")
-    assert selection._forced_algorithm("all_reduce", None) == "2pa_ll"
-    monkeypatch.setenv("PYCCL_ALGO", "all_gather=hb")
-    assert selection._forced_algorithm("all_reduce", None) is None
-    assert selection._forced_algorithm("all_gather", None) == "hb"
-    monkeypatch.setenv("PYCCL_ALGO", "all_reduce=warp")
-    with pytest.raises(InvalidArgumentError, match="PYCCL_ALGO"):
-        selection._forced_algorithm("all_reduce", None)
+    selector = made()
+    assert selector.forced("all_reduce") == "2pa_ll" and selector.forced("all_gather") == ""
+    monkeypatch.setenv("PYCCL_ALGO", "all_gather=hb")  # read when made, as NCCL reads its variables
+    assert selector.forced("all_reduce") == "2pa_ll"
+    assert made().forced("all_reduce") == "" and made().forced("all_gather") == "hb"
+    # A bare name: every collective that has it; a collective's own entry wins wherever it stands.
+    monkeypatch.setenv("PYCCL_ALGO", "ll, reduce_scatter=hb")
+    selector = made()
+    assert [selector.forced(c) for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")] == \
+        ["", "ll", "hb", "ll"]
+    for bad, words in (("all_reduce=warp", "all_reduce has 1pa_ll"), ("gather=ll", "not a collective"),
+                       ("warp", "not an algorithm of any collective")):
+        monkeypatch.setenv("PYCCL_ALGO", bad)
+        with pytest.raises(InvalidArgumentError, match=f"PYCCL_ALGO entry '{bad}'.*{words}"):
+            made()
+    monkeypatch.delenv("PYCCL_ALGO")
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
-    assert selection._nccl_min_bytes("all_gather") == 4096
+    selector = made()
+    assert selector.select("all_gather", torch.float32, 4096, 1024, None, True)[0] == "nccl"
+    assert selector.select("all_gather", torch.float32, 4095, 1023, None, True)[0] == "kernel"
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "-1")
     with pytest.raises(InvalidArgumentError, match="PYCCL_NCCL_MIN_BYTES"):
-        selection._nccl_min_bytes("all_reduce")
+        made()
 
 
 def test_raw_values_change_exactly_when_the_variable_is_set(monkeypatch):
@@ -114,17 +133,18 @@ def test_python_on_off_variables_and_nccl_min_bytes_are_named(monkeypatch):
     monkeypatch.setenv("PYCCL_TEST_FLAG", "2")
     with pytest.raises(InvalidArgumentError, match="'PYCCL_TEST_FLAG'"):
         _env.flag("PYCCL_TEST_FLAG", True)
-    # A bad PYCCL_NCCL_MIN_BYTES turned the tuning table off without a word where no NCCL was in reach.
+    # A bad PYCCL_NCCL_MIN_BYTES turned the tuning table off without a word where no NCCL was in reach: it is
+    # named where the communicator is made, whose selector reads it.
     import torch
     import torch.distributed as dist
 
     import pyccl
 
-    comm = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu")
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "lots")
-    with pytest.raises(InvalidArgumentError, match="PYCCL_NCCL_MIN_BYTES 'lots'"):
-        pyccl.all_reduce(torch.randn(8), comm=comm)
+    with pytest.raises(InvalidArgumentError, match="PYCCL_NCCL_MIN_BYTES.*'lots'"):
+        pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu")
     monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
+    comm = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu")
     x = torch.randn(8)
     assert torch.equal(pyccl.all_reduce(x, comm=comm), x)
     comm.close()

@@ -1,12 +1,11 @@
 """Symmetric buffers and the zero-copy all-reduce in host mode (CPU processes)."""
 
 import random
-from types import SimpleNamespace
-
 import pytest
 import torch
+import torch.distributed as dist
 
-from pyccl import selection
+import pyccl
 
 import ranks_symmetric as rsym
 from pyccl._spawn import run_ranks
@@ -34,23 +33,30 @@ def test_register_symmetric_refuses_mismatched_and_overlapping_buffers():
 
 @pytest.mark.parametrize("nccl_here", [True, False])
 def test_symmetric_choice_follows_the_table(monkeypatch, nccl_here):
-    table = {"collectives": {"all_reduce_symmetric": [
-        {"max_bytes": 1024, "algorithm": "1pa_ll"},
-        {"max_bytes": 1 << 20, "algorithm": "2pa_hb"},
-        {"max_bytes": None, "algorithm": "nccl"}]}}
-    monkeypatch.setattr(selection, "table_for", lambda *args: table)
+    from pyccl import _C
+
     monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
-    engine = SimpleNamespace(zero_copy_threshold_bytes=4096, select=lambda n: "2pa_ll")
+    monkeypatch.delenv("PYCCL_ALGO", raising=False)
+    symmetric = [(1024, "kernel", "1pa_ll", 0, 0, 1), (1 << 20, "kernel", "2pa_hb", 0, 0, 1),
+                 (None, "nccl", "nccl", 0, 0, 1)]
 
-    def choose(nbytes):
-        call = SimpleNamespace(comm=SimpleNamespace(world_size=4), nccl_here=nccl_here, nbytes=nbytes)
-        chosen = selection._symmetric_choice(call, engine, torch.empty(nbytes // 4))
-        return chosen, chosen == "nccl"
+    def choose(selector, nbytes):
+        route, algorithm, chosen, *_ = selector.select("all_reduce", torch.float32, nbytes, nbytes // 4, None,
+                                                       nccl_here)
+        return chosen
 
-    assert choose(512) == ("1pa_ll", False)
-    assert choose(1 << 20) == ("2pa_hb", False)
+    config = {"world": 4, "nccl_min_bytes": [1 << 40] * 5, "tables": {"float32": {"all_reduce_symmetric": symmetric}}}
+    selector = _C.Selector(config)
+    assert choose(selector, 512) == "1pa_ll"
+    assert choose(selector, 1 << 20) == "2pa_hb"
     # NCCL where the table says so and the group has it; zero-copy where it has not.
-    assert choose(4 << 20) == (("nccl", True) if nccl_here else ("2pa_hb", False))
-    # No table: the engine's threshold.
-    monkeypatch.setattr(selection, "table_for", lambda *args: None)
-    assert choose(2048) == ("2pa_ll", False) and choose(8192) == ("2pa_hb", False)
+    assert choose(selector, 4 << 20) == ("nccl" if nccl_here else "2pa_hb")
+    # Another dtype, which has no table: the engine's own choice for symmetric buffers.
+    comm = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu")
+    try:
+        selector = _C.Selector(config, comm._engine)
+        for nbytes in (2048, 1 << 20):
+            got = selector.select("all_reduce", torch.bfloat16, nbytes, nbytes // 2, None, nccl_here)[2]
+            assert got == comm._engine.select(nbytes, True)
+    finally:
+        comm.close()

@@ -12,20 +12,17 @@ void bindBackend(py::module_& m) {
   m.def(
       "_make_backend",
       [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, int64_t timeoutMs, const std::string& name,
-         int cudaDevice, const std::vector<uint64_t>& delegateMinBytes,
+         int cudaDevice, const py::dict& gpuSelector, const py::dict& hostSelector,
          std::optional<py::function> delegateFactory,
          std::optional<py::function> acrossNodes,
-         const KernelChoices& kernelChoices) -> c10::intrusive_ptr<c10d::Backend> {
+         const KernelChoices& kernelChoices, std::optional<py::function> plans) -> c10::intrusive_ptr<c10d::Backend> {
         BackendOptions o;
         applyKernelChoices(o.gpuEngine, kernelChoices);
         o.name = name;
         o.timeout = std::chrono::milliseconds(timeoutMs);
         o.cudaDevice = cudaDevice;
-        PYCCL_CHECK_ARG(delegateMinBytes.size() == o.delegateMinBytes.size(), "delegate_min_bytes", "needs ",
-                        o.delegateMinBytes.size(),
-                        " sizes (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast), got ",
-                        delegateMinBytes.size());
-        std::copy(delegateMinBytes.begin(), delegateMinBytes.end(), o.delegateMinBytes.begin());
+        o.gpuSelector = selectorConfigFrom(gpuSelector);
+        o.hostSelector = selectorConfigFrom(hostSelector);
         DelegateFactory factory;
         if (delegateFactory) {
           // Called from the backend without the GIL; the Python callable is
@@ -62,12 +59,41 @@ void bindBackend(py::module_& m) {
             }
           };
         }
+        if (plans) {
+          std::shared_ptr<py::function> fn(new py::function(std::move(*plans)), [](py::function* f) {
+            py::gil_scoped_acquire gil;
+            delete f;
+          });
+          o.plans = [fn](const std::string& collective, const std::shared_ptr<Communicator>& comm,
+                         const Choice& choice, const at::Tensor& input, const at::Tensor& output,
+                         const std::string& op) {
+            py::gil_scoped_acquire gil;
+            py::object entry = py::none();
+            if (choice.registeredPlan < 0) {
+              entry = py::dict(py::arg("plan") = choice.entry.algorithm, py::arg("instances") = choice.entry.instances,
+                               py::arg("threads") = choice.entry.threads,
+                               py::arg("max_bytes") = choice.entry.maxBytes == UINT64_MAX
+                                                          ? py::object(py::none())
+                                                          : py::object(py::int_(choice.entry.maxBytes)));
+            }
+            try {
+              (*fn)(collective, comm, choice.registeredPlan, entry, input, output, op);
+            } catch (py::error_already_set& e) {
+              const std::string what = e.what();
+              if (e.matches(PyExc_ValueError)) throw InvalidArgument(what);
+              if (e.matches(PyExc_NotImplementedError)) throw UnsupportedError(what);
+              if (e.matches(PyExc_TimeoutError)) throw TimeoutError(what);
+              throw InternalError(what);
+            }
+          };
+        }
         py::gil_scoped_release release;
         return c10::make_intrusive<PycclBackend>(std::move(store), rank, size, std::move(o), std::move(factory));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"), py::arg("name"),
-      py::arg("cuda_device"), py::arg("delegate_min_bytes"), py::arg("delegate_factory") = std::nullopt,
-      py::arg("across_nodes") = std::nullopt, py::arg("kernel_choices") = KernelChoices{});
+      py::arg("cuda_device"), py::arg("gpu_selector"), py::arg("host_selector"), py::arg("delegate_factory") = std::nullopt,
+      py::arg("across_nodes") = std::nullopt, py::arg("kernel_choices") = KernelChoices{},
+      py::arg("plans") = std::nullopt);
   m.def(
       "_backend_lane",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, int device) {
@@ -78,11 +104,11 @@ void bindBackend(py::module_& m) {
           py::gil_scoped_release release;  // collective where the lane is made now
           lane = pyccl->lane(device);
         }
-        return py::make_tuple(lane.comm, lane.engine == nullptr ? py::none() : py::cast(lane.engine));
+        return py::make_tuple(lane.comm, lane.engine == nullptr ? py::none() : py::cast(lane.engine), lane.selector);
       },
       py::arg("backend"), py::arg("device"),
-      "(communicator, collective engine or None) of a pyccl process group's lane on `device` (a CUDA ordinal, or "
-      "-1 for CPU), made now where it was not yet: the runtime pyccl.communicator_for(group) adopts.");
+      "(communicator, collective engine or None, selector) of a pyccl process group's lane on `device` (a CUDA "
+      "ordinal, or -1 for CPU), made now where it was not yet: the runtime pyccl.communicator_for(group) adopts.");
   m.def(
       "_backend_graph_capture",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& action, int device) -> size_t {

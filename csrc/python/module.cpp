@@ -125,5 +125,6 @@ PYBIND11_MODULE(_C, m) {
   bindCollectives(m);
   bindExecutor(m);
   bindBackend(m);
+  bindDispatch(m);
   bindOpRoutes(m);
 }

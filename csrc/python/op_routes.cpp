@@ -37,7 +37,7 @@ struct Learned {
 };
 
 /// One (group name, device): the objects the Python path ran the call on.
-struct Route {
+struct LearnedRoute {
   c10::weak_intrusive_ptr<c10d::ProcessGroup> group{c10::intrusive_ptr<c10d::ProcessGroup>()};
   const c10d::ProcessGroup* groupAddress = nullptr;
   std::weak_ptr<Communicator> comm;
@@ -61,7 +61,7 @@ struct RouteKeyHash {
 struct OpState {
   PyObject* fallback = nullptr;
   std::vector<Source> sources;
-  std::unordered_map<RouteKey, Route, RouteKeyHash> routes;
+  std::unordered_map<RouteKey, LearnedRoute, RouteKeyHash> routes;
   std::atomic<uint64_t> engineCalls{0};
   std::atomic<uint64_t> pythonCalls{0};
 };
@@ -97,7 +97,7 @@ void releaseSeen(Learned& l) {
   l.seen.clear();
 }
 
-void clearChoices(Route& route) {
+void clearChoices(LearnedRoute& route) {
   for (auto& [k, learned] : route.choices) releaseSeen(learned);
   route.choices.clear();
 }
@@ -144,7 +144,7 @@ void learn(RoutedOp op, const std::string& groupName, const at::Tensor& x, std::
     Py_XINCREF(v);
     learned.seen.push_back(v);
   }
-  Route& route = s.routes[RouteKey{groupName, x.device()}];
+  LearnedRoute& route = s.routes[RouteKey{groupName, x.device()}];
   if (route.groupAddress != group.get() || route.comm.lock() != comm || route.engine.lock() != engine) {
     clearChoices(route);
     route.group = c10::weak_intrusive_ptr<c10d::ProcessGroup>(group);
@@ -178,7 +178,7 @@ std::optional<RoutedCall> learnedRoute(RoutedOp op, c10::string_view group, cons
   OpState& s = state(op);
   auto it = s.routes.find(RouteKey{std::string(group), key.device()});
   if (it == s.routes.end()) return std::nullopt;
-  Route& route = it->second;
+  LearnedRoute& route = it->second;
   auto learned = route.choices.find(choiceKey(key));
   if (learned == route.choices.end()) return std::nullopt;
   for (size_t i = 0; i < s.sources.size(); ++i) {

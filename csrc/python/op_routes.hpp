@@ -12,7 +12,7 @@
 //   - the process group: the name must still resolve to the same group object
 //     (a destroyed group's name is reused by the next one);
 //   - the communicator and engine the Python path used: still alive, not closed;
-//   - the sources the Python choice keys on (pyccl.selection._Call's memo,
+//   - the sources the selector's choice was made from (pyccl.selection,
 //     pyccl.fused's size limit): environment variables and module-level
 //     values, watched as (dict, key[, item]) lookups whose values must be the
 //     very objects seen when the choice was learned.

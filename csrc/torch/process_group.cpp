@@ -90,24 +90,34 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
     // The engine's kernels need every peer in reach; pyccl.across_nodes runs
     // the collectives on plans instead (every rank sees the same topology).
     lane.acrossNodes = true;
+    SelectorConfig config = device >= 0 ? options_.gpuSelector : options_.hostSelector;
+    config.worldSize = getSize();
+    config.acrossNodes = true;
+    lane.selector = std::make_shared<Selector>(std::move(config), engineDefaults(nullptr));
     PYCCL_LOG(Info, "pyccl backend '" << options_.name << "': the group spans nodes; all_reduce, all_gather and "
                                       << "reduce_scatter run across nodes, the other ops on the delegate");
     return lane;
   }
-  lane.engine = std::make_shared<CollectiveEngine>(*lane.comm, device >= 0 ? gpuEngineOptions() : CollectiveOptions{});
+  // A selector first (it reads the environment: a bad value fails here), then the engine, which checks that
+  // every rank's selector read the same.
+  SelectorConfig config = device >= 0 ? options_.gpuSelector : options_.hostSelector;
+  config.worldSize = getSize();
+  const Selector reader(config, engineDefaults(nullptr));
+  lane.engine = std::make_shared<CollectiveEngine>(*lane.comm, engineOptions(device >= 0, reader));
+  lane.selector = std::make_shared<Selector>(std::move(config), engineDefaults(lane.engine));
   return lane;
 }
 
-CollectiveOptions PycclBackend::gpuEngineOptions() const {
-  // A rank that hands a size to NCCL while another runs it on pyccl's kernels would wait forever: the engine
-  // checks that the thresholds agree, with its own options.
-  static constexpr const char* kNames[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
-  static_assert(std::size(kNames) == static_cast<size_t>(BackendCollective::kCount));
-  CollectiveOptions o = options_.gpuEngine;
-  for (size_t c = 0; c < std::size(kNames); ++c) {
-    o.agreedSettings[strCat("the NCCL threshold of ", kNames[c],
+CollectiveOptions PycclBackend::engineOptions(bool gpu, const Selector& selector) const {
+  CollectiveOptions o = gpu ? options_.gpuEngine : CollectiveOptions{};
+  for (const auto& [name, value] : selector.settings()) o.agreedSettings[name] = value;
+  const SelectorConfig& config = selector.config();
+  for (int c = 0; c < kCollectives; ++c) {
+    o.agreedSettings[strCat("the NCCL threshold of ", collectiveName(static_cast<Collective>(c)),
                             " (PYCCL_NCCL_MIN_BYTES, NCCL_MIN_BYTES or the tuning table)")] =
-        strCat(options_.delegateMinBytes[c]);
+        selector.settings().at("PYCCL_NCCL_MIN_BYTES (environment)").empty()
+            ? strCat(config.ncclMinBytes[c])
+            : selector.settings().at("PYCCL_NCCL_MIN_BYTES (environment)");
   }
   return o;
 }

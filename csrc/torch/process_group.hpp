@@ -37,12 +37,11 @@
 #include <string>
 
 #include "collectives/collective_engine.hpp"
+#include "dispatch/selector.hpp"
 #include "torch/coalesced_p2p.hpp"
 
 namespace pyccl {
 
-/// The collectives with a size-based hand-off to the delegate.
-enum class BackendCollective : int { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kCount };
 
 /// Makes the delegate backend for a GPU (null: none).
 using DelegateFactory = std::function<c10::intrusive_ptr<c10d::Backend>(int device)>;
@@ -53,17 +52,30 @@ using DelegateFactory = std::function<c10::intrusive_ptr<c10d::Backend>(int devi
 using AcrossNodesRunner = std::function<void(const std::string& collective, const std::shared_ptr<Communicator>& comm,
                                              const at::Tensor& input, const at::Tensor& output, const std::string& op)>;
 
+/// Runs a call the lane's selector gave a DSL plan (pyccl.registry, in Python): collective, the lane's
+/// communicator, the choice (its registered plan or table entry), input, output, op.
+using PlanRunner = std::function<void(const std::string& collective, const std::shared_ptr<Communicator>& comm,
+                                      const Choice& choice, const at::Tensor& input, const at::Tensor& output,
+                                      const std::string& op)>;
+
 struct BackendOptions {
   std::string name;  ///< unique per group, the same on every rank
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   int cudaDevice = -1;  ///< the GPU of this rank, set up now; -1: bound at the first CUDA op
-  /// From this many bytes (the whole buffer) a CUDA op goes to the delegate, if any.
-  std::array<uint64_t, static_cast<int>(BackendCollective::kCount)> delegateMinBytes{};
+  /// What each lane's selector is made from (dispatch/selector.hpp): the GPU lane's (with the tuning tables
+  /// of the GPU and world size) and the CPU lane's. Where the selector picks NCCL, a CUDA op goes to the
+  /// delegate.
+  SelectorConfig gpuSelector;
+  SelectorConfig hostSelector;
   /// Where the group spans nodes: runs all_reduce, all_gather_into_tensor and
   /// reduce_scatter_tensor (the other ops go to the delegate). Null: such a
   /// group is refused, as the collective engine needs every peer in reach.
   AcrossNodesRunner acrossNodes;
-  /// The options of the GPU lane's collective engine (the tuning table's kernel choices).
+  /// Runs the plans the selector chooses for all_reduce, all_gather_into_tensor and reduce_scatter_tensor.
+  /// Null: those ops leave plans out of the choice.
+  PlanRunner plans;
+  /// The options of the GPU lane's collective engine (the tuning table's kernel choices, for the kernels it
+  /// chooses itself: the fused all-reduce + RMSNorm's two-kernel path).
   CollectiveOptions gpuEngine;
 };
 
@@ -140,6 +152,7 @@ class PycclBackend : public c10d::Backend {
   struct Lane {
     std::shared_ptr<Communicator> comm;
     std::shared_ptr<CollectiveEngine> engine;  ///< null where the ranks span nodes
+    std::shared_ptr<Selector> selector;        ///< what runs each call, for every entry point on this lane
     bool acrossNodes = false;
   };
   /// The lane of `device` (a CUDA ordinal, or -1 for the CPU one), set up
@@ -151,8 +164,9 @@ class PycclBackend : public c10d::Backend {
  private:
 
   Lane makeLane(int device);
-  /// The GPU lane's engine options: options_.gpuEngine, with the delegate thresholds as settings every rank must share.
-  CollectiveOptions gpuEngineOptions() const;
+  /// A lane's engine options: the GPU lane's options_.gpuEngine, with what its selector read as settings every
+  /// rank must share (a rank that hands a size to NCCL while another runs a kernel would wait forever).
+  CollectiveOptions engineOptions(bool gpu, const Selector& selector) const;
   /// The lane of `t`'s device, whose engine runs `op`; refuses a lane that
   /// spans nodes (no engine) with a message naming `op`.
   Lane& laneFor(const at::Tensor& t, const char* op);
@@ -173,9 +187,12 @@ class PycclBackend : public c10d::Backend {
   /// The lane of a CUDA tensor's `device`: the GPU lane, set up if need be;
   /// InvalidArgument naming `arg` where the GPU lane runs on another device.
   Lane& gpuLaneFor(int device, const char* arg);
-  /// Whether a CUDA op goes to the delegate: by size, or a reduction dtype pyccl
-  /// lacks. Sets up the GPU lane first.
-  bool delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes);
+  /// Whether an op on `t` of `wholeBytes` goes to the delegate: the lane's selector's choice
+  /// (`choice`, for the engine where it stays), or a reduction dtype pyccl lacks. Sets up the lane first.
+  bool delegated(Collective c, const at::Tensor& t, uint64_t wholeBytes, Choice& choice, bool plans = false);
+  /// Runs `choice`'s plan (options_.plans) where the selector chose one; returns whether it did.
+  bool ranPlan(const Choice& choice, const char* collective, const at::Tensor& input, const at::Tensor& output,
+               const c10d::ReduceOp* op);
   /// False where the delegate must take a reduction op pyccl lacks (BAND, PREMUL_SUM, ...).
   bool reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const;
   c10::intrusive_ptr<c10d::Work> done(c10d::OpType type, std::vector<at::Tensor> outputs);

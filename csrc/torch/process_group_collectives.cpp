@@ -1,7 +1,7 @@
 // The pyccl process group's collectives: all-reduce, broadcast, reduce,
 // all-gather, reduce-scatter and all-to-all (and their coalesced and list
 // forms), each on pyccl's engine, across nodes on plans, or handed to the
-// NCCL delegate where it takes them (delegated()).
+// NCCL delegate where the lane's selector chooses NCCL (delegated()).
 #include <functional>
 #include <optional>
 #include <string>
@@ -29,6 +29,35 @@ ReduceOp reduceOpOfC10d(const c10d::ReduceOp& op) {
       throw TypeError("invalid argument 'op': pyccl reduces with SUM, AVG, PRODUCT, MIN and MAX, not "
                       "BAND/BOR/BXOR/PREMUL_SUM");
   }
+}
+
+/// The table dtype of `t` (dispatch/selector.hpp).
+TableDtype tableDtypeOf(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return TableDtype::kFloat32;
+    case at::kHalf: return TableDtype::kFloat16;
+    case at::kBFloat16: return TableDtype::kBFloat16;
+    default: return TableDtype::kOther;
+  }
+}
+
+/// The engine's arguments for a kernel choice ("" : the engine's own).
+std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice) {
+  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
+  return parseAllReduceAlgorithm(choice.algorithm, "algorithm");
+}
+std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice) {
+  if (choice.symmetricAlgorithm.empty() || choice.symmetricAlgorithm == "nccl") return std::nullopt;
+  return parseAllReduceAlgorithm(choice.symmetricAlgorithm, "algorithm");
+}
+std::optional<Protocol> protocolOf(const Choice& choice) {
+  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
+  return parseProtocol(choice.algorithm, "algorithm");
+}
+
+/// The kernel choice for one tensor of a coalesced op (the op's total chose the delegate or not).
+Choice kernelChoice(const Selector& selector, Collective c, const at::Tensor& t, uint64_t wholeBytes) {
+  return selector.select(c, tableDtypeOf(t), wholeBytes, static_cast<uint64_t>(t.numel()), "", false, false);
 }
 
 /// Whether pyccl reduces tensors of `st` (its kernels and plans: float32, float16, bfloat16).
@@ -66,15 +95,29 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::runAcrossNodes(
                                 "on GPUs)"));
 }
 
-bool PycclBackend::delegated(BackendCollective c, const at::Tensor& t, uint64_t wholeBytes) {
-  if (!t.is_cuda()) return false;
-  gpuLaneFor(t.device().index(), "tensor");
-  if (!delegate_) return false;
-  if (gpu_->acrossNodes) return true;  // what reaches here is not among the collectives run across nodes
-  if (wholeBytes >= options_.delegateMinBytes[static_cast<int>(c)]) return true;
-  // Reductions pyccl does not do (integers, float64) go to NCCL too.
-  const bool reduction = c == BackendCollective::kAllReduce || c == BackendCollective::kReduceScatter;
-  return reduction && !pycclReducesDtype(t.scalar_type());
+bool PycclBackend::delegated(Collective c, const at::Tensor& t, uint64_t wholeBytes, Choice& choice, bool plans) {
+  const bool onGpu = t.is_cuda();
+  if (onGpu) {
+    gpuLaneFor(t.device().index(), "tensor");
+    if (delegate_ && gpu_->acrossNodes) return true;  // what reaches here is not among the collectives run across nodes
+    // Reductions pyccl does not do (integers, float64) go to NCCL.
+    const bool reduction = c == Collective::kAllReduce || c == Collective::kReduceScatter;
+    if (delegate_ && reduction && !pycclReducesDtype(t.scalar_type())) return true;
+  }
+  Lane& lane = onGpu ? *gpu_ : laneFor(t, collectiveName(c));
+  if (lane.selector == nullptr) return false;  // laneFor refused it already
+  choice = lane.selector->select(c, tableDtypeOf(t), wholeBytes, static_cast<uint64_t>(t.numel()), "",
+                                 onGpu && delegate_ != nullptr, plans && options_.plans != nullptr);
+  return choice.route == Route::kNccl;
+}
+
+bool PycclBackend::ranPlan(const Choice& choice, const char* collective, const at::Tensor& input,
+                           const at::Tensor& output, const c10d::ReduceOp* op) {
+  if (choice.route != Route::kPlan) return false;
+  Lane& lane = laneFor(input, collective);
+  options_.plans(collective, lane.comm, choice, input, output,
+                 op == nullptr ? "sum" : reduceOpName(reduceOpOfC10d(*op)));
+  return true;
 }
 
 bool PycclBackend::reducesHere(const at::Tensor& t, const c10d::ReduceOp& op) const {
@@ -90,12 +133,14 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce(std::vector<at::Tensor>& 
       return runAcrossNodes(*far, "allreduce", "all_reduce", t, t, &opts.reduceOp, c10d::OpType::ALLREDUCE,
                             [&] { return delegate_->allreduce(tensors, opts); });
     }
-    if (delegated(BackendCollective::kAllReduce, t, t.nbytes()) || !reducesHere(t, opts.reduceOp)) {
+    Choice choice;
+    if (delegated(Collective::kAllReduce, t, t.nbytes(), choice, true) || !reducesHere(t, opts.reduceOp)) {
       return delegate_->allreduce(tensors, opts);
     }
+    if (ranPlan(choice, "all_reduce", t, t, &opts.reduceOp)) return done(c10d::OpType::ALLREDUCE, {t});
     const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
     Lane& lane = laneFor(t, "allreduce");
-    allReduceTensor(*lane.engine, *lane.comm, t, t, op, std::nullopt);
+    allReduceTensor(*lane.engine, *lane.comm, t, t, op, kernelOf(choice), symmetricOf(choice));
     return done(c10d::OpType::ALLREDUCE, {t});
   });
 }
@@ -106,12 +151,16 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allreduce_coalesced(std::vector<at:
     PYCCL_CHECK_ARG(!tensors.empty(), "tensors", "must not be empty");
     uint64_t total = 0;
     for (const auto& t : tensors) total += t.nbytes();
-    if (delegated(BackendCollective::kAllReduce, tensors[0], total) || !reducesHere(tensors[0], opts.reduceOp)) {
+    Choice choice;
+    if (delegated(Collective::kAllReduce, tensors[0], total, choice) || !reducesHere(tensors[0], opts.reduceOp)) {
       return delegate_->allreduce_coalesced(tensors, opts);
     }
     const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
     Lane& lane = laneFor(tensors[0], "allreduce_coalesced");
-    for (auto& t : tensors) allReduceTensor(*lane.engine, *lane.comm, t, t, op, std::nullopt);
+    for (auto& t : tensors) {
+      const Choice each = kernelChoice(*lane.selector, Collective::kAllReduce, t, t.nbytes());
+      allReduceTensor(*lane.engine, *lane.comm, t, t, op, kernelOf(each), symmetricOf(each));
+    }
     return done(c10d::OpType::ALLREDUCE_COALESCED, tensors);
   });
 }
@@ -121,9 +170,10 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::broadcast(std::vector<at::Tensor>& 
   return translated("broadcast", [&] {
     checkOne(tensors, "tensors");
     at::Tensor& t = tensors[0];
-    if (delegated(BackendCollective::kBroadcast, t, t.nbytes())) return delegate_->broadcast(tensors, opts);
+    Choice choice;
+    if (delegated(Collective::kBroadcast, t, t.nbytes(), choice)) return delegate_->broadcast(tensors, opts);
     Lane& lane = laneFor(t, "broadcast");
-    broadcastTensor(*lane.engine, *lane.comm, t, t, static_cast<int>(opts.rootRank), std::nullopt);
+    broadcastTensor(*lane.engine, *lane.comm, t, t, static_cast<int>(opts.rootRank), protocolOf(choice));
     return done(c10d::OpType::BROADCAST, {t});
   });
 }
@@ -133,7 +183,8 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce(std::vector<at::Tensor>& ten
   return translated("reduce", [&] {
     checkOne(tensors, "tensors");
     at::Tensor& t = tensors[0];
-    if (delegated(BackendCollective::kAllReduce, t, t.nbytes()) || !reducesHere(t, opts.reduceOp)) {
+    Choice choice;
+    if (delegated(Collective::kAllReduce, t, t.nbytes(), choice) || !reducesHere(t, opts.reduceOp)) {
       return delegate_->reduce(tensors, opts);
     }
     PYCCL_CHECK_ARG(opts.rootRank >= 0 && opts.rootRank < getSize(), "dst", "must be a rank of the group, got ",
@@ -142,7 +193,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce(std::vector<at::Tensor>& ten
     Lane& lane = laneFor(t, "reduce");
     // An all-reduce into scratch; only the root's tensor changes (as with NCCL).
     at::Tensor result = at::empty_like(t, at::MemoryFormat::Contiguous);
-    allReduceTensor(*lane.engine, *lane.comm, t, result, op, std::nullopt);
+    allReduceTensor(*lane.engine, *lane.comm, t, result, op, kernelOf(choice), symmetricOf(choice));
     if (getRank() == opts.rootRank) t.copy_(result);
     return done(c10d::OpType::REDUCE, {t});
   });
@@ -156,11 +207,13 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::_allgather_base(at::Tensor& output,
                             c10d::OpType::_ALLGATHER_BASE,
                             [&] { return delegate_->_allgather_base(output, input, opts); });
     }
-    if (delegated(BackendCollective::kAllGather, input, output.nbytes())) {
+    Choice choice;
+    if (delegated(Collective::kAllGather, input, output.nbytes(), choice, true)) {
       return delegate_->_allgather_base(output, input, opts);
     }
+    if (ranPlan(choice, "all_gather", input, output, nullptr)) return done(c10d::OpType::_ALLGATHER_BASE, {output});
     Lane& lane = laneFor(input, "all_gather_into_tensor");
-    allGatherTensor(*lane.engine, *lane.comm, input, output, std::nullopt);
+    allGatherTensor(*lane.engine, *lane.comm, input, output, protocolOf(choice));
     return done(c10d::OpType::_ALLGATHER_BASE, {output});
   });
 }
@@ -189,12 +242,13 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather(std::vector<std::vector<a
       return allToAllByTransfers(outputs[0], std::vector<at::Tensor>(getSize(), input), c10d::OpType::ALLGATHER,
                                  "all_gather");
     }
-    if (delegated(BackendCollective::kAllGather, input, input.nbytes() * getSize())) {
+    Choice choice;
+    if (delegated(Collective::kAllGather, input, input.nbytes() * getSize(), choice)) {
       return delegate_->allgather(outputs, inputs, opts);
     }
     Lane& lane = laneFor(input, "all_gather");
     at::Tensor flat = at::empty({input.numel() * getSize()}, input.options());
-    allGatherTensor(*lane.engine, *lane.comm, input, flat, std::nullopt);
+    allGatherTensor(*lane.engine, *lane.comm, input, flat, protocolOf(choice));
     for (int q = 0; q < getSize(); ++q) {
       outputs[0][q].copy_(flat.narrow(0, q * input.numel(), input.numel()).view(outputs[0][q].sizes()));
     }
@@ -210,12 +264,14 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather_into_tensor_coalesced(std
                     "must pair with the inputs, one output per input");
     uint64_t total = 0;
     for (const auto& o : outputs) total += o.nbytes();
-    if (delegated(BackendCollective::kAllGather, inputs[0], total)) {
+    Choice choice;
+    if (delegated(Collective::kAllGather, inputs[0], total, choice)) {
       return delegate_->allgather_into_tensor_coalesced(outputs, inputs, opts);
     }
     Lane& lane = laneFor(inputs[0], "all_gather_into_tensor_coalesced");
     for (size_t i = 0; i < inputs.size(); ++i) {
-      allGatherTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], std::nullopt);
+      const Choice each = kernelChoice(*lane.selector, Collective::kAllGather, inputs[i], outputs[i].nbytes());
+      allGatherTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], protocolOf(each));
     }
     return done(c10d::OpType::COALESCED, outputs);
   });
@@ -229,12 +285,17 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::_reduce_scatter_base(at::Tensor& ou
                             c10d::OpType::_REDUCE_SCATTER_BASE,
                             [&] { return delegate_->_reduce_scatter_base(output, input, opts); });
     }
-    if (delegated(BackendCollective::kReduceScatter, input, input.nbytes()) || !reducesHere(input, opts.reduceOp)) {
+    Choice choice;
+    if (delegated(Collective::kReduceScatter, input, input.nbytes(), choice, true) ||
+        !reducesHere(input, opts.reduceOp)) {
       return delegate_->_reduce_scatter_base(output, input, opts);
+    }
+    if (ranPlan(choice, "reduce_scatter", input, output, &opts.reduceOp)) {
+      return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
     }
     const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
     Lane& lane = laneFor(input, "reduce_scatter_tensor");
-    reduceScatterTensor(*lane.engine, *lane.comm, input, output, op, std::nullopt);
+    reduceScatterTensor(*lane.engine, *lane.comm, input, output, op, protocolOf(choice));
     return done(c10d::OpType::_REDUCE_SCATTER_BASE, {output});
   });
 }
@@ -251,7 +312,8 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce_scatter(std::vector<at::Tens
       PYCCL_CHECK_ARG(i.numel() == output.numel() && i.scalar_type() == output.scalar_type(), "input_list",
                       "every tensor must match the output's size and dtype");
     }
-    if (delegated(BackendCollective::kReduceScatter, output, output.nbytes() * getSize()) ||
+    Choice choice;
+    if (delegated(Collective::kReduceScatter, output, output.nbytes() * getSize(), choice) ||
         !reducesHere(output, opts.reduceOp)) {
       return delegate_->reduce_scatter(outputs, inputs, opts);
     }
@@ -260,7 +322,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce_scatter(std::vector<at::Tens
     std::vector<at::Tensor> flats;
     for (const auto& i : inputs[0]) flats.push_back(i.reshape({-1}));
     at::Tensor flat = at::cat(flats);
-    reduceScatterTensor(*lane.engine, *lane.comm, flat, output, op, std::nullopt);
+    reduceScatterTensor(*lane.engine, *lane.comm, flat, output, op, protocolOf(choice));
     return done(c10d::OpType::REDUCE_SCATTER, {output});
   });
 }
@@ -272,13 +334,15 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::reduce_scatter_tensor_coalesced(
                     "must pair with the inputs, one output per input");
     uint64_t total = 0;
     for (const auto& i : inputs) total += i.nbytes();
-    if (delegated(BackendCollective::kReduceScatter, inputs[0], total) || !reducesHere(inputs[0], opts.reduceOp)) {
+    Choice choice;
+    if (delegated(Collective::kReduceScatter, inputs[0], total, choice) || !reducesHere(inputs[0], opts.reduceOp)) {
       return delegate_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     }
     const ReduceOp op = reduceOpOfC10d(opts.reduceOp);
     Lane& lane = laneFor(inputs[0], "reduce_scatter_tensor_coalesced");
     for (size_t i = 0; i < inputs.size(); ++i) {
-      reduceScatterTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], op, std::nullopt);
+      const Choice each = kernelChoice(*lane.selector, Collective::kReduceScatter, inputs[i], inputs[i].nbytes());
+      reduceScatterTensor(*lane.engine, *lane.comm, inputs[i], outputs[i], op, protocolOf(each));
     }
     return done(c10d::OpType::COALESCED, outputs);
   });
@@ -297,7 +361,8 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall_base(at::Tensor& output, a
       return true;
     };
     const bool equal = even(outputSplitSizes, output) && even(inputSplitSizes, input);
-    if (!equal || delegated(BackendCollective::kAllToAll, input, input.nbytes())) {
+    Choice choice;
+    if (!equal || delegated(Collective::kAllToAll, input, input.nbytes(), choice)) {
       if (delegate_ && input.is_cuda()) {
         return delegate_->alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
       }
@@ -305,7 +370,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall_base(at::Tensor& output, a
       return unevenAllToAllSingle(output, input, outputSplitSizes, inputSplitSizes);
     }
     Lane& lane = laneFor(input, "all_to_all_single");
-    allToAllTensor(*lane.engine, *lane.comm, input, output, std::nullopt);
+    allToAllTensor(*lane.engine, *lane.comm, input, output, protocolOf(choice));
     return done(c10d::OpType::ALLTOALL_BASE, {output});
   });
 }
@@ -322,7 +387,8 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall(std::vector<at::Tensor>& o
               inputs[q].scalar_type() == inputs[0].scalar_type() &&
               outputs[q].scalar_type() == inputs[0].scalar_type();
     }
-    if (!equal || delegated(BackendCollective::kAllToAll, inputs[0], inputs[0].nbytes() * getSize())) {
+    Choice choice;
+    if (!equal || delegated(Collective::kAllToAll, inputs[0], inputs[0].nbytes() * getSize(), choice)) {
       if (delegate_ && inputs[0].is_cuda()) return delegate_->alltoall(outputs, inputs, opts);
       return allToAllByTransfers(outputs, inputs, c10d::OpType::ALLTOALL, "all_to_all");
     }
@@ -331,7 +397,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::alltoall(std::vector<at::Tensor>& o
     for (const auto& i : inputs) flats.push_back(i.reshape({-1}));
     at::Tensor flatIn = at::cat(flats);
     at::Tensor flatOut = at::empty_like(flatIn);
-    allToAllTensor(*lane.engine, *lane.comm, flatIn, flatOut, std::nullopt);
+    allToAllTensor(*lane.engine, *lane.comm, flatIn, flatOut, protocolOf(choice));
     const int64_t n = inputs[0].numel();
     for (size_t q = 0; q < outputs.size(); ++q) {
       outputs[q].copy_(flatOut.narrow(0, static_cast<int64_t>(q) * n, n).view(outputs[q].sizes()));

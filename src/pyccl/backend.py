@@ -21,9 +21,11 @@ buffers (one runtime per group and device).
 Ops: allreduce (+ coalesced), broadcast, reduce, allgather (list, of a size
 per rank too; into_tensor, coalesced), reduce_scatter (list, tensor,
 coalesced), all_to_all (list and single, uneven splits too), gather, scatter,
-send/recv and barrier. On GPUs, messages from
-``pyccl.collectives.NCCL_MIN_BYTES`` (per collective; ``PYCCL_NCCL_MIN_BYTES``
-for all) and the ops made of sends and receives (send/recv, gather, scatter,
+send/recv and barrier. Each op's algorithm is chosen by the group's selector,
+the same choice as ``pyccl.all_reduce`` & co. make (``PYCCL_ALGO``, the tuning
+table of the call's dtype, the defaults). On GPUs, the calls it hands to NCCL
+(from ``pyccl.collectives.NCCL_MIN_BYTES`` per collective, or
+``PYCCL_NCCL_MIN_BYTES`` for all) and the ops made of sends and receives (send/recv, gather, scatter,
 uneven all-to-all and all-gather) go to a ProcessGroupNCCL the group keeps for
 that (``PYCCL_NCCL_DELEGATE=0`` turns it off; those then run on pyccl's
 send/recv kernels, matched in order per pair as ProcessGroupNCCL matches
@@ -51,9 +53,6 @@ from ._logging import logger
 from .tuning import kernel_choices
 
 __all__ = ["register"]
-
-_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-
 
 def _delegate(store, rank: int, size: int, timeout: datetime.timedelta, device: int):
     if size < 2 or not _env.flag("PYCCL_NCCL_DELEGATE", True) or not dist.is_nccl_available():
@@ -109,39 +108,65 @@ def _group_timeout(timeout) -> datetime.timedelta:
     return timeout
 
 
+def _plan_runner():
+    """The backend's runner of the DSL plans its selector chooses (a
+    registered plan, or a library plan its tuning table names), on the Python
+    communicator adopting the lane's, whose plan runners pyccl.all_reduce & co.
+    on the group share."""
+
+    def run(collective: str, native, plan_id: int, entry, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
+        from . import registry
+        from .communicator import Communicator
+        from .errors import UnsupportedError
+
+        comm = Communicator._adopt(native)
+        nbytes = tensor.numel() * tensor.element_size() * (comm.world_size if collective == "all_gather" else 1)
+        if plan_id >= 0:
+            runner = registry.registered_runner(comm, plan_id, tensor)
+        else:
+            runner = registry.library_runner(comm, entry, collective, nbytes, tensor)
+        if runner is None:
+            raise UnsupportedError(f"{collective}: the plan chosen for {nbytes} bytes cannot be set up while a CUDA "
+                                   "graph is being captured; run one call of this size eagerly first")
+        if op == "avg":
+            runner(tensor, out=out, op="sum")
+            out.div_(comm.world_size)
+        else:
+            runner(tensor, out=out, op=op)
+
+    return run
+
+
 def _across_nodes_runner():
     """The backend's runner of collectives on a group that spans nodes
     (pyccl.across_nodes), over the Python communicator adopting each lane's."""
-    adopted: dict = {}
 
     def run(collective: str, native, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
         from . import across_nodes
         from .communicator import Communicator
 
-        comm = adopted.get(id(native))
-        if comm is None:
-            comm = adopted[id(native)] = Communicator._adopt(native)  # holds `native`: its id stays its own
-        across_nodes.run(comm, collective, tensor, out, op)
+        across_nodes.run(Communicator._adopt(native), collective, tensor, out, op)
 
     return run
 
 
 def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     """The creator torch calls for each group (extended API)."""
-    from .selection import _nccl_min_bytes
+    from .selection import selector_config, table_for
 
     store, rank, size = options.store, options.group_rank, options.group_size
     timeout = _group_timeout(options.timeout)
     device = -1
     table = None
+    gpu_selector = {"world": size, "nccl_min_bytes": [0] * 5}
     if _C.cuda_built() and torch.cuda.is_available():
-        from .selection import table_for
-
         if _made_for_cuda(store, rank) and _ranks_chose_their_gpus(store, rank, size, timeout):
             device = torch.cuda.current_device()
-        # The GPUs of a node are alike: the current one names the table, wherever the group binds.
-        table = table_for(torch.device("cuda", torch.cuda.current_device()), size, torch.bfloat16)
-    thresholds = [_nccl_min_bytes(c, table) for c in _ORDER]
+        # The GPUs of a node are alike: the current one names the tables, wherever the group binds.
+        gpu = torch.device("cuda", torch.cuda.current_device())
+        table = table_for(gpu, size, torch.bfloat16)
+        gpu_selector = selector_config(gpu, size)
+    host_selector = selector_config(torch.device("cpu"), size)
     name = f"pg{options.group_id}"
     logger.info("pyccl backend for group %s: rank %d of %d, %s", options.group_id, rank, size,
                 f"on cuda:{device}" if device >= 0 else "GPU bound at the first CUDA op")
@@ -149,8 +174,8 @@ def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     def delegate(dev: int):
         return _delegate(store, rank, size, timeout, dev)
 
-    return _C._make_backend(store, rank, size, int(timeout.total_seconds() * 1000), name, device, thresholds,
-                            delegate, _across_nodes_runner(), kernel_choices(table))
+    return _C._make_backend(store, rank, size, int(timeout.total_seconds() * 1000), name, device, gpu_selector,
+                            host_selector, delegate, _across_nodes_runner(), kernel_choices(table), _plan_runner())
 
 
 def register() -> None:

@@ -80,16 +80,18 @@ def _check_placement(collective: str, call: _Call, tensor: torch.Tensor, out: to
 
 
 def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str = "sum") -> bool:
-    """Runs the call with a DSL plan, if one applies (never when the call forces
-    an algorithm): one from pyccl.register_algorithm first, else the library
-    plan the tuning table names for this size. Where the plan cannot take the
-    call (see pyccl.registry), the usual choice runs it."""
-    if call.forced:
+    """Runs the call with the DSL plan the selector chose, if it chose one: a
+    plan of pyccl.register_algorithm, or the library plan the tuning table
+    names for this size. Where the plan cannot be set up now (its first use
+    during a CUDA-graph capture), the selector's choice without plans runs it."""
+    if call.route != "plan":
         return False
-    runner = registry.find(collective, call.comm, call.nbytes, tensor)
-    if runner is None and call.tuned_plan is not None:
+    if call.registered_plan >= 0:
+        runner = registry.registered_runner(call.comm, call.registered_plan, tensor)
+    else:
         runner = registry.library_runner(call.comm, call.tuned_plan, collective, call.nbytes, tensor)
     if runner is None:
+        call.without_plans()
         return False
     _check_placement(collective, call, tensor, out)
     if op == "avg":
@@ -137,7 +139,7 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     # for one kind of call) is settled here, by asking.
     symmetric = None
     if not call.forced and engine is not None:
-        symmetric = call.symmetric_algorithm(engine, tensor)
+        symmetric = call.symmetric
         if call.use_nccl or symmetric == "nccl":
             if ((engine.is_symmetric(tensor) and engine.is_symmetric(out))
                     or (engine.graph_capturing and tensor.is_cuda and torch.cuda.is_current_stream_capturing())):

@@ -27,6 +27,11 @@ _name_lock = threading.Lock()
 _name_counters: "weakref.WeakKeyDictionary[dist.Store, itertools.count]" = weakref.WeakKeyDictionary()
 
 
+# The Python communicators over lanes of "pyccl" process groups (Communicator._adopt), by id of the lane's
+# native communicator.
+_adopted: "weakref.WeakValueDictionary[int, Communicator]" = weakref.WeakValueDictionary()
+
+
 def _next_name(store: dist.Store) -> str:
     with _name_lock:
         counter = _name_counters.setdefault(store, itertools.count())
@@ -105,33 +110,49 @@ class Communicator:
         # captured, so that a graph may capture the very first collective.
         self._engine = None
         self._collectives_error: Optional[str] = None
-        if collectives:
-            try:
-                from .selection import new_engine  # selection imports this module
+        from .selection import new_engine, new_selector  # selection imports this module
 
-                self._engine = new_engine(self._comm, self.device, world_size)
-            except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
-                self._collectives_error = str(e)
-            except BaseException:  # e.g. ranks that disagree: no communicator, and nothing of it left open
-                self._comm.close()
-                raise
+        try:
+            if collectives:
+                try:
+                    self._engine = new_engine(self._comm, self.device, world_size)
+                except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
+                    self._collectives_error = str(e)
+            # What runs each collective call (csrc/dispatch/selector.hpp); it reads the environment now.
+            self._selector = new_selector(self, self._engine)
+        except BaseException:  # e.g. ranks that disagree: no communicator, and nothing of it left open
+            if self._engine is not None:
+                self._engine.close()
+            self._comm.close()
+            raise
 
     @classmethod
-    def _adopt(cls, native: "_C.Communicator", engine: Optional["_C.CollectiveEngine"] = None) -> "Communicator":
+    def _adopt(cls, native: "_C.Communicator", engine: Optional["_C.CollectiveEngine"] = None,
+               selector: Optional["_C.Selector"] = None) -> "Communicator":
         """A Python communicator over one made in C++: a lane of a "pyccl"
         process group, running on the lane's collective engine (None: the
-        group's ranks span nodes, where the engine's kernels cannot run). The
-        group owns both: :meth:`close` releases only what was made through this
-        object, and destroying the group closes the lane."""
-        self = cls.__new__(cls)
-        self._device = native.device
-        self.name = native.name
-        self._comm = native
-        self._world_size = native.world_size
-        self._engine = engine
-        self._collectives_error = None if engine is not None else (
-            "made by the torch backend without a collective engine (the group's ranks span nodes)")
-        self._group_owned = True
+        group's ranks span nodes, where the engine's kernels cannot run) and
+        choosing with the lane's selector. The group owns them: :meth:`close`
+        releases only what was made through this object, and destroying the
+        group closes the lane."""
+        with _name_lock:
+            self = _adopted.get(id(native))
+            if self is not None and self._comm is native:  # one Python face per lane, whoever asks first
+                if self._selector is None:
+                    self._engine, self._selector = engine, selector
+                    self._collectives_error = None if engine is not None else self._collectives_error
+                return self
+            self = cls.__new__(cls)
+            self._device = native.device
+            self.name = native.name
+            self._comm = native
+            self._world_size = native.world_size
+            self._engine = engine
+            self._collectives_error = None if engine is not None else (
+                "made by the torch backend without a collective engine (the group's ranks span nodes)")
+            self._group_owned = True
+            self._selector = selector
+            _adopted[id(native)] = self  # holds `native` while it lives: the id stays its own
         return self
 
     # -- identity -----------------------------------------------------------
@@ -309,11 +330,11 @@ class Communicator:
         ``dist.destroy_process_group`` closes the rest."""
         for runner in self.__dict__.pop("_plan_runners", {}).values():  # pyccl.register_algorithm's plans
             runner.close()
-        self.__dict__.pop("_call_choices", None)
         engine = getattr(self, "_engine", None)
         if engine is not None and not self._group_owned:
             engine.close()
             self._engine = None
+            self._selector = None  # it holds the engine, for its defaults
         nccl = getattr(self, "_nccl_direct", None)  # pyccl.collectives' NCCL hand-off
         if nccl is not None:
             if getattr(self, "_nccl_direct_captured", False):

@@ -85,8 +85,7 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
         backend = pyccl_backend_of(pg, device)
         if backend is not None:
             # The group's own runtime: its lane on this device (made now, collectively, if no op made it yet).
-            native, engine = _C._backend_lane(backend, device.index if device.type == "cuda" else -1)
-            comm = Communicator._adopt(native, engine)
+            comm = Communicator._adopt(*_C._backend_lane(backend, device.index if device.type == "cuda" else -1))
         else:
             # The name must be the same on every rank (device indices differ), and new on the store: a group whose
             # communicator was closed gets another, and its set-up must not read the closed one's keys. Every rank

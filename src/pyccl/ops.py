@@ -156,7 +156,7 @@ def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -
 def _teach_collective(collective: str, x: torch.Tensor, group: dist.ProcessGroup, group_name: str) -> None:
     """Where pyccl.<collective> ran this call on the engine, tells the op's C++
     kernel the engine and the choice it was given: the same branches as
-    pyccl.collectives, from the same memoized choice. Nothing is learned while
+    pyccl.collectives, from the selector's choice. Nothing is learned while
     a plan is registered (it may take some sizes) or the sources cannot be watched."""
     if not _WATCHED[collective] or registry._registry:
         return
@@ -166,10 +166,10 @@ def _teach_collective(collective: str, x: torch.Tensor, group: dist.ProcessGroup
         return
     symmetric = None
     if not call.forced:
-        if call.spans_nodes or call.tuned_plan is not None:
+        if call.spans_nodes or call.route == "plan":
             return
         if collective == "all_reduce":
-            symmetric = call.symmetric_algorithm(engine, x)
+            symmetric = call.symmetric
             if symmetric == "nccl":
                 return
     _C.learn_op_route(collective, group_name, x, call.comm._comm, engine, call.kernel_algorithm, symmetric)
@@ -177,7 +177,8 @@ def _teach_collective(collective: str, x: torch.Tensor, group: dist.ProcessGroup
 
 def _watched_sources(collective: str) -> list:
     """What a learned choice of `collective` was made from, beyond the call
-    itself: what pyccl.selection._Call's memo keys on, and the registered plans."""
+    itself: the variables and thresholds the group's selector was made from (a change there
+    re-learns the route), and the registered plans."""
     sources = []
     for name in selection.SHARED_ENV:
         lookup = _env.lookup(name)

@@ -6,7 +6,8 @@
 
 A registered plan takes precedence over pyccl's kernels, the tuning table and
 NCCL for its collective, world size and byte range (the whole buffer, as
-nccl-tests counts it), unless the call forces an algorithm. The plan runs
+nccl-tests counts it), unless the call forces an algorithm: every
+communicator's selector (``csrc/dispatch/selector.hpp``) sees the registry. The plan runs
 through the interpreter (:class:`pyccl.plans.PlanRunner`), set up on the
 communicator at the first call that takes it. Every rank must register the
 same algorithms in the same order, as every rank must make the same calls.
@@ -27,10 +28,11 @@ from typing import Callable, Dict, List
 
 import torch
 
+from . import _C
 from .dsl import Plan, Program
 from .errors import InvalidArgumentError
 
-__all__ = ["RegisteredAlgorithm", "find", "library_plan", "library_runner", "register_algorithm",
+__all__ = ["RegisteredAlgorithm", "library_plan", "library_runner", "register_algorithm", "registered_runner",
            "registered_algorithms", "unregister_algorithm"]
 
 # pyccl function -> the DSL collective's name
@@ -45,6 +47,7 @@ class RegisteredAlgorithm:
     min_bytes: int
     max_bytes: int
     world_size: int
+    id: int  # the selector's registry's
 
 
 _lock = threading.Lock()
@@ -81,9 +84,11 @@ def register_algorithm(program, collective: str, min_bytes: int, max_bytes: int,
     if plan.num_ranks != world_size:
         raise InvalidArgumentError(f"invalid argument 'world_size': the plan is for {plan.num_ranks} ranks, "
                                    f"not {world_size}")
-    entry = RegisteredAlgorithm(plan, collective, min_bytes, max_bytes, world_size)
     global _generation
     with _lock:
+        entry = RegisteredAlgorithm(plan, collective, min_bytes, max_bytes, world_size,
+                                    _C.register_plan(collective, min_bytes, max_bytes, world_size,
+                                                     plan.buffers["input"]))
         _registry.append(entry)
         _generation += 1
     return entry
@@ -96,6 +101,7 @@ def unregister_algorithm(entry: RegisteredAlgorithm) -> None:
     with _lock:
         if entry not in _registry:
             raise InvalidArgumentError("invalid argument 'entry': not a registered algorithm")
+        _C.unregister_plan(entry.id)
         _registry.remove(entry)
         _generation += 1
 
@@ -105,22 +111,15 @@ def registered_algorithms() -> List[RegisteredAlgorithm]:
         return list(_registry)
 
 
-def find(collective: str, comm, nbytes: int, tensor: torch.Tensor):
-    """The plan runner to use for this call, or None: the first registered
-    algorithm for the collective, world size and size whose chunks divide the
-    input, set up on `comm` at first use."""
-    if not _registry:  # every collective call asks: no lock while nothing is registered
-        return None
+def registered_runner(comm, plan_id: int, tensor: torch.Tensor):
+    """The runner of the registered plan `plan_id` (the selector's choice) on
+    `comm`, set up at first use; None where it cannot be now (a CUDA-graph
+    capture) or the plan was unregistered since."""
     with _lock:
-        entries = [e for e in _registry if e.collective == collective and e.world_size == comm.world_size
-                   and e.min_bytes <= nbytes <= e.max_bytes]
-    for e in entries:
-        if not _takes(e.plan, tensor):
-            continue
-        runner = _runner(comm, id(e), tensor, lambda: e.plan, max_bytes=e.max_bytes)
-        if runner is not None:
-            return runner
-    return None
+        entry = next((e for e in _registry if e.id == plan_id), None)
+    if entry is None:
+        return None
+    return _runner(comm, ("registered", plan_id), tensor, lambda: entry.plan, max_bytes=entry.max_bytes)
 
 
 def _takes(plan: Plan, tensor: torch.Tensor) -> bool:

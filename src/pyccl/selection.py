@@ -1,10 +1,18 @@
-"""How a collective call is resolved before it runs: a forced algorithm
-(``algorithm=`` or ``PYCCL_ALGO``), the tuning table's entry for its size, a
-DSL plan the table names, or NCCL through the torch group; memoized per
-communicator (``_Call``).
+"""How a collective call is resolved before it runs, on the Python side:
+the communicator, the tensor's checks, and one question to the
+communicator's selector (``csrc/dispatch/selector.hpp``), which alone chooses
+what runs the call: a forced algorithm (``algorithm=`` or ``PYCCL_ALGO``), a
+plan registered with :func:`pyccl.register_algorithm`, the collectives run
+across nodes, the tuning table of the call's dtype, or the defaults (a kernel
+by size, or NCCL through the torch group from ``NCCL_MIN_BYTES``). The
+selector reads the environment and the tables once, when the communicator is
+made; every entry point (this one, ``torch.ops.pyccl.*``, the "pyccl" process
+group) asks the same one.
 
-The defaults where no table matches are in ``pyccl.collectives``' docstrings;
-the table format in ``pyccl.tuning``.
+This module builds what a selector is made from (:func:`selector_config`):
+the tuning tables of the device and world size per dtype (``pyccl.tuning``),
+with the input chunks of the library plans they name, and the NCCL
+thresholds.
 """
 
 from __future__ import annotations
@@ -15,49 +23,13 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _C, _env, across_nodes, tuning
+from . import _C, _env, across_nodes, registry, tuning
 from .communicator import Communicator
-from .errors import ClosedError, InvalidArgumentError
+from .errors import ClosedError, InvalidArgumentError, UnsupportedError
 from .group_communicators import communicator_for
 
-# The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO): those it can be tuned to.
+# The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO) and tuned to: the selector's.
 ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tuning.COLLECTIVES}
-
-
-def _forced_algorithm(collective: str, algorithm: Optional[str]) -> Optional[str]:
-    """The algorithm forced by the argument or by PYCCL_ALGO, checked.
-
-    PYCCL_ALGO is a comma-separated list of ``name`` (every collective that has
-    an algorithm of that name takes it; ``nccl`` applies to all) or
-    ``collective=name`` entries, e.g. ``all_reduce=2pa_hb,all_gather=ll``.
-    """
-    allowed = ALGORITHMS[collective]
-    if algorithm is not None:
-        if algorithm not in allowed:
-            raise InvalidArgumentError(f"invalid argument 'algorithm': {algorithm!r} is not an algorithm of "
-                                       f"{collective} (expected one of {', '.join(allowed)})")
-        return algorithm
-    text = (_env.get("PYCCL_ALGO") or "").strip()
-    if not text:
-        return None
-    chosen = None
-    for entry in (e.strip() for e in text.split(",") if e.strip()):
-        name, _, value = entry.rpartition("=")
-        if name:
-            if name not in ALGORITHMS:
-                raise InvalidArgumentError(f"invalid PYCCL_ALGO entry {entry!r}: {name!r} is not a collective "
-                                           f"(expected one of {', '.join(ALGORITHMS)})")
-            if value not in ALGORITHMS[name]:
-                raise InvalidArgumentError(f"invalid PYCCL_ALGO entry {entry!r}: {name} has "
-                                           f"{', '.join(ALGORITHMS[name])}")
-            if name == collective:
-                chosen = value
-        else:
-            if not any(value in algos for algos in ALGORITHMS.values()):
-                raise InvalidArgumentError(f"invalid PYCCL_ALGO entry {entry!r}: not an algorithm of any collective")
-            if value in allowed and chosen is None:
-                chosen = value
-    return chosen
 
 
 _tables: Dict[Tuple[torch.device, int, torch.dtype], Optional[dict]] = {}
@@ -65,7 +37,7 @@ _tables: Dict[Tuple[torch.device, int, torch.dtype], Optional[dict]] = {}
 _tables_lock = threading.Lock()
 
 
-def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[dict]:
+def table_for(device: torch.device, world: int, dtype: Optional[torch.dtype]) -> Optional[dict]:
     """The tuning table the automatic choice uses on `device`, or None where no
     table matches (see pyccl.tuning). In host mode, only the one
     ``PYCCL_TUNING_FILE`` names: the shipped tables are measured on GPUs.
@@ -79,12 +51,12 @@ def table_for(device: torch.device, world: int, dtype: torch.dtype) -> Optional[
     with _tables_lock:
         if key not in _tables:
             gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "host"
-            _tables[key] = tuning.load_table(gpu, world, str(dtype).split(".")[-1])
+            _tables[key] = tuning.load_table(gpu, world, None if dtype is None else str(dtype).split(".")[-1])
         return _tables[key]
 
 
-# What every call's choice reads from the environment. Ranks that differ would run different algorithms and wait
-# on each other: new engines check that they agree.
+# What a selector reads from the environment when it is made (with the tables PYCCL_TUNING_FILE names). Ranks
+# that differ would run different algorithms and wait on each other: new engines check that they agree.
 SHARED_ENV = ("PYCCL_ALGO", "PYCCL_NCCL_MIN_BYTES", "PYCCL_TUNING_FILE")
 
 
@@ -99,43 +71,61 @@ def new_engine(native: "_C.Communicator", device: torch.device, world: int) -> "
                                agreed_settings=settings)
 
 
-# The most automatic choices a communicator keeps (_Call): far more sizes than a model calls with.
-_CHOICES_KEPT = 4096
+# The dtypes a selector keeps a table for; "other" (data movement of any other dtype) takes the table
+# load_table finds without a dtype.
+_TABLE_DTYPES = (("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16),
+                 ("other", None))
 
-# The collectives that run on communicators spanning nodes (pyccl.across_nodes).
-_ACROSS_NODES = ("all_reduce", "all_gather", "reduce_scatter")
+
+# The selector's table dtypes (TableDtype) by torch dtype: every call passes one.
+_TABLE_DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_OTHER_DTYPE = 3
 
 
-class _Choice:
-    """A memoized automatic choice (see _Call). ``symmetric`` is filled in on
-    the first all-reduce that needs it: the choice for input and output in
-    symmetric buffers (or captured on graph buffers), which needs the engine."""
+def _route_entry(entry: dict, world: int) -> tuple:
+    """A table entry as the selector takes it: (max_bytes, route, algorithm, instances, threads, input_chunks)."""
+    algorithm = entry["algorithm"]
+    if algorithm == "plan":
+        # The selector gives a library plan only the inputs it splits into whole chunks.
+        plan = registry.library_plan(entry["plan"], world, entry["instances"])
+        return (entry["max_bytes"], "plan", entry["plan"], entry["instances"], entry["threads"],
+                plan.buffers["input"])
+    return (entry["max_bytes"], "nccl" if algorithm == "nccl" else "kernel", algorithm, 0, 0, 1)
 
-    __slots__ = ("algorithm", "forced", "tuned_plan", "spans_nodes", "use_nccl", "nccl_here", "symmetric")
 
-    def __init__(self, algorithm: Optional[str], forced: bool, tuned_plan: Optional[dict], spans_nodes: bool,
-                 use_nccl: bool, nccl_here: bool) -> None:
-        self.algorithm, self.forced, self.tuned_plan = algorithm, forced, tuned_plan
-        self.spans_nodes, self.use_nccl, self.nccl_here = spans_nodes, use_nccl, nccl_here
-        self.symmetric: Optional[str] = None
+def selector_config(device: torch.device, world: int, across: bool = False) -> dict:
+    """What a selector of a communicator on `device` with `world` ranks is
+    made from: the tuning tables of the device and world size (per dtype;
+    host mode: only ``PYCCL_TUNING_FILE``'s), the NCCL thresholds where no
+    table decides (``NCCL_MIN_BYTES``), and whether the ranks span nodes."""
+    tables = {}
+    for name, dtype in _TABLE_DTYPES:
+        table = table_for(device, world, dtype)
+        if table:
+            tables[name] = {c: [_route_entry(e, world) for e in entries]
+                            for c, entries in table.get("collectives", {}).items()}
+    return {"world": world, "across_nodes": across, "tables": tables,
+            "nccl_min_bytes": [NCCL_MIN_BYTES[c] for c in tuning.COLLECTIVES]}
+
+
+def new_selector(comm: Communicator, engine: Optional["_C.CollectiveEngine"]) -> "_C.Selector":
+    """The selector of a communicator made in Python (the "pyccl" process
+    group's lanes have theirs, made in C++ from the same config). Reads
+    PYCCL_ALGO and PYCCL_NCCL_MIN_BYTES now (a bad value raises here)."""
+    try:
+        across = across_nodes.node_layout(comm) is not None
+    except UnsupportedError:  # a layout across nodes that pyccl.across_nodes refuses, at the call
+        across = True
+    return _C.Selector(selector_config(comm.device, comm.world_size, across), engine)
 
 
 class _Call:
-    """What every collective resolves first: the communicator, the algorithm, NCCL or not.
+    """What every collective resolves first: the communicator, the call's
+    facts, and the selector's choice for them (``route``: "kernel", "plan",
+    "nccl" or "across_nodes")."""
 
-    Every eager call pays for this on the host, so the choice is memoized per
-    communicator, keyed by everything it depends on that can change between
-    calls: the collective, dtype, size and device, the algorithm argument,
-    whether the call came through a group, ``PYCCL_ALGO`` and
-    ``PYCCL_NCCL_MIN_BYTES`` (their raw values: a change takes effect at the
-    next call), ``NCCL_MIN_BYTES[collective]``, and in host mode
-    ``PYCCL_TUNING_FILE``. What it does not key on is read once per process
-    or communicator anyway: the tuning table of a (device, world size, dtype),
-    whether the group has NCCL, the nodes the communicator spans. A call that
-    raises memoizes nothing."""
-
-    __slots__ = ("from_group", "comm", "group", "algorithm", "forced", "nbytes", "tuned_plan", "spans_nodes",
-                 "use_nccl", "nccl_here", "choice")
+    __slots__ = ("from_group", "comm", "group", "nbytes", "route", "algorithm", "symmetric", "registered_plan",
+                 "tuned_plan", "source", "nccl_here", "_question")
 
     def __init__(self, collective: str, tensor: torch.Tensor, group, comm: Optional[Communicator],
                  algorithm: Optional[str], gathers: bool = False) -> None:
@@ -143,101 +133,53 @@ class _Call:
             raise InvalidArgumentError(
                 f"invalid argument 'tensor': expected a dense torch.Tensor, got "
                 f"{tensor.layout if isinstance(tensor, torch.Tensor) else type(tensor).__name__}")
-        device = tensor.device
         from_group = self.from_group = comm is None
         if from_group:
-            comm = communicator_for(group, device)  # never a closed one
+            comm = communicator_for(group, tensor.device)  # never a closed one
         elif not isinstance(comm, Communicator):
             raise InvalidArgumentError(f"invalid argument 'comm': expected a pyccl.Communicator, got "
                                        f"{type(comm).__name__}; a torch ProcessGroup goes in 'group'")
         elif comm._comm.closed:
             raise ClosedError(f"{collective}: communicator '{comm.name}' is closed")
+        if algorithm is not None and not isinstance(algorithm, str):
+            raise InvalidArgumentError(f"invalid argument 'algorithm': expected a string or None, got "
+                                       f"{type(algorithm).__name__}")
         self.comm = comm
         self.group = group
         nbytes = tensor.numel() * tensor.element_size()
         if gathers:
             nbytes *= comm.world_size
         self.nbytes = nbytes
-        if algorithm is not None and algorithm not in ALGORITHMS[collective]:
-            _forced_algorithm(collective, algorithm)  # raises, naming the argument (and never an unhashable key)
-        # Host mode looks a tuning table up only while PYCCL_TUNING_FILE is set (table_for).
-        # (tensor.is_cuda: device.type makes a new string at every call.)
-        tuning_file = None if tensor.is_cuda else _env.raw("PYCCL_TUNING_FILE")
-        key = (collective, tensor.dtype, nbytes, device, algorithm, from_group, _env.raw("PYCCL_ALGO"),
-               _nccl_min_sources(collective), tuning_file)
-        choices = comm.__dict__.get("_call_choices")
-        if choices is None:
-            choices = comm.__dict__.setdefault("_call_choices", {})
-        choice = choices.get(key)
-        if choice is None:
-            choice = self._choose(collective, tensor, group, comm, algorithm, device, nbytes)
-            if len(choices) >= _CHOICES_KEPT:
-                choices.clear()  # sizes seen in turn beyond the bound: start again rather than grow
-            choices[key] = choice
-        self.choice = choice
-        self.algorithm, self.forced, self.tuned_plan = choice.algorithm, choice.forced, choice.tuned_plan
-        self.spans_nodes, self.use_nccl, self.nccl_here = choice.spans_nodes, choice.use_nccl, choice.nccl_here
+        nccl_here = self.nccl_here = from_group and tensor.is_cuda and _group_has_nccl(comm, group)
+        question = self._question = (collective, _TABLE_DTYPE.get(tensor.dtype, _OTHER_DTYPE), nbytes, tensor.numel(),
+                                     algorithm, nccl_here)
+        self._take(comm._selector.select(*question, True))
 
-    def _choose(self, collective: str, tensor: torch.Tensor, group, comm: Communicator, algorithm: Optional[str],
-                device: torch.device, nbytes: int) -> _Choice:
-        """The choice, from the sources the memo keys on."""
-        algorithm = _forced_algorithm(collective, algorithm)
-        forced = algorithm is not None
-        nccl_here = self.from_group and device.type == "cuda" and _group_has_nccl(comm, group)
-        tuned_plan: Optional[dict] = None  # a table entry naming a library plan
-        # The shipped tables are for ranks of one node.
-        spans_nodes = collective in _ACROSS_NODES and across_nodes.node_layout(comm) is not None
-        nccl_min_text = _env.get("PYCCL_NCCL_MIN_BYTES")
-        if nccl_min_text:  # set, it turns the table off for every call: a bad value is named wherever it is
-            _nccl_min_bytes_from(nccl_min_text, collective, None)
-        if algorithm is None and not spans_nodes and not nccl_min_text:
-            # The measured table for this GPU and world size, where there is one.
-            entry = tuning.select_entry(table_for(device, comm.world_size, tensor.dtype), collective, nbytes)
-            tuned = None if entry is None else entry["algorithm"]
-            if tuned == "plan":
-                tuned_plan = entry
-            elif tuned is not None and (tuned != "nccl" or nccl_here):
-                algorithm = tuned
-        use_nccl = False
-        if nccl_here:
-            use_nccl = algorithm == "nccl" or (
-                algorithm is None and tuned_plan is None
-                and nbytes >= _nccl_min_bytes_from(nccl_min_text, collective, None))
-        if algorithm == "nccl" and not use_nccl:
-            raise InvalidArgumentError("invalid argument 'algorithm': 'nccl' needs a CUDA tensor and a torch "
-                                       "group with an NCCL backend")
-        return _Choice(algorithm, forced, tuned_plan, spans_nodes, use_nccl, nccl_here)
+    def _take(self, choice: tuple) -> None:
+        route, algorithm, symmetric, plan, entry, self.source = choice
+        self.route, self.algorithm, self.symmetric = route, algorithm or None, symmetric or None
+        self.registered_plan, self.tuned_plan = plan, entry
 
-    def symmetric_algorithm(self, engine, tensor: torch.Tensor) -> str:
-        """The all-reduce's choice where input and output lie in symmetric
-        buffers (or are captured on graph buffers): memoized with the rest."""
-        chosen = self.choice.symmetric
-        if chosen is None:
-            chosen = self.choice.symmetric = _symmetric_choice(self, engine, tensor)
-        return chosen
+    def without_plans(self) -> None:
+        """The choice again, plans left out: the one chosen could not be set up
+        now (its first use during a CUDA-graph capture)."""
+        self._take(self.comm._selector.select(*self._question, False))
+
+    @property
+    def forced(self) -> bool:
+        return self.source in ("argument", "PYCCL_ALGO")
+
+    @property
+    def use_nccl(self) -> bool:
+        return self.route == "nccl"
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.route == "across_nodes"
 
     @property
     def kernel_algorithm(self) -> Optional[str]:
-        return None if self.algorithm == "nccl" else self.algorithm
-
-
-def _symmetric_choice(call: _Call, engine, tensor: torch.Tensor) -> str:
-    """The automatic choice for an all-reduce whose input and output lie in
-    symmetric buffers, where 2PA HB runs zero-copy: the table's
-    ``all_reduce_symmetric`` entries where it has them, else zero-copy from the
-    engine's threshold (and NCCL from PYCCL_NCCL_MIN_BYTES, if set)."""
-    nbytes = call.nbytes
-    chosen = None
-    if not _env.get("PYCCL_NCCL_MIN_BYTES"):
-        chosen = tuning.select(table_for(tensor.device, call.comm.world_size, tensor.dtype),
-                               "all_reduce_symmetric", nbytes)
-    elif call.nccl_here and nbytes >= _nccl_min_bytes("all_reduce"):
-        chosen = "nccl"
-    if chosen is None:
-        chosen = "2pa_hb" if nbytes >= engine.zero_copy_threshold_bytes else engine.select(nbytes)
-    if chosen == "nccl" and not call.nccl_here:
-        chosen = "2pa_hb"
-    return chosen
+        return self.algorithm if self.route == "kernel" else None
 
 
 # From these sizes (bytes of the whole buffer) NCCL through the torch group is
@@ -251,6 +193,8 @@ NCCL_MIN_BYTES = {
 }
 
 
+# pyccl.integrations.GroupCommunicator's own limits (whether pyccl takes an engine's call at all) read these;
+# the choice of every call pyccl runs is the selector's.
 def _nccl_min_bytes(collective: str = "all_reduce", table: Optional[dict] = None) -> int:
     """Messages from here on go to NCCL when the group has it: PYCCL_NCCL_MIN_BYTES
     (one size for every collective) if set, else where `table` hands every size

@@ -28,19 +28,17 @@ import json
 import os
 from typing import Dict, List, Optional
 
+from . import _C
 from .errors import InvalidArgumentError
 
 TABLE_VERSION = 1
 # What each collective can be tuned (and forced) to: pyccl's kernels, each a
 # forced column of pyccl.bench, and NCCL.
+# The names are the selector's (csrc/dispatch/selector.cpp, algorithmsOf). all_reduce_symmetric: input and
+# output in symmetric buffers, where 2PA HB runs zero-copy.
 CANDIDATES: Dict[str, tuple] = {
-    "all_reduce": ("1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb", "nccl"),
-    # Input and output in symmetric buffers: 2PA HB runs zero-copy there.
-    "all_reduce_symmetric": ("1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb", "nccl"),
-    "all_gather": ("ll", "hb", "nccl"),
-    "reduce_scatter": ("ll", "hb", "nccl"),
-    "all_to_all": ("ll", "hb", "nccl"),
-    "broadcast": ("ll", "hb", "nccl"),
+    c: tuple(_C.algorithms_of("all_reduce" if c == "all_reduce_symmetric" else c))
+    for c in ("all_reduce", "all_reduce_symmetric", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 }
 # The collectives pyccl.bench and pyccl.tune measure (all_reduce_symmetric comes
 # from the all-reduce rows).

@@ -1,0 +1,347 @@
+#include "dispatch/selector.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "collectives/collective_engine.hpp"
+#include "core/env_settings.hpp"
+#include "core/errors.hpp"
+
+namespace pyccl {
+namespace {
+
+constexpr const char* kCollectiveNames[kCollectives] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                        "broadcast"};
+constexpr const char* kSourceNames[static_cast<int>(ChoiceSource::kCount)] = {
+    "argument", "PYCCL_ALGO", "registered plan", "across nodes", "table", "default"};
+constexpr uint64_t kNever = UINT64_MAX;
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+bool isAlgorithmOf(Collective c, const std::string& name) {
+  const auto& names = algorithmsOf(c);
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+/// The entry of `entries` (increasing maxBytes) covering `bytes`, or null.
+const RouteEntry* entryFor(const std::vector<RouteEntry>& entries, uint64_t bytes) {
+  for (const RouteEntry& e : entries) {
+    if (bytes <= e.maxBytes) return &e;
+  }
+  return nullptr;
+}
+
+/// The three collectives pyccl runs on ranks that span nodes (pyccl.across_nodes).
+bool runsAcrossNodes(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kAllGather || c == Collective::kReduceScatter;
+}
+
+/// The process-wide registry of plans.
+struct PlanRegistry {
+  std::mutex mutex;
+  std::vector<RegisteredPlan> plans;
+  int nextId = 0;
+  std::atomic<size_t> size{0};  ///< read without the lock: every call asks, and most processes register none
+};
+
+PlanRegistry& registry() {
+  static auto* r = new PlanRegistry();  // never destroyed: calls may come during exit
+  return *r;
+}
+
+/// PYCCL_ALGO, parsed: a comma-separated list of `collective=name` (that
+/// collective takes it; the last such entry wins) and `name` (every collective
+/// that has an algorithm of that name takes it, unless an entry of the first
+/// kind names it; the first such entry wins). InvalidArgument naming the entry.
+std::array<std::string, kCollectives> parseForced(const char* text) {
+  std::array<std::string, kCollectives> named{}, bare{};
+  if (text == nullptr) return named;
+  std::string all(text);
+  size_t start = 0;
+  while (start <= all.size()) {
+    size_t end = all.find(',', start);
+    if (end == std::string::npos) end = all.size();
+    std::string entry = all.substr(start, end - start);
+    start = end + 1;
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
+    if (entry.empty()) continue;
+    const size_t eq = entry.rfind('=');
+    if (eq != std::string::npos) {
+      const std::string name = entry.substr(0, eq), value = entry.substr(eq + 1);
+      int c = 0;
+      while (c < kCollectives && name != kCollectiveNames[c]) ++c;
+      if (c == kCollectives) {
+        throw InvalidArgument(strCat("invalid PYCCL_ALGO entry '", entry, "': '", name, "' is not a collective ",
+                                     "(expected one of all_reduce, all_gather, reduce_scatter, all_to_all, broadcast)"));
+      }
+      if (!isAlgorithmOf(static_cast<Collective>(c), value)) {
+        throw InvalidArgument(strCat("invalid PYCCL_ALGO entry '", entry, "': ", name, " has ",
+                                     joined(algorithmsOf(static_cast<Collective>(c)))));
+      }
+      named[c] = value;
+      continue;
+    }
+    bool any = false;
+    for (int c = 0; c < kCollectives; ++c) {
+      if (!isAlgorithmOf(static_cast<Collective>(c), entry)) continue;
+      any = true;
+      if (bare[c].empty()) bare[c] = entry;
+    }
+    if (!any) throw InvalidArgument(strCat("invalid PYCCL_ALGO entry '", entry, "': not an algorithm of any collective"));
+  }
+  for (int c = 0; c < kCollectives; ++c) {
+    if (named[c].empty()) named[c] = bare[c];
+  }
+  return named;
+}
+
+}  // namespace
+
+const char* collectiveName(Collective c) { return kCollectiveNames[static_cast<int>(c)]; }
+
+Collective parseCollective(const std::string& name, const char* what) {
+  for (int c = 0; c < kCollectives; ++c) {
+    if (name == kCollectiveNames[c]) return static_cast<Collective>(c);
+  }
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name, "' is not a collective (expected one of ",
+                               "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast)"));
+}
+
+const char* routeName(Route r) {
+  switch (r) {
+    case Route::kKernel: return "kernel";
+    case Route::kPlan: return "plan";
+    case Route::kNccl: return "nccl";
+    case Route::kAcrossNodes: return "across_nodes";
+  }
+  return "?";
+}
+
+const char* choiceSourceName(ChoiceSource s) { return kSourceNames[static_cast<int>(s)]; }
+
+const std::vector<std::string>& algorithmsOf(Collective c) {
+  static const std::vector<std::string> allReduce = {"1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb", "nccl"};
+  static const std::vector<std::string> exchange = {"ll", "hb", "nccl"};
+  return c == Collective::kAllReduce ? allReduce : exchange;
+}
+
+DefaultKernel engineDefaults(std::shared_ptr<CollectiveEngine> engine) {
+  return [engine = std::move(engine)](Collective c, uint64_t bytes, bool symmetric) -> std::string {
+    if (engine == nullptr) return "";
+    if (c == Collective::kAllReduce) return allReduceAlgorithmName(engine->select(bytes, symmetric));
+    return protocolName(engine->selectExchange(parseExchangeKind(collectiveName(c), "collective"), bytes));
+  };
+}
+
+int registerPlan(RegisteredPlan plan) {
+  PYCCL_CHECK_ARG(plan.inputChunks >= 1, "plan", "must split its input into at least one chunk");
+  PlanRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  plan.id = r.nextId++;
+  r.plans.push_back(plan);
+  r.size = r.plans.size();
+  return plan.id;
+}
+
+void unregisterPlan(int id) {
+  PlanRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = std::find_if(r.plans.begin(), r.plans.end(), [&](const RegisteredPlan& p) { return p.id == id; });
+  PYCCL_CHECK_ARG(it != r.plans.end(), "entry", "not a registered algorithm");
+  r.plans.erase(it);
+  r.size = r.plans.size();
+}
+
+Selector::Selector(SelectorConfig config, DefaultKernel defaultKernel)
+    : config_(std::move(config)), defaultKernel_(std::move(defaultKernel)) {
+  forcedByEnv_ = parseForced(std::getenv("PYCCL_ALGO"));
+  const char* min = std::getenv("PYCCL_NCCL_MIN_BYTES");
+  ncclMinFromEnv_ = min != nullptr && *min != '\0';
+  if (ncclMinFromEnv_) ncclMinEnv_ = envCount("PYCCL_NCCL_MIN_BYTES", 0, kNever - 1, "bytes");
+}
+
+std::map<std::string, std::string> Selector::settings() const {
+  std::map<std::string, std::string> out;
+  std::string forced;
+  for (int c = 0; c < kCollectives; ++c) {
+    if (!forcedByEnv_[c].empty()) forced += strCat(forced.empty() ? "" : ",", kCollectiveNames[c], "=", forcedByEnv_[c]);
+  }
+  out["PYCCL_ALGO (environment, as read)"] = forced;
+  out["PYCCL_NCCL_MIN_BYTES (environment)"] = ncclMinFromEnv_ ? strCat(ncclMinEnv_) : "";
+  return out;
+}
+
+Choice Selector::select(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, const std::string& forced,
+                        bool nccl, bool plans) const {
+  Choice choice = choose(c, dtype, bytes, count, forced, nccl, plans);
+  record(c, choice);
+  return choice;
+}
+
+Choice Selector::named(const std::string& name, bool nccl, ChoiceSource source) const {
+  Choice choice;
+  choice.source = source;
+  choice.algorithm = name;
+  if (name == "nccl") {
+    PYCCL_CHECK_ARG(nccl, "algorithm", "'nccl' needs a CUDA tensor and a torch group with an NCCL backend (or the "
+                    "process group's NCCL delegate)", source == ChoiceSource::kEnvironment ? " (from PYCCL_ALGO)" : "");
+    choice.route = Route::kNccl;
+  } else {
+    choice.route = Route::kKernel;
+  }
+  return choice;
+}
+
+Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, const std::string& forced,
+                        bool nccl, bool plans) const {
+  const int ci = static_cast<int>(c);
+  // 1. Forced: the argument, else PYCCL_ALGO. It holds for symmetric buffers too.
+  if (!forced.empty()) {
+    PYCCL_CHECK_ARG(isAlgorithmOf(c, forced), "algorithm", "'", forced, "' is not an algorithm of ",
+                    kCollectiveNames[ci], " (expected one of ", joined(algorithmsOf(c)), ")");
+    return named(forced, nccl, ChoiceSource::kArgument);
+  }
+  if (!forcedByEnv_[ci].empty()) return named(forcedByEnv_[ci], nccl, ChoiceSource::kEnvironment);
+  // 2. A registered plan.
+  PlanRegistry& r = registry();
+  if (plans && r.size.load(std::memory_order_relaxed) != 0) {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const RegisteredPlan& p : r.plans) {
+      if (p.collective == c && p.worldSize == config_.worldSize && p.minBytes <= bytes && bytes <= p.maxBytes &&
+          count % p.inputChunks == 0) {
+        Choice choice;
+        choice.route = Route::kPlan;
+        choice.registeredPlan = p.id;
+        choice.source = ChoiceSource::kRegisteredPlan;
+        return choice;
+      }
+    }
+  }
+  // 3. Across nodes: NCCL from its threshold, else pyccl.across_nodes.
+  if (config_.acrossNodes && runsAcrossNodes(c)) {
+    const uint64_t min = ncclMinFromEnv_ ? ncclMinEnv_ : config_.ncclMinBytes[ci];
+    Choice choice;
+    choice.source = ChoiceSource::kAcrossNodes;
+    if (nccl && bytes >= min) {
+      choice.route = Route::kNccl;
+      choice.algorithm = "nccl";
+    } else {
+      choice.route = Route::kAcrossNodes;
+    }
+    return choice;
+  }
+  // 4 and 5.
+  Choice choice = byTableOrDefault(c, dtype, bytes, count, nccl, plans);
+  if (c == Collective::kAllReduce && choice.route != Route::kPlan) {
+    choice.symmetricAlgorithm = symmetricChoice(dtype, bytes, nccl);
+  }
+  return choice;
+}
+
+Choice Selector::byTableOrDefault(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, bool nccl,
+                                  bool plans) const {
+  const int ci = static_cast<int>(c);
+  Choice choice;
+  if (!ncclMinFromEnv_) {
+    const RouteEntry* e = entryFor(config_.tables[static_cast<int>(dtype)][ci], bytes);
+    if (e != nullptr && e->route == Route::kPlan && plans && count % e->inputChunks == 0) {
+      // A library plan takes only inputs it splits into whole chunks; else the choice without it.
+      choice.route = Route::kPlan;
+      choice.algorithm = e->algorithm;
+      choice.entry = *e;
+      choice.source = ChoiceSource::kTable;
+      return choice;
+    }
+    if (e != nullptr && e->route == Route::kKernel) {
+      choice.route = Route::kKernel;
+      choice.algorithm = e->algorithm;
+      choice.source = ChoiceSource::kTable;
+      return choice;
+    }
+    if (e != nullptr && e->route == Route::kNccl && nccl) {
+      choice.route = Route::kNccl;
+      choice.algorithm = "nccl";
+      choice.source = ChoiceSource::kTable;
+      return choice;
+    }
+    // A table's NCCL entry where the caller has none, or a plan that cannot take it: the defaults' kernel.
+    if (e != nullptr) {
+      choice.route = Route::kKernel;
+      choice.algorithm = defaultKernel_(c, bytes, false);
+      choice.source = ChoiceSource::kDefault;
+      return choice;
+    }
+  }
+  const uint64_t min = ncclMinFromEnv_ ? ncclMinEnv_ : config_.ncclMinBytes[ci];
+  choice.source = ChoiceSource::kDefault;
+  if (nccl && bytes >= min) {
+    choice.route = Route::kNccl;
+    choice.algorithm = "nccl";
+  } else {
+    choice.route = Route::kKernel;
+    choice.algorithm = defaultKernel_(c, bytes, false);
+  }
+  return choice;
+}
+
+std::string Selector::symmetricChoice(TableDtype dtype, uint64_t bytes, bool nccl) const {
+  // The table's all_reduce_symmetric entries (tables on); NCCL from PYCCL_NCCL_MIN_BYTES (tables off); else
+  // the engine's zero-copy threshold and kernels.
+  std::string chosen;
+  if (!ncclMinFromEnv_) {
+    const RouteEntry* e = entryFor(config_.allReduceSymmetric[static_cast<int>(dtype)], bytes);
+    if (e != nullptr) chosen = e->route == Route::kNccl ? "nccl" : e->algorithm;
+  } else if (nccl && bytes >= ncclMinEnv_) {
+    chosen = "nccl";
+  }
+  if (chosen.empty()) chosen = defaultKernel_(Collective::kAllReduce, bytes, true);
+  if (chosen == "nccl" && !nccl) chosen = "2pa_hb";
+  return chosen;
+}
+
+void Selector::record(Collective c, const Choice& choice) const {
+  int algo = kTracedAlgorithms - 1;  // a plan
+  if (choice.route == Route::kKernel || choice.route == Route::kNccl) {
+    const auto& names = algorithmsOf(c);
+    algo = static_cast<int>(std::find(names.begin(), names.end(), choice.algorithm) - names.begin());
+    if (algo >= kTracedAlgorithms - 1) algo = kTracedAlgorithms - 1;
+  } else if (choice.route == Route::kAcrossNodes) {
+    algo = kTracedAlgorithms - 2;
+  }
+  const size_t i = ((static_cast<size_t>(c) * 4 + static_cast<size_t>(choice.route)) * kTracedAlgorithms + algo) *
+                       static_cast<size_t>(ChoiceSource::kCount) +
+                   static_cast<size_t>(choice.source);
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+}
+
+std::map<std::string, uint64_t> Selector::trace() const {
+  std::map<std::string, uint64_t> out;
+  for (int c = 0; c < kCollectives; ++c) {
+    const auto& names = algorithmsOf(static_cast<Collective>(c));
+    for (int r = 0; r < 4; ++r) {
+      for (int a = 0; a < kTracedAlgorithms; ++a) {
+        for (int s = 0; s < static_cast<int>(ChoiceSource::kCount); ++s) {
+          const size_t i = ((static_cast<size_t>(c) * 4 + r) * kTracedAlgorithms + a) *
+                               static_cast<size_t>(ChoiceSource::kCount) + s;
+          const uint64_t n = counts_[i].load(std::memory_order_relaxed);
+          if (n == 0) continue;
+          std::string algo = a < static_cast<int>(names.size()) ? names[a] : "";
+          const auto route = static_cast<Route>(r);
+          if (route == Route::kPlan) algo = s == static_cast<int>(ChoiceSource::kRegisteredPlan) ? "registered" : "library";
+          std::string key = strCat(kCollectiveNames[c], " ", routeName(route));
+          if (!algo.empty()) key += " " + algo;
+          out[strCat(key, " (", kSourceNames[s], ")")] = n;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace pyccl

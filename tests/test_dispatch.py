@@ -1,0 +1,140 @@
+"""The selector (csrc/dispatch/selector.hpp): the one choice of what runs a
+collective call, in its order, and every entry point asking the same one."""
+
+import json
+import random
+
+import pytest
+import torch
+
+import pyccl
+import ranks_dispatch as rd
+from pyccl import _C, algorithms
+from pyccl._spawn import run_ranks
+from pyccl.errors import InvalidArgumentError
+
+WORLD = 2
+NEVER = 1 << 40
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch):
+    monkeypatch.delenv("PYCCL_ALGO", raising=False)
+    monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
+
+
+def _selector(tables=None, across=False, nccl_min=NEVER, engine=None):
+    config = {"world": WORLD, "nccl_min_bytes": [nccl_min] * 5, "across_nodes": across, "tables": tables or {}}
+    return _C.Selector(config, engine)
+
+
+def _route(selector, nbytes, count=None, algorithm=None, nccl=False, plans=True, dtype=torch.float32,
+           collective="all_reduce"):
+    route, algo, _symmetric, plan, entry, source = selector.select(collective, dtype, nbytes,
+                                                                   nbytes // 4 if count is None else count,
+                                                                   algorithm, nccl, plans)
+    return route, algo, source, plan, entry
+
+
+TABLE = {"float32": {"all_reduce": [(4096, "kernel", "1pa_hb", 0, 0, 1),
+                                    (1 << 20, "plan", "allreduce_ring", 8, 256, 4),
+                                    (None, "nccl", "nccl", 0, 0, 1)]}}
+
+
+def test_the_table_of_the_calls_dtype_then_the_defaults():
+    selector = _selector(TABLE, nccl_min=1 << 16)
+    assert _route(selector, 1024)[:3] == ("kernel", "1pa_hb", "table")
+    route, algo, source, plan, entry = _route(selector, 8192)
+    assert (route, algo, source, plan) == ("plan", "allreduce_ring", "table", -1)
+    assert entry == {"plan": "allreduce_ring", "instances": 8, "threads": 256, "max_bytes": 1 << 20}
+    # A plan takes whole chunks only, and none where plans are left out: the defaults' kernel then.
+    assert _route(selector, 8192, count=2047)[0:3:2] == ("kernel", "default")
+    assert _route(selector, 8192, plans=False)[0:3:2] == ("kernel", "default")
+    # The table's NCCL where the caller has NCCL; the defaults' kernel where it has not.
+    assert _route(selector, 4 << 20, nccl=True)[:3] == ("nccl", "nccl", "table")
+    assert _route(selector, 4 << 20)[0:3:2] == ("kernel", "default")
+    # Another dtype has no table here: the defaults, NCCL from its threshold where the caller has it.
+    assert _route(selector, 1 << 16, nccl=True, dtype=torch.bfloat16)[:3] == ("nccl", "nccl", "default")
+    assert _route(selector, (1 << 16) - 2, nccl=True, dtype=torch.bfloat16)[0:3:2] == ("kernel", "default")
+
+
+def test_the_defaults_kernel_is_the_engines(monkeypatch):
+    comm = pyccl.Communicator(torch.distributed.HashStore(), 0, 1, device="cpu")
+    try:
+        selector = _selector(engine=comm._engine)
+        for nbytes in (64, 1 << 14, 1 << 20):
+            assert _route(selector, nbytes)[:3] == ("kernel", comm._engine.select(nbytes), "default")
+            got = _route(selector, nbytes, collective="all_gather")[:3]
+            assert got == ("kernel", comm._engine.select_exchange("all_gather", nbytes), "default")
+    finally:
+        comm.close()
+
+
+def test_forced_algorithms_come_first(monkeypatch):
+    selector = _selector(TABLE)
+    assert _route(selector, 1024, algorithm="2pa_ll")[:3] == ("kernel", "2pa_ll", "argument")
+    with pytest.raises(InvalidArgumentError, match="'algorithm'.*'warp' is not an algorithm of all_reduce"):
+        _route(selector, 1024, algorithm="warp")
+    with pytest.raises(InvalidArgumentError, match="'algorithm'.*'nccl' needs"):
+        _route(selector, 1024, algorithm="nccl")
+    assert _route(selector, 1024, algorithm="nccl", nccl=True)[:3] == ("nccl", "nccl", "argument")
+    monkeypatch.setenv("PYCCL_ALGO", "all_reduce=2pa_hb")
+    selector = _selector(TABLE)
+    assert _route(selector, 1024)[:3] == ("kernel", "2pa_hb", "PYCCL_ALGO")
+    assert _route(selector, 1024, algorithm="1pa_ll")[:3] == ("kernel", "1pa_ll", "argument")
+    assert _route(selector, 1024, collective="all_gather")[0:3:2] == ("kernel", "default")
+
+
+def test_registered_plans_come_after_forced_ones_and_before_tables(monkeypatch):
+    plan = pyccl.register_algorithm(algorithms.allreduce_ring(WORLD), "all_reduce", 4096, 1 << 20, WORLD)
+    try:
+        chunks = plan.plan.buffers["input"]
+        selector = _selector(TABLE)
+        route, _algo, source, plan_id, _entry = _route(selector, 8192, count=chunks * 512)
+        assert (route, source, plan_id) == ("plan", "registered plan", plan.id)
+        assert _route(selector, 8192, count=chunks * 512 + 1)[2] != "registered plan"  # not whole chunks
+        assert _route(selector, 1 << 21)[2] != "registered plan"  # out of its range
+        assert _route(selector, 8192, algorithm="2pa_ll")[2] == "argument"
+        other_world = _C.Selector({"world": WORLD + 1, "nccl_min_bytes": [NEVER] * 5})
+        assert _route(other_world, 8192, count=chunks * 512)[2] != "registered plan"
+    finally:
+        pyccl.unregister_algorithm(plan)
+    assert _route(_selector(TABLE), 8192, count=chunks * 512)[2] == "table"
+    with pytest.raises(InvalidArgumentError, match="not a registered algorithm"):
+        pyccl.unregister_algorithm(plan)
+
+
+def test_ranks_across_nodes_run_their_three_collectives_across_nodes_or_on_nccl():
+    selector = _selector(TABLE, across=True, nccl_min=1 << 20)
+    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert _route(selector, 4096, collective=collective)[0:3:2] == ("across_nodes", "across nodes")
+        assert _route(selector, 1 << 20, nccl=True, collective=collective)[0] == "nccl"
+    assert _route(selector, 4096, collective="all_to_all")[0] == "kernel"
+
+
+def test_the_trace_counts_what_was_chosen():
+    selector = _selector(TABLE)
+    for _ in range(3):
+        _route(selector, 1024)
+    _route(selector, 1024, algorithm="2pa_ll")
+    _route(selector, 8192)
+    assert selector.trace() == {"all_reduce kernel 1pa_hb (table)": 3, "all_reduce kernel 2pa_ll (argument)": 1,
+                                "all_reduce plan library (table)": 1}
+
+
+@pytest.mark.parametrize("scenario", ["PYCCL_ALGO", "tuning file", "registered plan"])
+def test_every_entry_point_chooses_alike(scenario, tmp_path):
+    # pyccl.all_reduce, torch.ops.pyccl.all_reduce and dist.all_reduce on one "cpu:pyccl" group: the same
+    # selector (the group's), the same choice, counted in its trace.
+    table = {"version": 1, "gpu": "host", "world": WORLD, "dtype": "float32", "date": "today", "command": "test",
+             "collectives": {"all_reduce": [{"max_bytes": None, "algorithm": "1pa_hb"}]}}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    seed = random.randrange(1 << 20)
+    for bad, trace in run_ranks(rd.every_entry_point, WORLD, args=(scenario, str(path), seed), timeout=180):
+        assert bad == [], f"seed {seed}: {bad}"
+        expected = {"PYCCL_ALGO": "all_reduce kernel 2pa_ll (PYCCL_ALGO)",
+                    "tuning file": "all_reduce kernel 1pa_hb (table)",
+                    "registered plan": "all_reduce plan registered (registered plan)"}[scenario]
+        all_reduces = {k: v for k, v in trace.items() if k.startswith("all_reduce")}
+        assert set(all_reduces) == {expected} and all_reduces[expected] >= 3, trace
