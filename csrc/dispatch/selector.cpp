@@ -36,6 +36,14 @@ const RouteEntry* entryFor(const std::vector<RouteEntry>& entries, uint64_t byte
   return nullptr;
 }
 
+Choice routed(Route route, std::string algorithm, ChoiceSource source) {
+  Choice choice;
+  choice.route = route;
+  choice.algorithm = std::move(algorithm);
+  choice.source = source;
+  return choice;
+}
+
 /// The three collectives pyccl runs on ranks that span nodes (pyccl.across_nodes).
 bool runsAcrossNodes(Collective c) {
   return c == Collective::kAllReduce || c == Collective::kAllGather || c == Collective::kReduceScatter;
@@ -185,17 +193,15 @@ Choice Selector::select(Collective c, TableDtype dtype, uint64_t bytes, uint64_t
 }
 
 Choice Selector::named(const std::string& name, bool nccl, ChoiceSource source) const {
-  Choice choice;
-  choice.source = source;
-  choice.algorithm = name;
-  if (name == "nccl") {
-    PYCCL_CHECK_ARG(nccl, "algorithm", "'nccl' needs a CUDA tensor and a torch group with an NCCL backend (or the "
-                    "process group's NCCL delegate)", source == ChoiceSource::kEnvironment ? " (from PYCCL_ALGO)" : "");
-    choice.route = Route::kNccl;
-  } else {
-    choice.route = Route::kKernel;
-  }
-  return choice;
+  if (name != "nccl") return routed(Route::kKernel, name, source);
+  PYCCL_CHECK_ARG(nccl, "algorithm", "'nccl' needs a CUDA tensor and a torch group with an NCCL backend (or the "
+                  "process group's NCCL delegate)", source == ChoiceSource::kEnvironment ? " (from PYCCL_ALGO)" : "");
+  return routed(Route::kNccl, name, source);
+}
+
+Choice Selector::byDefault(Collective c, uint64_t bytes, bool nccl) const {
+  if (nccl && bytes >= ncclMinBytes(c)) return routed(Route::kNccl, "nccl", ChoiceSource::kDefault);
+  return routed(Route::kKernel, defaultKernel_(c, bytes, false), ChoiceSource::kDefault);
 }
 
 Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, const std::string& forced,
@@ -215,26 +221,16 @@ Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t
     for (const RegisteredPlan& p : r.plans) {
       if (p.collective == c && p.worldSize == config_.worldSize && p.minBytes <= bytes && bytes <= p.maxBytes &&
           count % p.inputChunks == 0) {
-        Choice choice;
-        choice.route = Route::kPlan;
+        Choice choice = routed(Route::kPlan, "", ChoiceSource::kRegisteredPlan);
         choice.registeredPlan = p.id;
-        choice.source = ChoiceSource::kRegisteredPlan;
         return choice;
       }
     }
   }
   // 3. Across nodes: NCCL from its threshold, else pyccl.across_nodes.
   if (config_.acrossNodes && runsAcrossNodes(c)) {
-    const uint64_t min = ncclMinFromEnv_ ? ncclMinEnv_ : config_.ncclMinBytes[ci];
-    Choice choice;
-    choice.source = ChoiceSource::kAcrossNodes;
-    if (nccl && bytes >= min) {
-      choice.route = Route::kNccl;
-      choice.algorithm = "nccl";
-    } else {
-      choice.route = Route::kAcrossNodes;
-    }
-    return choice;
+    if (nccl && bytes >= ncclMinBytes(c)) return routed(Route::kNccl, "nccl", ChoiceSource::kAcrossNodes);
+    return routed(Route::kAcrossNodes, "", ChoiceSource::kAcrossNodes);
   }
   // 4 and 5.
   Choice choice = byTableOrDefault(c, dtype, bytes, count, nccl, plans);
@@ -246,48 +242,19 @@ Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t
 
 Choice Selector::byTableOrDefault(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, bool nccl,
                                   bool plans) const {
-  const int ci = static_cast<int>(c);
-  Choice choice;
-  if (!ncclMinFromEnv_) {
-    const RouteEntry* e = entryFor(config_.tables[static_cast<int>(dtype)][ci], bytes);
-    if (e != nullptr && e->route == Route::kPlan && plans && count % e->inputChunks == 0) {
-      // A library plan takes only inputs it splits into whole chunks; else the choice without it.
-      choice.route = Route::kPlan;
-      choice.algorithm = e->algorithm;
-      choice.entry = *e;
-      choice.source = ChoiceSource::kTable;
-      return choice;
-    }
-    if (e != nullptr && e->route == Route::kKernel) {
-      choice.route = Route::kKernel;
-      choice.algorithm = e->algorithm;
-      choice.source = ChoiceSource::kTable;
-      return choice;
-    }
-    if (e != nullptr && e->route == Route::kNccl && nccl) {
-      choice.route = Route::kNccl;
-      choice.algorithm = "nccl";
-      choice.source = ChoiceSource::kTable;
-      return choice;
-    }
-    // A table's NCCL entry where the caller has none, or a plan that cannot take it: the defaults' kernel.
-    if (e != nullptr) {
-      choice.route = Route::kKernel;
-      choice.algorithm = defaultKernel_(c, bytes, false);
-      choice.source = ChoiceSource::kDefault;
-      return choice;
-    }
+  const RouteEntry* e =
+      ncclMinFromEnv_ ? nullptr : entryFor(config_.tables[static_cast<int>(dtype)][static_cast<int>(c)], bytes);
+  if (e == nullptr) return byDefault(c, bytes, nccl);
+  if (e->route == Route::kPlan && plans && count % e->inputChunks == 0) {
+    // A library plan takes only inputs it splits into whole chunks.
+    Choice choice = routed(Route::kPlan, e->algorithm, ChoiceSource::kTable);
+    choice.entry = *e;
+    return choice;
   }
-  const uint64_t min = ncclMinFromEnv_ ? ncclMinEnv_ : config_.ncclMinBytes[ci];
-  choice.source = ChoiceSource::kDefault;
-  if (nccl && bytes >= min) {
-    choice.route = Route::kNccl;
-    choice.algorithm = "nccl";
-  } else {
-    choice.route = Route::kKernel;
-    choice.algorithm = defaultKernel_(c, bytes, false);
-  }
-  return choice;
+  if (e->route == Route::kKernel) return routed(Route::kKernel, e->algorithm, ChoiceSource::kTable);
+  if (e->route == Route::kNccl && nccl) return routed(Route::kNccl, "nccl", ChoiceSource::kTable);
+  // A table's NCCL entry where the caller has none, or a plan that cannot take it: the defaults' kernel.
+  return routed(Route::kKernel, defaultKernel_(c, bytes, false), ChoiceSource::kDefault);
 }
 
 std::string Selector::symmetricChoice(TableDtype dtype, uint64_t bytes, bool nccl) const {

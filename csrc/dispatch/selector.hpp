@@ -93,7 +93,7 @@ DefaultKernel engineDefaults(std::shared_ptr<CollectiveEngine> engine);
 /// One choice.
 struct Choice {
   Route route = Route::kKernel;
-  /// kKernel: the kernel ("" where the engine's by-size choice stands, resolved by CollectiveEngine::choose);
+  /// kKernel: the kernel (from the DefaultKernel at step 5; "" only where the selector has no engine);
   /// kNccl: "nccl"; kPlan: the library plan's name ("" for a registered plan).
   std::string algorithm;
   /// All-reduce, kKernel or kNccl: the choice for input and output in symmetric buffers or on graph buffers
@@ -133,6 +133,15 @@ class Selector {
   Choice select(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, const std::string& forced,
                 bool nccl, bool plans = true) const;
 
+  /// Step 5's kernel from here on: a lane's engine is made after its selector, whose settings it checks
+  /// across ranks. Call it before the first select().
+  void setDefaultKernel(DefaultKernel defaultKernel) { defaultKernel_ = std::move(defaultKernel); }
+
+  /// NCCL from this many bytes of `c` where no table entry decides: PYCCL_NCCL_MIN_BYTES, else the config's.
+  uint64_t ncclMinBytes(Collective c) const {
+    return ncclMinFromEnv_ ? ncclMinEnv_ : config_.ncclMinBytes[static_cast<int>(c)];
+  }
+
   /// PYCCL_ALGO's algorithm for `c`, or "".
   const std::string& forcedByEnvironment(Collective c) const { return forcedByEnv_[static_cast<int>(c)]; }
   /// What the environment set, for the ranks' agreement (the same on every rank, else they wait on each other).
@@ -148,6 +157,8 @@ class Selector {
                 bool nccl, bool plans) const;
   /// The kernel or NCCL choice `name` (one of the collective's algorithms) from `source`.
   Choice named(const std::string& name, bool nccl, ChoiceSource source) const;
+  /// The default kernel for `bytes` of `c`, or NCCL from ncclMinBytes(c) where the caller has it.
+  Choice byDefault(Collective c, uint64_t bytes, bool nccl) const;
   /// Steps 4 and 5: the table's entry (a library plan only where `plans` and its chunks divide `count`), else
   /// the defaults.
   Choice byTableOrDefault(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, bool nccl,

@@ -7,6 +7,34 @@
 namespace py = pybind11;
 
 namespace pyccl {
+namespace {
+
+/// `fn`, callable from the backend without the GIL: released with the GIL held.
+std::shared_ptr<py::function> heldAcrossThreads(py::function fn) {
+  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+}
+
+/// Calls `fn(args...)` with the GIL held; pyccl's Python errors come back as its C++ ones, which the backend
+/// maps to torch's.
+template <typename... Args>
+void callFromBackend(const py::function& fn, const Args&... args) {
+  py::gil_scoped_acquire gil;
+  try {
+    fn(args...);
+  } catch (py::error_already_set& e) {
+    const std::string what = e.what();
+    if (e.matches(PyExc_ValueError)) throw InvalidArgument(what);
+    if (e.matches(PyExc_NotImplementedError)) throw UnsupportedError(what);
+    if (e.matches(PyExc_TypeError)) throw TypeError(what);
+    if (e.matches(PyExc_TimeoutError)) throw TimeoutError(what);
+    throw InternalError(what);
+  }
+}
+
+}  // namespace
 
 void bindBackend(py::module_& m) {
   m.def(
@@ -25,66 +53,26 @@ void bindBackend(py::module_& m) {
         o.hostSelector = selectorConfigFrom(hostSelector);
         DelegateFactory factory;
         if (delegateFactory) {
-          // Called from the backend without the GIL; the Python callable is
-          // released with the GIL held.
-          std::shared_ptr<py::function> fn(new py::function(std::move(*delegateFactory)), [](py::function* f) {
-            py::gil_scoped_acquire gil;
-            delete f;
-          });
-          factory = [fn](int device) -> c10::intrusive_ptr<c10d::Backend> {
+          factory = [fn = heldAcrossThreads(std::move(*delegateFactory))](int device) {
             py::gil_scoped_acquire gil;
             py::object made = (*fn)(device);
-            if (made.is_none()) return {};
-            return made.cast<c10::intrusive_ptr<c10d::Backend>>();
+            return made.is_none() ? c10::intrusive_ptr<c10d::Backend>() : made.cast<c10::intrusive_ptr<c10d::Backend>>();
           };
         }
         if (acrossNodes) {
-          std::shared_ptr<py::function> fn(new py::function(std::move(*acrossNodes)), [](py::function* f) {
-            py::gil_scoped_acquire gil;
-            delete f;
-          });
-          o.acrossNodes = [fn](const std::string& collective, const std::shared_ptr<Communicator>& comm,
-                               const at::Tensor& input, const at::Tensor& output, const std::string& op) {
-            py::gil_scoped_acquire gil;
-            try {
-              (*fn)(collective, comm, input, output, op);
-            } catch (py::error_already_set& e) {
-              // pyccl's Python errors back into its C++ ones, which the backend maps to torch's.
-              const std::string what = e.what();
-              if (e.matches(PyExc_ValueError)) throw InvalidArgument(what);
-              if (e.matches(PyExc_NotImplementedError)) throw UnsupportedError(what);
-              if (e.matches(PyExc_TypeError)) throw TypeError(what);
-              if (e.matches(PyExc_TimeoutError)) throw TimeoutError(what);
-              throw InternalError(what);
-            }
+          o.acrossNodes = [fn = heldAcrossThreads(std::move(*acrossNodes))](
+                              const std::string& collective, const std::shared_ptr<Communicator>& comm,
+                              const at::Tensor& input, const at::Tensor& output, const std::string& op) {
+            callFromBackend(*fn, collective, comm, input, output, op);
           };
         }
         if (plans) {
-          std::shared_ptr<py::function> fn(new py::function(std::move(*plans)), [](py::function* f) {
-            py::gil_scoped_acquire gil;
-            delete f;
-          });
-          o.plans = [fn](const std::string& collective, const std::shared_ptr<Communicator>& comm,
-                         const Choice& choice, const at::Tensor& input, const at::Tensor& output,
-                         const std::string& op) {
-            py::gil_scoped_acquire gil;
-            py::object entry = py::none();
-            if (choice.registeredPlan < 0) {
-              entry = py::dict(py::arg("plan") = choice.entry.algorithm, py::arg("instances") = choice.entry.instances,
-                               py::arg("threads") = choice.entry.threads,
-                               py::arg("max_bytes") = choice.entry.maxBytes == UINT64_MAX
-                                                          ? py::object(py::none())
-                                                          : py::object(py::int_(choice.entry.maxBytes)));
-            }
-            try {
-              (*fn)(collective, comm, choice.registeredPlan, entry, input, output, op);
-            } catch (py::error_already_set& e) {
-              const std::string what = e.what();
-              if (e.matches(PyExc_ValueError)) throw InvalidArgument(what);
-              if (e.matches(PyExc_NotImplementedError)) throw UnsupportedError(what);
-              if (e.matches(PyExc_TimeoutError)) throw TimeoutError(what);
-              throw InternalError(what);
-            }
+          o.plans = [fn = heldAcrossThreads(std::move(*plans))](
+                        const std::string& collective, const std::shared_ptr<Communicator>& comm,
+                        const Choice& choice, const at::Tensor& input, const at::Tensor& output,
+                        const std::string& op) {
+            py::gil_scoped_acquire gil;  // for the entry's dict
+            callFromBackend(*fn, collective, comm, choice.registeredPlan, libraryEntryOf(choice), input, output, op);
           };
         }
         py::gil_scoped_release release;

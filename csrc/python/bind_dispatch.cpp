@@ -87,6 +87,13 @@ SelectorConfig selectorConfigFrom(const py::dict& d) {
   return c;
 }
 
+py::object libraryEntryOf(const Choice& choice) {
+  if (choice.route != Route::kPlan || choice.registeredPlan >= 0) return py::none();
+  const RouteEntry& e = choice.entry;
+  return py::dict(py::arg("plan") = e.algorithm, py::arg("instances") = e.instances, py::arg("threads") = e.threads,
+                  py::arg("max_bytes") = e.maxBytes == UINT64_MAX ? py::object(py::none()) : py::int_(e.maxBytes));
+}
+
 void bindDispatch(py::module_& m) {
   py::class_<Selector, std::shared_ptr<Selector>>(m, "Selector",
                                                   "The choice of what runs each collective call (dispatch/selector.hpp).")
@@ -100,17 +107,8 @@ void bindDispatch(py::module_& m) {
              uint64_t count, const std::optional<std::string>& algorithm, bool nccl, bool plans) {
             const Choice ch = s.select(parseCollective(collective, "collective"), tableDtypeOf(dtype), nbytes, count,
                                        algorithm.value_or(""), nccl, plans);
-            py::object entry = py::none();
-            if (ch.route == Route::kPlan && ch.registeredPlan < 0) {
-              py::dict e;
-              e["plan"] = ch.entry.algorithm;
-              e["instances"] = ch.entry.instances;
-              e["threads"] = ch.entry.threads;
-              e["max_bytes"] = ch.entry.maxBytes == UINT64_MAX ? py::object(py::none()) : py::int_(ch.entry.maxBytes);
-              entry = e;
-            }
-            return py::make_tuple(routeName(ch.route), ch.algorithm, ch.symmetricAlgorithm, ch.registeredPlan, entry,
-                                  choiceSourceName(ch.source));
+            return py::make_tuple(routeName(ch.route), ch.algorithm, ch.symmetricAlgorithm, ch.registeredPlan,
+                                  libraryEntryOf(ch), choiceSourceName(ch.source));
           },
           py::arg("collective"), py::arg("dtype"), py::arg("nbytes"), py::arg("count"), py::arg("algorithm"),
           py::arg("nccl"), py::arg("plans") = true,

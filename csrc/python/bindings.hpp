@@ -23,6 +23,9 @@ std::optional<AllReduceAlgorithm> allReduceAlgorithmArg(const std::optional<std:
 
 /// A selector's config from its Python description (pyccl.selection.selector_config).
 SelectorConfig selectorConfigFrom(const pybind11::dict& d);
+/// A choice's library plan as pyccl.registry.library_runner takes it ({plan, instances, threads, max_bytes});
+/// None for any other choice. With the GIL held.
+pybind11::object libraryEntryOf(const Choice& choice);
 
 void bindCommunicator(pybind11::module_& m);
 void bindTensors(pybind11::module_& m);

@@ -86,38 +86,32 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
   Lane lane;
   lane.comm = std::make_shared<Communicator>(std::make_shared<C10dStore>(prefixed), getRank(), getSize(), device,
                                              opts);
-  if (lane.comm->firstUnreachablePeer() >= 0 && options_.acrossNodes) {
-    // The engine's kernels need every peer in reach; pyccl.across_nodes runs
-    // the collectives on plans instead (every rank sees the same topology).
-    lane.acrossNodes = true;
-    SelectorConfig config = device >= 0 ? options_.gpuSelector : options_.hostSelector;
-    config.worldSize = getSize();
-    config.acrossNodes = true;
-    lane.selector = std::make_shared<Selector>(std::move(config), engineDefaults(nullptr));
+  // The lane's selector first: it reads the environment (a bad value fails here), and the engine checks that
+  // every rank's selector read the same.
+  SelectorConfig config = device >= 0 ? options_.gpuSelector : options_.hostSelector;
+  config.worldSize = getSize();
+  // The engine's kernels need every peer in reach; where the ranks span nodes, pyccl.across_nodes runs the
+  // collectives on plans instead (every rank sees the same topology).
+  lane.acrossNodes = config.acrossNodes = lane.comm->firstUnreachablePeer() >= 0 && options_.acrossNodes;
+  lane.selector = std::make_shared<Selector>(std::move(config), engineDefaults(nullptr));
+  if (lane.acrossNodes) {
     PYCCL_LOG(Info, "pyccl backend '" << options_.name << "': the group spans nodes; all_reduce, all_gather and "
                                       << "reduce_scatter run across nodes, the other ops on the delegate");
     return lane;
   }
-  // A selector first (it reads the environment: a bad value fails here), then the engine, which checks that
-  // every rank's selector read the same.
-  SelectorConfig config = device >= 0 ? options_.gpuSelector : options_.hostSelector;
-  config.worldSize = getSize();
-  const Selector reader(config, engineDefaults(nullptr));
-  lane.engine = std::make_shared<CollectiveEngine>(*lane.comm, engineOptions(device >= 0, reader));
-  lane.selector = std::make_shared<Selector>(std::move(config), engineDefaults(lane.engine));
+  lane.engine = std::make_shared<CollectiveEngine>(*lane.comm, engineOptions(device >= 0, *lane.selector));
+  lane.selector->setDefaultKernel(engineDefaults(lane.engine));
   return lane;
 }
 
 CollectiveOptions PycclBackend::engineOptions(bool gpu, const Selector& selector) const {
   CollectiveOptions o = gpu ? options_.gpuEngine : CollectiveOptions{};
   for (const auto& [name, value] : selector.settings()) o.agreedSettings[name] = value;
-  const SelectorConfig& config = selector.config();
   for (int c = 0; c < kCollectives; ++c) {
-    o.agreedSettings[strCat("the NCCL threshold of ", collectiveName(static_cast<Collective>(c)),
+    const auto collective = static_cast<Collective>(c);
+    o.agreedSettings[strCat("the NCCL threshold of ", collectiveName(collective),
                             " (PYCCL_NCCL_MIN_BYTES, NCCL_MIN_BYTES or the tuning table)")] =
-        selector.settings().at("PYCCL_NCCL_MIN_BYTES (environment)").empty()
-            ? strCat(config.ncclMinBytes[c])
-            : selector.settings().at("PYCCL_NCCL_MIN_BYTES (environment)");
+        strCat(selector.ncclMinBytes(collective));
   }
   return o;
 }
@@ -155,21 +149,22 @@ PycclBackend::Lane& PycclBackend::gpuLaneFor(int device, const char* arg) {
   return *gpu_;
 }
 
+PycclBackend::Lane& PycclBackend::hostLane() {
+  std::lock_guard<std::mutex> lock(laneMutex_);
+  if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));  // every rank makes the same first CPU call
+  return *host_;
+}
+
 PycclBackend::Lane PycclBackend::lane(int device) {
   checkUsable("communicator_for");
-  if (device >= 0) return gpuLaneFor(device, "device");
-  std::lock_guard<std::mutex> lock(laneMutex_);
-  if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));
-  return *host_;
+  return device >= 0 ? gpuLaneFor(device, "device") : hostLane();
 }
 
 PycclBackend::Lane& PycclBackend::laneFor(const at::Tensor& t, const char* op) {
   checkUsable(op);
   if (t.is_cuda()) return refuseAcrossNodes(gpuLaneFor(t.device().index(), "tensor"), options_.name, op);
   PYCCL_CHECK_ARG(t.device().is_cpu(), "tensor", "must be a CUDA or CPU tensor, got ", t.device().str());
-  std::lock_guard<std::mutex> lock(laneMutex_);
-  if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));  // every rank makes the same first CPU call
-  return refuseAcrossNodes(*host_, options_.name, op);
+  return refuseAcrossNodes(hostLane(), options_.name, op);
 }
 
 PycclBackend::Lane* PycclBackend::acrossNodesLane(const at::Tensor& t, const char* op) {
@@ -179,9 +174,8 @@ PycclBackend::Lane* PycclBackend::acrossNodesLane(const at::Tensor& t, const cha
     return gpuLane.acrossNodes ? &gpuLane : nullptr;
   }
   if (!t.device().is_cpu()) return nullptr;  // laneFor names the device
-  std::lock_guard<std::mutex> lock(laneMutex_);
-  if (host_ == nullptr) host_ = std::make_unique<Lane>(makeLane(-1));
-  return host_->acrossNodes ? host_.get() : nullptr;
+  Lane& cpuLane = hostLane();
+  return cpuLane.acrossNodes ? &cpuLane : nullptr;
 }
 
 c10::intrusive_ptr<c10d::Work> PycclBackend::done(c10d::OpType type, std::vector<at::Tensor> outputs) {

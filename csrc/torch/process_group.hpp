@@ -184,6 +184,8 @@ class PycclBackend : public c10d::Backend {
   /// init_process_group bound the group to, else on `device` (that of the
   /// first CUDA op's tensors).
   void ensureGpuLane(int device);
+  /// The CPU lane, set up at its first use.
+  Lane& hostLane();
   /// The lane of a CUDA tensor's `device`: the GPU lane, set up if need be;
   /// InvalidArgument naming `arg` where the GPU lane runs on another device.
   Lane& gpuLaneFor(int device, const char* arg);

@@ -121,18 +121,11 @@ def _plan_runner():
 
         comm = Communicator._adopt(native)
         nbytes = tensor.numel() * tensor.element_size() * (comm.world_size if collective == "all_gather" else 1)
-        if plan_id >= 0:
-            runner = registry.registered_runner(comm, plan_id, tensor)
-        else:
-            runner = registry.library_runner(comm, entry, collective, nbytes, tensor)
+        runner = registry.chosen_runner(comm, collective, plan_id, entry, nbytes, tensor)
         if runner is None:
             raise UnsupportedError(f"{collective}: the plan chosen for {nbytes} bytes cannot be set up while a CUDA "
                                    "graph is being captured; run one call of this size eagerly first")
-        if op == "avg":
-            runner(tensor, out=out, op="sum")
-            out.div_(comm.world_size)
-        else:
-            runner(tensor, out=out, op=op)
+        registry.run(runner, comm, tensor, out, op)
 
     return run
 
@@ -183,18 +176,6 @@ def register() -> None:
     if "PYCCL" in dist.Backend._plugins:
         return
     dist.Backend.register_backend("pyccl", _create, extended_api=True, devices=["cuda", "cpu"])
-
-
-def pyccl_backend_of(group: Optional[dist.ProcessGroup], device: torch.device):
-    """The pyccl backend that runs ``group``'s ops on tensors of ``device``'s
-    kind, or None where another backend does (or ``group`` is not a torch
-    process group)."""
-    pg = group if group is not None else dist.group.WORLD
-    try:
-        backend = pg._get_backend(torch.device(device.type))
-    except (RuntimeError, AttributeError, TypeError):
-        return None
-    return backend if backend.name() == "pyccl" else None
 
 
 def is_pyccl_group(group: Optional[dist.ProcessGroup] = None) -> bool:

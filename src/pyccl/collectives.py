@@ -86,19 +86,12 @@ def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Ten
     during a CUDA-graph capture), the selector's choice without plans runs it."""
     if call.route != "plan":
         return False
-    if call.registered_plan >= 0:
-        runner = registry.registered_runner(call.comm, call.registered_plan, tensor)
-    else:
-        runner = registry.library_runner(call.comm, call.tuned_plan, collective, call.nbytes, tensor)
+    runner = registry.chosen_runner(call.comm, collective, call.registered_plan, call.tuned_plan, call.nbytes, tensor)
     if runner is None:
         call.without_plans()
         return False
     _check_placement(collective, call, tensor, out)
-    if op == "avg":
-        runner(tensor, out=out, op="sum")
-        out.div_(call.comm.world_size)
-    else:
-        runner(tensor, out=out, op=op)
+    registry.run(runner, call.comm, tensor, out, op)
     return True
 
 

@@ -29,6 +29,7 @@ _name_counters: "weakref.WeakKeyDictionary[dist.Store, itertools.count]" = weakr
 
 # The Python communicators over lanes of "pyccl" process groups (Communicator._adopt), by id of the lane's
 # native communicator.
+_adopted_lock = threading.Lock()
 _adopted: "weakref.WeakValueDictionary[int, Communicator]" = weakref.WeakValueDictionary()
 
 
@@ -135,7 +136,7 @@ class Communicator:
         choosing with the lane's selector. The group owns them: :meth:`close`
         releases only what was made through this object, and destroying the
         group closes the lane."""
-        with _name_lock:
+        with _adopted_lock:
             self = _adopted.get(id(native))
             if self is not None and self._comm is native:  # one Python face per lane, whoever asks first
                 if self._selector is None:

@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from . import _C
 from ._logging import logger
-from .backend import pyccl_backend_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError
 
@@ -96,6 +95,18 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
                                 name=base if made == 1 else f"{base}_{made}")
         _communicators[key] = (weakref.ref(pg), comm)
     return comm
+
+
+def pyccl_backend_of(group: Optional[dist.ProcessGroup], device: torch.device):
+    """The pyccl backend that runs ``group``'s ops on tensors of ``device``'s
+    kind, or None where another backend does (or ``group`` is not a torch
+    process group)."""
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        backend = pg._get_backend(torch.device(device.type))
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    return backend if backend.name() == "pyccl" else None
 
 
 def _close_communicators_of_destroyed_groups() -> None:

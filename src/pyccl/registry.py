@@ -32,7 +32,8 @@ from . import _C
 from .dsl import Plan, Program
 from .errors import InvalidArgumentError
 
-__all__ = ["RegisteredAlgorithm", "library_plan", "library_runner", "register_algorithm", "registered_runner",
+__all__ = ["RegisteredAlgorithm", "chosen_runner", "library_plan", "library_runner", "register_algorithm",
+           "registered_runner", "run",
            "registered_algorithms", "unregister_algorithm"]
 
 # pyccl function -> the DSL collective's name
@@ -120,6 +121,24 @@ def registered_runner(comm, plan_id: int, tensor: torch.Tensor):
     if entry is None:
         return None
     return _runner(comm, ("registered", plan_id), tensor, lambda: entry.plan, max_bytes=entry.max_bytes)
+
+
+def chosen_runner(comm, collective: str, plan_id: int, entry, nbytes: int, tensor: torch.Tensor):
+    """The runner of the plan a selector chose for a call: the registered plan
+    `plan_id` (>= 0), else the library plan of the table entry `entry`; None
+    where it cannot be set up now (see registered_runner, library_runner)."""
+    if plan_id >= 0:
+        return registered_runner(comm, plan_id, tensor)
+    return library_runner(comm, entry, collective, nbytes, tensor)
+
+
+def run(runner, comm, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
+    """Runs `runner` on `tensor` into `out`; "avg" as the sum over the world size."""
+    if op == "avg":
+        runner(tensor, out=out, op="sum")
+        out.div_(comm.world_size)
+    else:
+        runner(tensor, out=out, op=op)
 
 
 def _takes(plan: Plan, tensor: torch.Tensor) -> bool:

@@ -71,15 +71,15 @@ def new_engine(native: "_C.Communicator", device: torch.device, world: int) -> "
                                agreed_settings=settings)
 
 
-# The dtypes a selector keeps a table for; "other" (data movement of any other dtype) takes the table
-# load_table finds without a dtype.
+# The dtypes a selector keeps a table for, in the order of its TableDtype; "other" (data movement of any other
+# dtype) takes the table load_table finds without a dtype.
 _TABLE_DTYPES = (("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16),
                  ("other", None))
 
 
-# The selector's table dtypes (TableDtype) by torch dtype: every call passes one.
-_TABLE_DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-_OTHER_DTYPE = 3
+# The selector's table dtypes (TableDtype, in _TABLE_DTYPES' order) by torch dtype: every call passes one.
+_TABLE_DTYPE = {dtype: i for i, (_, dtype) in enumerate(_TABLE_DTYPES) if dtype is not None}
+_OTHER_DTYPE = len(_TABLE_DTYPES) - 1
 
 
 def _route_entry(entry: dict, world: int) -> tuple:
