@@ -47,9 +47,7 @@ def body(rank, world, store, hidden, sweep, engine_options):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
-    comm = pyccl.Communicator(store, rank, world, device=device, name="fused_bench", collectives=not engine_options)
-    if engine_options:
-        comm._engine = pyccl._C.CollectiveEngine(comm._comm, **engine_options)
+    comm = pyccl.Communicator(store, rank, world, device=device, name="fused_bench", engine_options=engine_options)
     align_trials_with(comm, device)
     nccl = NcclComm(store, rank, world, device.index)
     gen = torch.Generator(device=device).manual_seed(1234 + rank)
@@ -61,8 +59,7 @@ def body(rank, world, store, hidden, sweep, engine_options):
         for segments in SEGMENTS:
             for threads in THREADS:
                 other = pyccl.Communicator(store, rank, world, device=device, name=f"fused_sweep_{segments}_{threads}",
-                                           collectives=False)
-                other._engine = pyccl._C.CollectiveEngine(other._comm, fused_segments=segments, fused_threads=threads)
+                                           engine_options={"fused_segments": segments, "fused_threads": threads})
                 sweepers[(segments, threads)] = other
     for tokens in TOKENS:
         x = torch.randn(tokens, hidden, generator=gen, device=device).to(torch.bfloat16)

@@ -14,11 +14,9 @@ times the layers between them, each alone:
   fused_all_reduce_rmsnorm), each beside the engine's own call.
 
 Each trial times every part in turn (the host's drift reaches all alike);
-medians over the trials. ``--python-path`` sends every call of
-``torch.ops.pyccl.*`` op through its Python path (as before its kernel was
-C++), for a comparison in turn::
+medians over the trials::
 
-    python benchmarks/host_parts.py [--python-path] [--out F]
+    python benchmarks/host_parts.py [--out F]
 """
 
 from __future__ import annotations
@@ -40,8 +38,6 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed loop")
     parser.add_argument("--trials", type=int, default=9, help="timed loops per part (median)")
     parser.add_argument("--port", type=int, default=29561)
-    parser.add_argument("--python-path", action="store_true",
-                        help="every torch.ops.pyccl.* call through its Python path")
     parser.add_argument("--out", default=None, help="write every loop's time as JSON here")
     args = parser.parse_args(argv)
 
@@ -58,9 +54,6 @@ def main(argv=None) -> int:
     dist.init_process_group("pyccl", init_method=f"tcp://127.0.0.1:{args.port}", rank=0, world_size=1)
     group, fake = dist.group.WORLD, dist.new_group(backend="fake")
     name = group.group_name
-    if args.python_path:
-        pyccl.ops._WATCHED = dict.fromkeys(pyccl.ops._WATCHED, [])  # nothing is learned: every call falls back
-        pyccl._C.forget_op_routes()
     x = torch.randn(max(1, args.bytes // 2), device=device).to(torch.bfloat16)
     out, inplace = torch.empty_like(x), x.clone()
     if not torch.equal(torch.ops.pyccl.all_reduce(x, "sum", name), x):  # one rank: the sum is the input
@@ -123,7 +116,7 @@ def main(argv=None) -> int:
         print(f"{label:42s} {median:7.2f}   ({median / engine:4.2f} × the engine's all-reduce)")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": where, "bytes": args.bytes, "python_path": args.python_path, "loops_us": loops,
+            json.dump({"device": where, "bytes": args.bytes, "loops_us": loops,
                        "op_calls": calls}, f, indent=1)
     dist.destroy_process_group()
     return 0

@@ -28,7 +28,7 @@ def body(rank, world, store):
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="ll_threads", collectives=False)
     engines = {t: pyccl._C.CollectiveEngine(comm._comm, ll_threads=t) for t in LIMITS}
-    comm._engine = engines[LIMITS[0]]
+    comm._use_engine(engines[LIMITS[0]])
     align_trials_with(comm, device)
     rows = []
     for algo, sizes in CASES:
@@ -37,12 +37,12 @@ def body(rank, world, store):
             y = torch.empty_like(x)
 
             def call(t):
-                comm._engine = engines[t]
+                comm._use_engine(engines[t])
                 pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
             rows.append((algo, n, time_in_turn({t: lambda t=t: call(t) for t in LIMITS}, 20, ROUNDS, trials=7)))
     for t in LIMITS[1:]:
         engines[t].close()
-    comm._engine = engines[LIMITS[0]]  # comm.close() closes the one in use
+    comm._use_engine(engines[LIMITS[0]])  # comm.close() closes the one in use
     comm.close()
     return rows
 

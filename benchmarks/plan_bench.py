@@ -116,7 +116,7 @@ def _any_shape_runner(plan: Plan, comm, n: int, threads: int) -> PlanRunner:
 
 def _kernel_call(x, y, comm, algo, engine):
     def call():
-        comm._engine = engine
+        comm._use_engine(engine)
         pyccl.all_reduce(x, out=y, comm=comm, algorithm=algo)
     return call
 
@@ -128,7 +128,7 @@ def body(rank, world, store, plans):
     # The twins are the kernels of the same algorithm: the HB kernel pulls or
     # pushes as the plan does (PUSHING_PLANS).
     engines = {push: pyccl._C.CollectiveEngine(comm._comm, hb_push=push) for push in (False, True)}
-    comm._engine = engines[False]
+    comm._use_engine(engines[False])
     align_trials_with(comm, device)
     rows, head_to_head = [], []
     for name, algo, sizes, instance_counts, thread_counts in CASES:
@@ -188,7 +188,7 @@ def body(rank, world, store, plans):
                                  "unfused_us": statistics.median(unfused_us) if unfused_us else None,
                                  "any_shape_us": statistics.median(any_shape_us) if any_shape_us else None})
     engines[True].close()  # comm.close() closes the one in use
-    comm._engine = engines[False]
+    comm._use_engine(engines[False])
     comm.close()
     return (rows, head_to_head) if rank == 0 else None
 

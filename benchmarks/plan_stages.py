@@ -80,7 +80,7 @@ def body(rank, world, store, push):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     comm = pyccl.Communicator(store, rank, world, device=device, name="plan_stages", collectives=False)
-    comm._engine = pyccl._C.CollectiveEngine(comm._comm, hb_push=push)  # the plan's twin
+    comm._use_engine(pyccl._C.CollectiveEngine(comm._comm, hb_push=push))  # the plan's twin
     align_trials_with(comm, device)
     rows = []
     for nbytes in (256 << 10, 1 << 20, 4 << 20):

@@ -27,9 +27,7 @@ def _setup(store, rank, world, on_gpu, timeout_s=60.0, engine_options=None, gpu_
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
     comm = pyccl.Communicator(store, rank, world, device=device, name="coll",
-                              timeout=datetime.timedelta(seconds=timeout_s), collectives=engine_options is None)
-    if engine_options is not None:
-        comm._engine = pyccl._C.CollectiveEngine(comm._comm, **engine_options)
+                              timeout=datetime.timedelta(seconds=timeout_s), engine_options=engine_options)
     return comm, device
 
 

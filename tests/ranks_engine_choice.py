@@ -22,7 +22,7 @@ def engine_choices(rank, world, store):
                "all_reduce_symmetric": [(1024, "1pa_ll"), (None, "2pa_hb")],
                "all_gather": [(1024, "hb"), (None, "ll")]}
     engine = pyccl._C.CollectiveEngine(comm._comm, kernel_choices=choices)
-    comm._engine = engine
+    comm._use_engine(engine)
     picked = {n: engine.select(n) for n in (100, 2048, 2049, 16384, 1 << 20)}
     # Symmetric (and graph) buffers take the symmetric entries, not the zero-copy threshold.
     picked.update({f"sym{n}": engine.select(n, symmetric=True) for n in (1000, 1025, 1 << 20)})

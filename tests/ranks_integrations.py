@@ -11,7 +11,6 @@ import types
 import torch
 import torch.distributed as dist
 
-from pyccl.collectives import _engine
 from pyccl.errors import ClosedError, InvalidArgumentError
 from pyccl.integrations.group import GroupCommunicator
 from gpu_sharing import rank_gpu
@@ -210,7 +209,13 @@ def vllm_adapter(rank: int, world: int, store, on_gpu: bool, seed: int) -> dict:
     import pyccl.integrations.vllm as pv
 
     cpu_group, device_group, device = _init(rank, world, store, on_gpu)
-    tp = pv.PycclCudaCommunicator(cpu_group=cpu_group, device=device, device_group=device_group, unique_name="tp:0")
+    if on_gpu:  # read when the group's communicator is made (as NCCL reads its environment): see _capture_as_vllm
+        os.environ["PYCCL_ALGO"] = "all_reduce=2pa_hb"
+    try:
+        tp = pv.PycclCudaCommunicator(cpu_group=cpu_group, device=device, device_group=device_group,
+                                      unique_name="tp:0")
+    finally:
+        os.environ.pop("PYCCL_ALGO", None)
     pp = pv.PycclCudaCommunicator(cpu_group=cpu_group, device=device, device_group=device_group, unique_name="pp:0")
     tp.pyccl_comm._max_bytes = 64 << 10  # to see both routes at test sizes
     xs = _inputs(seed, 1, world, (4, 32), torch.bfloat16)
@@ -259,19 +264,15 @@ def _capture_as_vllm(tp, slot, rank: int, world: int, device, seed: int, bad: li
         with slot.capture():
             pass
         return 0
-    engine = _engine(tp.pyccl_comm.comm)
+    engine = tp.pyccl_comm.comm._collective_engine()
     before = engine.graph_buffer_calls
     x = torch.empty(16, 512, dtype=torch.bfloat16, device=device)  # 16 KiB
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    os.environ["PYCCL_ALGO"] = "all_reduce=2pa_hb"
-    try:
-        with slot.capture():
-            with torch.cuda.graph(graph, stream=stream):
-                y = tp.all_reduce(x)
-    finally:
-        del os.environ["PYCCL_ALGO"]
+    with slot.capture():  # the group's all-reduces are forced to 2PA HB (PYCCL_ALGO when vllm_adapter made it)
+        with torch.cuda.graph(graph, stream=stream):
+            y = tp.all_reduce(x)
     for replay, _, exact, scale in _fresh_replays(graph, x, rank, world, seed, 50, 3):
         if not _close(y, exact, scale, torch.bfloat16):
             bad.append(f"captured all_reduce, replay {replay}")

@@ -188,26 +188,19 @@ def no_backward(rank, world, store, on_gpu):
     return bad
 
 
-# What torch.ops.pyccl.all_reduce's C++ kernel does with each call of all_reduce_routes: a call like one already
-# run on the engine goes straight to it (whatever the case of op); a change to anything its choice was made from, a
-# closed communicator or a new group of the same name sends it to Python first, and a bad op to Python to be refused.
+# What torch.ops.pyccl.all_reduce's C++ kernel does with each call of all_reduce_routes: it asks the group's
+# selector, and runs a kernel choice on the engine (whatever the size or the case of op); a group pyccl has not
+# set up yet (the first call, a closed communicator, a new group of the same name) and a registered plan's size go
+# to Python, and so does a bad op, to be refused.
 ALL_REDUCE_ROUTES = [
     ("first", "python"),
     ("again", "engine"),
     ("again, max", "engine"),
     ("column-major input", "engine"),
-    ("new size", "python"),
-    ("new size again", "engine"),
-    ("PYCCL_ALGO set", "python"),
-    ("PYCCL_ALGO set, again", "engine"),
-    ("PYCCL_ALGO unset", "python"),
-    ("NCCL_MIN_BYTES changed", "python"),
-    ("NCCL_MIN_BYTES restored", "python"),
-    ("NCCL_MIN_BYTES restored, again", "engine"),
-    ("a plan registered (for other sizes)", "python"),
-    ("a plan registered, again", "python"),
-    ("the plan unregistered", "python"),
-    ("the plan unregistered, again", "engine"),
+    ("new size", "engine"),
+    ("a plan registered for this size", "python, the plan ran"),
+    ("a plan registered, again", "python, the plan ran"),
+    ("the plan unregistered", "engine"),
     ("op spelled SUM", "engine"),
     ("op bogus", "refused"),
     ("communicator closed", "python"),
@@ -217,20 +210,21 @@ ALL_REDUCE_ROUTES = [
 ]
 
 
-
 def all_reduce_routes(rank, world, store, on_gpu):
     """torch.ops.pyccl.all_reduce's C++ kernel: which calls it runs straight
     into the engine and which it hands to the Python path, with every result
-    checked against float64. Returns [(step, path taken: "engine" or "python")]
-    and raises on a wrong result (ALL_REDUCE_ROUTES: what they should be)."""
-    import os
-
-    from pyccl import algorithms, registry, selection
+    checked against float64. Returns [(step, path taken)] and raises on a
+    wrong result (ALL_REDUCE_ROUTES: what they should be)."""
+    from pyccl import algorithms, registry
 
     device = _init(rank, world, store, on_gpu)
     name = dist.group.WORLD.group_name
     seeds = iter(range(1000, 100000, 97))
     taken = []
+
+    def plan_runs():
+        trace = pyccl.communicator_for(None, device)._selector.trace()
+        return sum(n for k, n in trace.items() if k.startswith("all_reduce plan registered"))
 
     def call(step, shape=(37, 5), op="sum", transpose=False):
         seed = next(seeds)
@@ -238,7 +232,10 @@ def all_reduce_routes(rank, world, store, on_gpu):
         x = parts[rank].to(device)
         if transpose:
             x = x.t().contiguous().t()  # the same values, column-major
+        plans_before = plan_runs() if "plan" in step else 0  # (asked only once the group is set up)
         got, path = _path_taken("all_reduce", lambda: torch.ops.pyccl.all_reduce(x, op, name))
+        if path == "python" and "plan" in step and plan_runs() == plans_before + 1:
+            path += ", the plan ran"
         ref = torch.stack([p.double() for p in parts])
         ref = {"sum": ref.sum(0), "max": ref.amax(0), "SUM": ref.sum(0)}[op]
         if got.shape != x.shape or not torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-5):
@@ -250,24 +247,12 @@ def all_reduce_routes(rank, world, store, on_gpu):
     call("again, max", op="max")
     call("column-major input", transpose=True)
     call("new size", shape=(3, 11))
-    call("new size again", shape=(3, 11))
-    os.environ["PYCCL_ALGO"] = "2pa_ll"
-    call("PYCCL_ALGO set")
-    call("PYCCL_ALGO set, again")
-    del os.environ["PYCCL_ALGO"]
-    call("PYCCL_ALGO unset")
-    saved = selection.NCCL_MIN_BYTES["all_reduce"]
-    selection.NCCL_MIN_BYTES["all_reduce"] = saved * 2
-    call("NCCL_MIN_BYTES changed")
-    selection.NCCL_MIN_BYTES["all_reduce"] = saved
-    call("NCCL_MIN_BYTES restored")
-    call("NCCL_MIN_BYTES restored, again")
-    entry = registry.register_algorithm(algorithms.allreduce_ring(world), "all_reduce", 1 << 30, 1 << 31, world)
-    call("a plan registered (for other sizes)")
-    call("a plan registered, again")
+    nbytes = 40 * 8 * 4
+    entry = registry.register_algorithm(algorithms.allreduce_allpairs_hb(world), "all_reduce", nbytes, nbytes, world)
+    call("a plan registered for this size", shape=(40, 8))
+    call("a plan registered, again", shape=(40, 8))
     registry.unregister_algorithm(entry)
-    call("the plan unregistered")
-    call("the plan unregistered, again")
+    call("the plan unregistered", shape=(40, 8))
     call("op spelled SUM", op="SUM")
     try:
         torch.ops.pyccl.all_reduce(torch.randn(4).to(device), "bogus", name)
@@ -287,27 +272,20 @@ def all_reduce_routes(rank, world, store, on_gpu):
     return taken
 
 
+# The other ops' C++ kernels: the group's runtime, set up by the first call of any op, serves them all.
 OTHER_OP_ROUTES = [
     ("all_gather first", "python"),
     ("all_gather again", "engine"),
-    ("all_gather new dtype", "python"),
-    ("all_gather new dtype, again", "engine"),
-    ("all_gather PYCCL_ALGO=hb", "python"),
-    ("all_gather PYCCL_ALGO=hb, again", "engine"),
+    ("all_gather new dtype", "engine"),
     ("all_gather group_size wrong", "refused"),
-    ("reduce_scatter first", "python"),
+    ("reduce_scatter first", "engine"),
     ("reduce_scatter again, max", "engine"),
-    ("reduce_scatter NCCL_MIN_BYTES changed", "python"),
-    ("reduce_scatter NCCL_MIN_BYTES restored", "python"),
-    ("reduce_scatter NCCL_MIN_BYTES restored, again", "engine"),
     ("reduce_scatter rows that do not split", "refused"),
-    ("fused first", "python"),
+    ("fused first", "engine"),
     ("fused again", "engine"),
     ("fused wrong residual", "refused"),
-    ("fused FUSED_MAX_BYTES lowered", "python"),
-    ("fused FUSED_MAX_BYTES lowered, again", "python"),
-    # The choice learned before the limit changed holds again (the unfused calls in between learned nothing).
-    ("fused FUSED_MAX_BYTES restored", "engine"),
+    ("fused above FUSED_MAX_BYTES: unfused", "python"),
+    ("fused below it again", "engine"),
 ]
 
 
@@ -317,9 +295,7 @@ def other_op_routes(rank, world, store, on_gpu):
     calls run straight into the engine, which go to Python, and the errors
     of bad arguments on either path; every result against float64. Returns
     [(step, path)] (OTHER_OP_ROUTES: what they should be)."""
-    import os
-
-    from pyccl import fused, selection
+    from pyccl import fused
 
     device = _init(rank, world, store, on_gpu)
     name = dist.group.WORLD.group_name
@@ -371,21 +347,10 @@ def other_op_routes(rank, world, store, on_gpu):
     gather("all_gather first")
     gather("all_gather again")
     gather("all_gather new dtype", torch.bfloat16)
-    gather("all_gather new dtype, again", torch.bfloat16)
-    os.environ["PYCCL_ALGO"] = "hb"
-    gather("all_gather PYCCL_ALGO=hb")
-    gather("all_gather PYCCL_ALGO=hb, again")
-    del os.environ["PYCCL_ALGO"]
     refused("all_gather group_size wrong",
             lambda: torch.ops.pyccl.all_gather(torch.randn(6, 5).to(device), world + 1, name), ["group_size"])
     scatter("reduce_scatter first")
     scatter("reduce_scatter again, max", op="max")
-    saved = selection.NCCL_MIN_BYTES["reduce_scatter"]
-    selection.NCCL_MIN_BYTES["reduce_scatter"] = saved * 2
-    scatter("reduce_scatter NCCL_MIN_BYTES changed")
-    selection.NCCL_MIN_BYTES["reduce_scatter"] = saved
-    scatter("reduce_scatter NCCL_MIN_BYTES restored")
-    scatter("reduce_scatter NCCL_MIN_BYTES restored, again")
     refused("reduce_scatter rows that do not split",
             lambda: torch.ops.pyccl.reduce_scatter(torch.randn(4 * world + 1, 3).to(device), "sum", world, name),
             ["split"])
@@ -396,24 +361,21 @@ def other_op_routes(rank, world, store, on_gpu):
                                                              torch.randn(3, 32).to(device),
                                                              torch.randn(64).to(device), 1e-6, name),
             ["'residual'", "shape"])
-    saved = fused.FUSED_MAX_BYTES
-    fused.FUSED_MAX_BYTES = 256  # the 768-byte message takes the unfused path, which is never learned
-    norm("fused FUSED_MAX_BYTES lowered")
-    norm("fused FUSED_MAX_BYTES lowered, again")
-    fused.FUSED_MAX_BYTES = saved
-    norm("fused FUSED_MAX_BYTES restored")
+    rows = fused.FUSED_MAX_BYTES // (64 * 4) + 1  # fp32 rows of 64: just above the limit
+    norm("fused above FUSED_MAX_BYTES: unfused", rows=rows)
+    norm("fused below it again")
     dist.destroy_process_group()
     return taken
 
 
 def captured_all_reduce_op(rank, world, store, on_gpu):
     """torch.ops.pyccl.all_reduce captured in a CUDA graph after an eager call
-    taught its C++ kernel the choice, replayed with new inputs: each replay
+    set the group's runtime up, replayed with new inputs: each replay
     against float64. Returns (replays right, path of the captured call)."""
     device = _init(rank, world, store, on_gpu)
     name = dist.group.WORLD.group_name
     static_in = torch.randn(1000, 3, device=device)
-    torch.ops.pyccl.all_reduce(static_in, "sum", name)  # eager: the Python path, which teaches the kernel
+    torch.ops.pyccl.all_reduce(static_in, "sum", name)  # eager: the Python path, which sets the group up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
 

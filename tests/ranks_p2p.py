@@ -77,7 +77,7 @@ def ring_and_all_to_all(rank, world, store, on_gpu, seed, nbytes):
     from every peer, sizes by pair); then two sends to the same peer in one
     call. Returns the mismatches."""
     comm, device = _setup(store, rank, world, on_gpu)
-    engine = pyccl.collectives._engine(comm)
+    engine = comm._collective_engine()
     bad = []
     if nbytes <= engine.p2p_buffered_bytes:
         bad.append(f"{nbytes} bytes fit the buffer ({engine.p2p_buffered_bytes}): the ring would not test grouping")
@@ -206,7 +206,7 @@ def bad_engine_options(rank, world, store, on_gpu=False):
             messages[name] = "accepted"
         except ValueError as e:
             messages[name] = str(e)
-    messages["default"] = pyccl.collectives._engine(comm).p2p_ll_max_bytes
+    messages["default"] = comm._collective_engine().p2p_ll_max_bytes
     comm.close()
     return messages
 

@@ -29,13 +29,13 @@ def test_compiled_tensor_parallel_mlp_on_gpus(world):
 
 
 @requires_gpus(2)
-def test_all_reduce_op_runs_learned_calls_straight_into_the_engine_on_gpus():
+def test_all_reduce_op_runs_kernel_choices_straight_on_the_engine_on_gpus():
     for taken in run_ranks(ro.all_reduce_routes, 2, args=(True,), timeout=300):
         assert taken == ro.ALL_REDUCE_ROUTES
 
 
 @requires_gpus(2)
-def test_other_ops_run_learned_calls_straight_into_the_engine_on_gpus():
+def test_other_ops_run_kernel_choices_straight_on_the_engine_on_gpus():
     for taken in run_ranks(ro.other_op_routes, 2, args=(True,), timeout=300):
         assert taken == ro.OTHER_OP_ROUTES
 

@@ -140,28 +140,33 @@ def test_integration_modules_import_without_engines():
     assert pv.VLLM_VERSION == "0.26.0" and ps.SGLANG_VERSION == "0.5.17"
 
 
-def test_group_communicator_limit_follows_the_variables_between_calls(monkeypatch):
-    """should_use's size limit: PYCCL_NCCL_MIN_BYTES and NCCL_MIN_BYTES count
-    from the next call, as for pyccl's own choice."""
+def test_group_communicator_limit_is_the_selectors(monkeypatch):
+    """should_use's size limit is where the communicator's selector hands
+    every size to NCCL: NCCL_MIN_BYTES, or PYCCL_NCCL_MIN_BYTES as read when
+    the communicator was made (as NCCL reads its environment at init)."""
     import torch
     import torch.distributed as dist
 
     import pyccl
-    from pyccl import selection
+    from pyccl import dispatch
     from pyccl.integrations.group import GroupCommunicator
 
     monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
     monkeypatch.delenv("PYCCL_TUNING_FILE", raising=False)
-    comm = pyccl.Communicator(dist.HashStore(), 0, 1, device="cpu", name="limits")
+    store = dist.HashStore()
+    comm = pyccl.Communicator(store, 0, 1, device="cpu", name="limits")
     try:
         gc = GroupCommunicator(None, "cpu", comm=comm)
-        assert gc.max_bytes("all_reduce", torch.float32) == selection.NCCL_MIN_BYTES["all_reduce"] - 1
+        assert gc.max_bytes("all_reduce", torch.float32) == dispatch.NCCL_MIN_BYTES["all_reduce"] - 1
+        assert gc.max_bytes("all_gather", torch.bfloat16) == dispatch.NCCL_MIN_BYTES["all_gather"] - 1
         monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "4096")
+        assert gc.max_bytes("all_reduce", torch.float32) == dispatch.NCCL_MIN_BYTES["all_reduce"] - 1
+    finally:
+        comm.close()
+    comm = pyccl.Communicator(store, 0, 1, device="cpu", name="limits_from_the_environment")
+    try:
+        gc = GroupCommunicator(None, "cpu", comm=comm)
         assert gc.max_bytes("all_reduce", torch.float32) == 4095
-        monkeypatch.setenv("PYCCL_NCCL_MIN_BYTES", "65536")
-        assert gc.max_bytes("all_gather", torch.bfloat16) == 65535
-        monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES")
-        monkeypatch.setitem(selection.NCCL_MIN_BYTES, "all_reduce", 1 << 20)
-        assert gc.max_bytes("all_reduce", torch.float32) == (1 << 20) - 1
+        assert gc.max_bytes("all_gather", torch.bfloat16) == 4095
     finally:
         comm.close()

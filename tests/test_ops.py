@@ -42,11 +42,11 @@ def test_ops_run_on_inputs_that_require_grad_and_refuse_backward():
         assert bad == []
 
 
-def test_all_reduce_op_runs_learned_calls_straight_into_the_engine():
+def test_all_reduce_op_runs_kernel_choices_straight_on_the_engine():
     for taken in run_ranks(ro.all_reduce_routes, 2, args=(False,), timeout=300):
         assert taken == ro.ALL_REDUCE_ROUTES
 
 
-def test_other_ops_run_learned_calls_straight_into_the_engine():
+def test_other_ops_run_kernel_choices_straight_on_the_engine():
     for taken in run_ranks(ro.other_op_routes, 2, args=(False,), timeout=300):
         assert taken == ro.OTHER_OP_ROUTES

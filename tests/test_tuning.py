@@ -4,8 +4,20 @@ import json
 
 import pytest
 
-from pyccl import selection, tuning
+import torch
+
+from pyccl import _C, dispatch, tuning
 from pyccl.errors import InvalidArgumentError
+
+NONE = (1 << 64) - 1  # the selector's nccl_from where no size goes to NCCL
+
+
+def _nccl_from(table, collective, world=4):
+    """Where a selector made from `table` (bf16) hands every size of `collective` to NCCL."""
+    entries = {c: [dispatch._route_entry(e, world) for e in es] for c, es in table.get("collectives", {}).items()}
+    config = {"world": world, "tables": {"bfloat16": entries},
+              "nccl_min_bytes": [dispatch.NCCL_MIN_BYTES[c] for c in tuning.COLLECTIVES]}
+    return _C.Selector(config).nccl_from(collective, torch.bfloat16)
 
 
 def _rows():
@@ -29,8 +41,8 @@ def test_build_merges_runs_of_the_same_winner():
     assert tuning.select(table, "all_reduce", 4096) == "2pa_hb"
     assert tuning.select(table, "all_reduce", 1 << 30) == "nccl"
     assert tuning.select(table, "all_gather", 10) is None
-    assert tuning.nccl_from(table, "all_reduce") == 4097
-    assert tuning.nccl_from(table, "all_gather") is None  # no entries: the caller's default
+    assert _nccl_from(table, "all_reduce") == 4097
+    assert _nccl_from(table, "all_gather") == dispatch.NCCL_MIN_BYTES["all_gather"]  # no entries: the default
 
 
 def test_a_table_without_nccl_keeps_every_size_off_nccl():
@@ -38,9 +50,8 @@ def test_a_table_without_nccl_keeps_every_size_off_nccl():
     # hand-off must not fall back to the built-in 16 MiB rule.
     table = {"collectives": {"all_reduce": [{"max_bytes": 1 << 20, "algorithm": "1pa_ll"},
                                             {"max_bytes": None, "algorithm": "2pa_hb"}]}}
-    assert tuning.nccl_from(table, "all_reduce") == tuning.NEVER
-    assert selection._nccl_min_bytes("all_reduce", table) == tuning.NEVER > 1 << 40
-    assert selection._nccl_min_bytes("all_gather", table) == selection.NCCL_MIN_BYTES["all_gather"]
+    assert _nccl_from(table, "all_reduce") == NONE
+    assert _nccl_from(table, "all_gather") == dispatch.NCCL_MIN_BYTES["all_gather"]
 
 
 def test_zero_copy_column_gives_the_symmetric_entries():
@@ -133,8 +144,8 @@ def test_shipped_table_is_found_for_its_gpu_and_world(monkeypatch):
     assert eight is not None and eight["world"] == 8
     # On 8 GPUs the kernel beat NCCL at 16 MiB, not from 32 MiB (benchmarks/RESULTS.md).
     assert tuning.select(eight, "all_reduce", 16 << 20) == "2pa_hb"
-    assert tuning.nccl_from(eight, "all_reduce") == (16 << 20) + 1
-    assert tuning.nccl_from(eight, "broadcast") is None  # not measured: the defaults apply
+    assert _nccl_from(eight, "all_reduce", 8) == (16 << 20) + 1
+    assert _nccl_from(eight, "broadcast", 8) == dispatch.NCCL_MIN_BYTES["broadcast"]  # not measured: the defaults
 
 
 def test_tuning_file_overrides(monkeypatch, tmp_path):

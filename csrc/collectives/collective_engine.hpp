@@ -18,6 +18,13 @@
 
 namespace pyccl {
 
+/// Fused all-reduce + RMSNorm calls of more input bytes than this run
+/// unfused (pyccl.all_reduce, then torch's add and rms_norm): the fused
+/// kernel is measured to win up to 1 MiB (64 tokens of hidden 8192 bf16,
+/// docs/performance.md); above it the all-reduce's bandwidth sets the time,
+/// and the one-shot LL kernel is not the fastest all-reduce there.
+constexpr uint64_t kFusedMaxBytes = uint64_t{1} << 20;
+
 class CollectiveEngine {
  public:
   /// Collective: allocates and registers the scratch, maps every peer's.

@@ -186,10 +186,20 @@ std::map<std::string, std::string> Selector::settings() const {
 }
 
 Choice Selector::select(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, const std::string& forced,
-                        bool nccl, bool plans) const {
+                        bool nccl, bool plans, bool counted) const {
   Choice choice = choose(c, dtype, bytes, count, forced, nccl, plans);
-  record(c, choice);
+  if (counted) record(c, choice);
   return choice;
+}
+
+uint64_t Selector::ncclFrom(Collective c, TableDtype dtype) const {
+  if (ncclMinFromEnv_) return ncclMinEnv_;
+  const std::vector<RouteEntry>& entries = config_.tables[static_cast<int>(dtype)][static_cast<int>(c)];
+  if (entries.empty()) return config_.ncclMinBytes[static_cast<int>(c)];
+  size_t first = entries.size();  // the first of the entries that end the table with NCCL
+  while (first > 0 && entries[first - 1].route == Route::kNccl) --first;
+  if (first == entries.size()) return UINT64_MAX;
+  return first == 0 ? 0 : entries[first - 1].maxBytes + 1;
 }
 
 Choice Selector::named(const std::string& name, bool nccl, ChoiceSource source) const {

@@ -129,9 +129,12 @@ class Selector {
   /// counts it), forced to `forced` where not empty (InvalidArgument naming 'algorithm' unless one of
   /// algorithmsOf(c)). `nccl`: the caller can hand the call to NCCL (else a forced "nccl" is refused, and
   /// NCCL entries give way to the defaults). `plans`: plans may take it (false: a plan could not be set up,
-  /// so the choice without plans). Counted in trace().
+  /// so the choice without plans). Counted in trace() where `counted` (false: the caller runs only some
+  /// choices itself and hands the others to an entry point that asks again, and counts).
   Choice select(Collective c, TableDtype dtype, uint64_t bytes, uint64_t count, const std::string& forced,
-                bool nccl, bool plans = true) const;
+                bool nccl, bool plans = true, bool counted = true) const;
+  /// Counts `choice`, made by select(..., counted = false), in trace().
+  void count(Collective c, const Choice& choice) const { record(c, choice); }
 
   /// Step 5's kernel from here on: a lane's engine is made after its selector, whose settings it checks
   /// across ranks. Call it before the first select().
@@ -141,6 +144,11 @@ class Selector {
   uint64_t ncclMinBytes(Collective c) const {
     return ncclMinFromEnv_ ? ncclMinEnv_ : config_.ncclMinBytes[static_cast<int>(c)];
   }
+
+  /// The size from which every call of `c` on `dtype` goes to NCCL for a caller that has it (UINT64_MAX: no
+  /// size does), forced algorithms and plans aside: PYCCL_NCCL_MIN_BYTES; else where the dtype's table hands
+  /// every larger size to NCCL; else ncclMinBytes(c). What pyccl.integrations' engines route to pyccl below.
+  uint64_t ncclFrom(Collective c, TableDtype dtype) const;
 
   /// PYCCL_ALGO's algorithm for `c`, or "".
   const std::string& forcedByEnvironment(Collective c) const { return forcedByEnv_[static_cast<int>(c)]; }

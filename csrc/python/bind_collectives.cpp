@@ -44,6 +44,7 @@ void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices) {
 }
 
 void bindCollectives(py::module_& m) {
+  m.attr("FUSED_MAX_BYTES") = kFusedMaxBytes;
   // The host-mode fp32 -> fp16/bf16 conversions, exposed for tests.
   m.def("_round_trip_16bit", [](const at::Tensor& x, py::object dtype) {
     const at::ScalarType st = torch::python::detail::py_object_to_dtype(dtype);

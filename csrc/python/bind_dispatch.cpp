@@ -115,6 +115,13 @@ void bindDispatch(py::module_& m) {
           "(route, algorithm, symmetric algorithm, registered plan id, library plan entry or None, source) of a call.")
       .def("forced", [](const Selector& s, const std::string& c) { return s.forcedByEnvironment(parseCollective(c, "collective")); },
            py::arg("collective"), "PYCCL_ALGO's algorithm for the collective, as read when the selector was made.")
+      .def("nccl_from",
+           [](const Selector& s, const std::string& c, const py::handle& dtype) {
+             return s.ncclFrom(parseCollective(c, "collective"), tableDtypeOf(dtype));
+           },
+           py::arg("collective"), py::arg("dtype"),
+           "The size from which every call of the collective on the dtype goes to NCCL where the caller has it "
+           "(2**64 - 1: none): PYCCL_NCCL_MIN_BYTES, else the table's, else NCCL_MIN_BYTES's.")
       .def("trace", &Selector::trace, "Choices made so far, per 'collective route algorithm (source)'.")
       .def("settings", &Selector::settings);
   m.def("algorithms_of", [](const std::string& c) { return algorithmsOf(parseCollective(c, "collective")); },

@@ -9,7 +9,7 @@
 #include "core/ibverbs.hpp"
 #include "core/logging.hpp"
 #include "python/bindings.hpp"
-#include "python/op_routes.hpp"
+#include "python/op_runtimes.hpp"
 
 #ifdef PYCCL_WITH_CUDA
 #include "core/gpu_memory.hpp"
@@ -126,5 +126,5 @@ PYBIND11_MODULE(_C, m) {
   bindExecutor(m);
   bindBackend(m);
   bindDispatch(m);
-  bindOpRoutes(m);
+  bindOpRuntimes(m);
 }

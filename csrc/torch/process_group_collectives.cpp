@@ -31,30 +31,6 @@ ReduceOp reduceOpOfC10d(const c10d::ReduceOp& op) {
   }
 }
 
-/// The table dtype of `t` (dispatch/selector.hpp).
-TableDtype tableDtypeOf(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return TableDtype::kFloat32;
-    case at::kHalf: return TableDtype::kFloat16;
-    case at::kBFloat16: return TableDtype::kBFloat16;
-    default: return TableDtype::kOther;
-  }
-}
-
-/// The engine's arguments for a kernel choice ("" : the engine's own).
-std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice) {
-  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
-  return parseAllReduceAlgorithm(choice.algorithm, "algorithm");
-}
-std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice) {
-  if (choice.symmetricAlgorithm.empty() || choice.symmetricAlgorithm == "nccl") return std::nullopt;
-  return parseAllReduceAlgorithm(choice.symmetricAlgorithm, "algorithm");
-}
-std::optional<Protocol> protocolOf(const Choice& choice) {
-  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
-  return parseProtocol(choice.algorithm, "algorithm");
-}
-
 /// The kernel choice for one tensor of a coalesced op (the op's total chose the delegate or not).
 Choice kernelChoice(const Selector& selector, Collective c, const at::Tensor& t, uint64_t wholeBytes) {
   return selector.select(c, tableDtypeOf(t), wholeBytes, static_cast<uint64_t>(t.numel()), "", false, false);

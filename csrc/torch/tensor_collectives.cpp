@@ -229,4 +229,28 @@ void sendRecvTensors(CollectiveEngine& e, const Communicator& comm, const std::v
   e.sendRecv(peerTransfers, currentStream(comm));
 }
 
+TableDtype tableDtypeOf(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return TableDtype::kFloat32;
+    case at::kHalf: return TableDtype::kFloat16;
+    case at::kBFloat16: return TableDtype::kBFloat16;
+    default: return TableDtype::kOther;
+  }
+}
+
+std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice) {
+  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
+  return parseAllReduceAlgorithm(choice.algorithm, "algorithm");
+}
+
+std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice) {
+  if (choice.symmetricAlgorithm.empty() || choice.symmetricAlgorithm == "nccl") return std::nullopt;
+  return parseAllReduceAlgorithm(choice.symmetricAlgorithm, "algorithm");
+}
+
+std::optional<Protocol> protocolOf(const Choice& choice) {
+  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
+  return parseProtocol(choice.algorithm, "algorithm");
+}
+
 }  // namespace pyccl

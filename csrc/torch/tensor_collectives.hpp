@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/collective_engine.hpp"
+#include "dispatch/selector.hpp"
 
 namespace pyccl {
 
@@ -33,6 +34,15 @@ enum class OutPlacement { kSameOrApart, kInputAtRankChunk, kOutputAtRankChunk };
 void checkOutPlacement(OutPlacement placement, const at::Tensor& input, const at::Tensor& output, int rank);
 /// The current CUDA stream of the communicator's device (nullptr in host mode).
 void* currentStream(const Communicator& comm);
+
+/// The selector's table dtype of `t` (dispatch/selector.hpp).
+TableDtype tableDtypeOf(const at::Tensor& t);
+/// The engine's arguments for a selector's kernel choice (nullopt: the engine's own choice, or not a kernel).
+std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice);
+/// An all-reduce choice's kernel for symmetric and graph buffers (nullopt where NCCL or none was chosen).
+std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice);
+/// The protocol of a data-movement or reduce-scatter kernel choice.
+std::optional<Protocol> protocolOf(const Choice& choice);
 
 /// `symmetricAlgorithm`: as CollectiveEngine::allReduce takes it.
 void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,

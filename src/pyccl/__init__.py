@@ -19,6 +19,7 @@ from . import _C
 from ._logging import logger
 from .collectives import all_gather, all_reduce, all_to_all, broadcast, communicator_for, reduce_scatter
 from .communicator import Communicator
+from .memory import empty
 from .errors import (
     AbortedError,
     ClosedError,
@@ -84,25 +85,6 @@ __all__ = [
 def cuda_available() -> bool:
     """Whether this build has CUDA support and at least one GPU is visible."""
     return _C.cuda_built() and _C.device_count() > 0
-
-
-def empty(*size, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tensor:
-    """An uninitialized tensor in memory that peers can map.
-
-    On ``cpu`` the memory is shared host memory (what host mode registers); on
-    ``cuda`` it is a cuMem allocation exportable to other processes. Zero-filled.
-    """
-    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-        size = tuple(size[0])
-    if not isinstance(dtype, torch.dtype):
-        raise InvalidArgumentError(f"invalid argument 'dtype': expected a torch.dtype (e.g. torch.bfloat16), got "
-                                   f"{dtype!r}")
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev.type not in ("cpu", "cuda"):
-        raise InvalidArgumentError(f"invalid argument 'device': must be cpu or cuda, got {device}")
-    return _C.empty_shared([int(s) for s in size], dtype, str(dev))
 
 
 def get_include() -> str:

@@ -26,11 +26,12 @@ lazily) cannot stall the transfers the kernel waits for.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 
 from . import registry
+from .dispatch import REDUCIBLE_DTYPES
 from .errors import InvalidArgumentError, UnsupportedError
 
 __all__ = ["LL_MAX_BYTES", "LL_PIPELINE", "LL_PIPELINE_MIN_BYTES", "node_layout", "run"]
@@ -47,34 +48,34 @@ LL_PIPELINE_MIN_BYTES = 256 << 10
 LL_PIPELINE: Optional[int] = None
 
 
+def layout_of(name: str, nodes: List[str]) -> Union[None, Tuple[int, int], UnsupportedError]:
+    """The layout of communicator `name` whose rank r lies on node
+    ``nodes[r]``: ``(num_nodes, gpus_per_node)`` when the ranks span nodes,
+    None when they share one, or the UnsupportedError to raise at a call for
+    a layout the hierarchical plans do not take (nodes of different sizes, or
+    ranks of a node not numbered consecutively)."""
+    order = list(dict.fromkeys(nodes))  # node keys, first appearance first
+    if len(order) == 1:
+        return None
+    per = len(nodes) // len(order)
+    node_major = all(nodes[i] == order[i // per] for i in range(len(nodes)))
+    if len(nodes) % len(order) != 0 or not node_major:
+        counts = {k: nodes.count(k) for k in order}
+        return UnsupportedError(
+            f"communicator '{name}' spans {len(order)} nodes with ranks {nodes} (per node {counts}); "
+            "pyccl's collectives across nodes need the same number of ranks on every node, numbered node "
+            "by node (as torchrun numbers them)")
+    return len(order), per
+
+
 def node_layout(comm) -> Optional[Tuple[int, int]]:
     """``(num_nodes, gpus_per_node)`` when the communicator's ranks span
     nodes, None when they share one. Raises UnsupportedError for a layout the
-    hierarchical plans do not take (nodes of different sizes, or ranks of a
-    node not numbered consecutively). Cached on the communicator."""
-    cached = comm.__dict__.get("_node_layout", False)
-    if cached is not False:
-        if isinstance(cached, UnsupportedError):
-            raise cached
-        return cached
-    nodes = [r["node"] for r in comm.topology()["ranks"]]
-    order = list(dict.fromkeys(nodes))  # node keys, first appearance first
-    layout: object = None
-    if len(order) > 1:
-        per = len(nodes) // len(order)
-        node_major = all(nodes[i] == order[i // per] for i in range(len(nodes)))
-        if len(nodes) % len(order) != 0 or not node_major:
-            counts = {k: nodes.count(k) for k in order}
-            layout = UnsupportedError(
-                f"communicator '{comm.name}' spans {len(order)} nodes with ranks {nodes} (per node {counts}); "
-                "pyccl's collectives across nodes need the same number of ranks on every node, numbered node "
-                "by node (as torchrun numbers them)")
-        else:
-            layout = (len(order), per)
-    comm.__dict__["_node_layout"] = layout
+    hierarchical plans do not take (see :func:`layout_of`)."""
+    layout = comm._node_layout
     if isinstance(layout, UnsupportedError):
         raise layout
-    return layout  # type: ignore[return-value]
+    return layout
 
 
 def _plan_for(collective: str, layout: Tuple[int, int], nbytes: int):
@@ -96,8 +97,6 @@ def _plan_for(collective: str, layout: Tuple[int, int], nbytes: int):
 
 
 def _check(collective: str, tensor: torch.Tensor, out: torch.Tensor, comm, out_elements: int) -> None:
-    from .collectives import REDUCIBLE_DTYPES
-
     if collective != "all_gather" and tensor.dtype not in REDUCIBLE_DTYPES:
         raise InvalidArgumentError(f"invalid argument 'tensor': {collective} reduces "
                                    f"{', '.join(str(d) for d in REDUCIBLE_DTYPES)}, not {tensor.dtype}")

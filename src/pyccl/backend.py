@@ -48,8 +48,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _C, _env
+from . import _C, _env, across_nodes, registry
 from ._logging import logger
+from .communicator import Communicator
+from .dispatch import selector_config, table_for
+from .errors import UnsupportedError
 from .tuning import kernel_choices
 
 __all__ = ["register"]
@@ -115,10 +118,6 @@ def _plan_runner():
     on the group share."""
 
     def run(collective: str, native, plan_id: int, entry, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
-        from . import registry
-        from .communicator import Communicator
-        from .errors import UnsupportedError
-
         comm = Communicator._adopt(native)
         nbytes = tensor.numel() * tensor.element_size() * (comm.world_size if collective == "all_gather" else 1)
         runner = registry.chosen_runner(comm, collective, plan_id, entry, nbytes, tensor)
@@ -135,9 +134,6 @@ def _across_nodes_runner():
     (pyccl.across_nodes), over the Python communicator adopting each lane's."""
 
     def run(collective: str, native, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
-        from . import across_nodes
-        from .communicator import Communicator
-
         across_nodes.run(Communicator._adopt(native), collective, tensor, out, op)
 
     return run
@@ -145,8 +141,6 @@ def _across_nodes_runner():
 
 def _create(options, backend_options) -> "torch._C._distributed_c10d.Backend":
     """The creator torch calls for each group (extended API)."""
-    from .selection import selector_config, table_for
-
     store, rank, size = options.store, options.group_rank, options.group_size
     timeout = _group_timeout(options.timeout)
     device = -1

@@ -70,12 +70,10 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 from . import bench_args  # noqa: E402
+from .bench_timing import BUS_FACTOR as _BUS_FACTOR  # noqa: E402
 from .bench_timing import align_trials, align_trials_with, time_eager, time_graph  # noqa: E402
 
 # Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
-_BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
-               "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
-               "broadcast": lambda w: 1.0, "send_recv": lambda w: 1.0}
 # Every timing column a row may have, in table order.
 _COLUMNS = ("pyccl", "pyccl_pg", "pyccl_kernels", "pyccl_1pa_ll", "pyccl_2pa_ll", "pyccl_1pa_hb", "pyccl_2pa_hb",
             "pyccl_ll", "pyccl_hb", "pyccl_sym", "pyccl_sym_2pa_hb", "pyccl_graph", "pyccl_graph_2pa_hb",
@@ -218,9 +216,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
     dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
     dtype = getattr(torch, dtype_name)
     # The kernels' communicator; engine_options (CollectiveEngine keywords) try other settings.
-    comm = pyccl.Communicator(store, rank, world, device=device, name="bench", collectives=not engine_options)
-    if engine_options:
-        comm._engine = pyccl._C.CollectiveEngine(comm._comm, **engine_options)
+    comm = pyccl.Communicator(store, rank, world, device=device, name="bench", engine_options=engine_options)
     align_trials_with(comm, device)
     # The torch-group path's communicator, made before any graph is captured.
     pyccl.communicator_for(None, device)
@@ -291,17 +287,12 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                     fn = _pyccl_fn(pyccl, collective, x, out, comm, algo)
                     row[label] = time_graph(fn, iters, trials, capture_in=pyccl.graph_capture(comm=comm),
                                              check=lambda: _check(collective, label, out, ref, whole), output=out)
-            tuned = pyccl.tuning.select(pyccl.selection.table_for(device, world, dtype), collective, whole)
             if collective == "send_recv":
                 row["pyccl_algo"] = "ll" if x.numel() * x.element_size() <= comm._engine.p2p_ll_max_bytes else "hb"
-            elif tuned is not None and not os.environ.get("PYCCL_NCCL_MIN_BYTES"):
-                row["pyccl_algo"] = tuned
-            elif whole >= pyccl.selection._nccl_min_bytes(collective):
-                row["pyccl_algo"] = "nccl"
-            elif collective == "all_reduce":
-                row["pyccl_algo"] = comm._engine.select(whole)
-            else:
-                row["pyccl_algo"] = comm._engine.select_exchange(collective, whole)
+            else:  # what the group's selector chooses for the pyccl column's calls
+                route, algo = pyccl.communicator_for(None, device)._selector.select(
+                    collective, dtype, whole, x.numel(), None, True)[:2]
+                row["pyccl_algo"] = algo if route in ("kernel", "nccl") else f"{route} {algo}".strip()
             buf = x.clone() if collective == "all_reduce" else out
             if collective == "send_recv":
                 buf.fill_(float("nan"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .bench import _BUS_FACTOR
+from .bench_timing import BUS_FACTOR as _BUS_FACTOR
 
 _SERIES = ("pyccl", "pyccl_pg", "pyccl_sym", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
 _SPLIT = 1 << 20

@@ -12,6 +12,12 @@ import torch
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+#: nccl-tests' bus-bandwidth factor of each collective at world size w (busbw = algbw * factor).
+BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
+              "reduce_scatter": lambda w: (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
+              "broadcast": lambda w: 1.0, "send_recv": lambda w: 1.0}
+
+
 def parse_bytes(text: str) -> int:
     """'3000', '4K', '4KiB', '256M', '1G' as bytes; a ValueError naming `text` otherwise."""
     t = text.strip().upper().rstrip("B").rstrip("I")

@@ -11,8 +11,10 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, calls
 from ._logging import logger
+from .across_nodes import layout_of
+from .dispatch import new_engine, new_selector
 from .errors import InvalidArgumentError, UnsupportedError
 
 DeviceLike = Union[str, int, torch.device, None]
@@ -74,7 +76,15 @@ class Communicator:
             store (a name taken before raises ``InvalidArgumentError``); by default
             the n-th communicator created over ``store`` in this process is ``comm<n>``.
         timeout: bound of every wait (default: ProcessGroupNCCL's, 10 minutes).
+        collectives: set the collectives' engine up now (default), else at the first collective.
+        engine_options: ``pyccl._C.CollectiveEngine`` keywords that replace its settings (experiments and
+            benchmarks; every rank passes the same).
     """
+
+    # Every attribute is set by this class: other modules call its methods.
+    __slots__ = ("_device", "_group_owned", "name", "_comm", "_world_size", "_engine", "_engine_options",
+                 "_collectives_error", "_selector", "_engine_selectors", "_plan_runners", "_nccl_direct",
+                 "_nccl_direct_failed", "_nccl_direct_captured", "_node_layout", "__weakref__")
 
     def __init__(
         self,
@@ -85,6 +95,7 @@ class Communicator:
         name: Optional[str] = None,
         timeout: Union[datetime.timedelta, float] = DEFAULT_TIMEOUT,
         collectives: bool = True,
+        engine_options: Optional[dict] = None,
     ) -> None:
         if not isinstance(store, dist.Store):
             raise InvalidArgumentError(
@@ -109,23 +120,34 @@ class Communicator:
         logger.info("communicator %s: rank %d of %d on %s", self.name, rank, world_size, self.device)
         # The collectives' scratch is set up now, while no CUDA graph is being
         # captured, so that a graph may capture the very first collective.
-        self._engine = None
-        self._collectives_error: Optional[str] = None
-        from .selection import new_engine, new_selector  # selection imports this module
-
+        self._init_state()
+        self._engine_options = dict(engine_options) if engine_options else None
         try:
+            self._node_layout = layout_of(self.name, [r["node"] for r in self._comm.topology()["ranks"]])
             if collectives:
                 try:
-                    self._engine = new_engine(self._comm, self.device, world_size)
+                    self._engine = new_engine(self._comm, self.device, world_size, self._engine_options)
                 except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
                     self._collectives_error = str(e)
             # What runs each collective call (csrc/dispatch/selector.hpp); it reads the environment now.
-            self._selector = new_selector(self, self._engine)
+            self._selector = new_selector(self.device, world_size, self._node_layout is not None, self._engine)
         except BaseException:  # e.g. ranks that disagree: no communicator, and nothing of it left open
             if self._engine is not None:
                 self._engine.close()
             self._comm.close()
             raise
+
+    def _init_state(self) -> None:
+        """What the communicator's calls set up later, empty."""
+        self._engine: Optional["_C.CollectiveEngine"] = None
+        self._engine_options: Optional[dict] = None
+        self._collectives_error: Optional[str] = None
+        self._selector: Optional["_C.Selector"] = None
+        self._engine_selectors: dict = {}  # _use_engine's, by id of the engine
+        self._plan_runners: dict = {}  # pyccl.registry's runners, by key; closed with the communicator
+        self._nccl_direct = None  # the NCCL communicator pyccl calls directly for the group (calls.direct_nccl)
+        self._nccl_direct_failed = False
+        self._nccl_direct_captured = False
 
     @classmethod
     def _adopt(cls, native: "_C.Communicator", engine: Optional["_C.CollectiveEngine"] = None,
@@ -144,6 +166,7 @@ class Communicator:
                     self._collectives_error = None if engine is not None else self._collectives_error
                 return self
             self = cls.__new__(cls)
+            self._init_state()
             self._device = native.device
             self.name = native.name
             self._comm = native
@@ -153,6 +176,7 @@ class Communicator:
                 "made by the torch backend without a collective engine (the group's ranks span nodes)")
             self._group_owned = True
             self._selector = selector
+            self._node_layout = layout_of(self.name, [r["node"] for r in native.topology()["ranks"]])
             _adopted[id(native)] = self  # holds `native` while it lives: the id stays its own
         return self
 
@@ -290,37 +314,77 @@ class Communicator:
     def all_reduce(self, tensor: torch.Tensor, op="sum", out: Optional[torch.Tensor] = None,
                    algorithm: Optional[str] = None) -> torch.Tensor:
         """All-reduces ``tensor`` over this communicator; see :func:`pyccl.all_reduce`."""
-        from .collectives import all_reduce
-
-        return all_reduce(tensor, op, out=out, comm=self, algorithm=algorithm)
+        return calls.all_reduce(self, None, False, tensor, op, out, algorithm)
 
     def all_gather(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None,
                    algorithm: Optional[str] = None) -> torch.Tensor:
         """See :func:`pyccl.all_gather`."""
-        from .collectives import all_gather
-
-        return all_gather(tensor, out=out, comm=self, algorithm=algorithm)
+        return calls.all_gather(self, None, False, tensor, out, algorithm)
 
     def reduce_scatter(self, tensor: torch.Tensor, op="sum", out: Optional[torch.Tensor] = None,
                        algorithm: Optional[str] = None) -> torch.Tensor:
         """See :func:`pyccl.reduce_scatter`."""
-        from .collectives import reduce_scatter
-
-        return reduce_scatter(tensor, op, out=out, comm=self, algorithm=algorithm)
+        return calls.reduce_scatter(self, None, False, tensor, op, out, algorithm)
 
     def all_to_all(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None,
                    algorithm: Optional[str] = None) -> torch.Tensor:
         """See :func:`pyccl.all_to_all`."""
-        from .collectives import all_to_all
-
-        return all_to_all(tensor, out=out, comm=self, algorithm=algorithm)
+        return calls.all_to_all(self, None, False, tensor, out, algorithm)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, out: Optional[torch.Tensor] = None,
                   algorithm: Optional[str] = None) -> torch.Tensor:
         """See :func:`pyccl.broadcast`."""
-        from .collectives import broadcast
+        return calls.broadcast(self, None, False, tensor, src, out, algorithm)
 
-        return broadcast(tensor, src, out=out, comm=self, algorithm=algorithm)
+    # -- what the calls set up ------------------------------------------------------
+    def _collective_engine(self) -> "_C.CollectiveEngine":
+        """The collectives' engine, set up at the first collective where the
+        communicator was made with ``collectives=False``."""
+        engine = self._engine
+        if engine is None:
+            if self._collectives_error is not None:
+                raise UnsupportedError(self._collectives_error)
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise InvalidArgumentError(
+                    f"communicator {self.name} was made with collectives=False and cannot set them up while a CUDA "
+                    "graph is being captured; make it with collectives=True (the default) before capturing")
+            # UnsupportedError where it cannot run
+            engine = self._engine = new_engine(self._comm, self.device, self.world_size, self._engine_options)
+            self._selector = new_selector(self.device, self.world_size, self._node_layout is not None, engine)
+            logger.info("communicator %s: collective engine ready", self.name)
+        return engine
+
+    def _use_engine(self, engine: "_C.CollectiveEngine") -> None:
+        """Runs the collectives on `engine` from now on (experiments with other
+        engine settings), with a selector whose defaults are that engine's
+        (made once per engine). The communicator closes the engine in use
+        when it closes; the caller closes the others."""
+        selector = self._engine_selectors.get(id(engine))
+        if selector is None or selector[0] is not engine:
+            selector = self._engine_selectors[id(engine)] = (
+                engine, new_selector(self.device, self.world_size, self._node_layout is not None, engine))
+        self._engine, self._selector = engine, selector[1]
+
+    def _has_direct_nccl(self) -> bool:
+        return self._nccl_direct is not None
+
+    def _direct_nccl(self, make):
+        """The NCCL communicator pyccl calls directly for this communicator's
+        group, made by `make` (collectively) at the first call; None where it
+        cannot be made (logged once: the caller then hands calls to the
+        group's backend)."""
+        if self._nccl_direct is None and not self._nccl_direct_failed:
+            try:
+                self._nccl_direct = make()
+            except (OSError, RuntimeError) as e:
+                logger.warning("NCCL cannot be called directly (%s); out-of-place all-reduces handed to NCCL "
+                               "copy and call the group's backend", e)
+                self._nccl_direct_failed = True
+        return self._nccl_direct
+
+    def _nccl_captured(self) -> None:
+        """A CUDA graph captured work on the direct NCCL communicator (see close)."""
+        self._nccl_direct_captured = True
 
     def close(self) -> None:
         """Releases every registration, mapping, semaphore, fd and thread. Idempotent.
@@ -329,16 +393,18 @@ class Communicator:
         is the group's own runtime: this releases what was made through it (its
         plans, its direct NCCL communicator), and the group keeps running;
         ``dist.destroy_process_group`` closes the rest."""
-        for runner in self.__dict__.pop("_plan_runners", {}).values():  # pyccl.register_algorithm's plans
+        runners, self._plan_runners = self._plan_runners, {}
+        self._engine_selectors = {}
+        for runner in runners.values():  # pyccl.register_algorithm's and the tables' plans
             runner.close()
-        engine = getattr(self, "_engine", None)
+        engine = self._engine
         if engine is not None and not self._group_owned:
             engine.close()
             self._engine = None
             self._selector = None  # it holds the engine, for its defaults
-        nccl = getattr(self, "_nccl_direct", None)  # pyccl.collectives' NCCL hand-off
+        nccl = self._nccl_direct  # pyccl.collectives' NCCL hand-off
         if nccl is not None:
-            if getattr(self, "_nccl_direct_captured", False):
+            if self._nccl_direct_captured:
                 # ncclCommDestroy waits until every CUDA graph that captured work
                 # on the communicator is destroyed, which may be never: leave it
                 # to process exit rather than hang here.

@@ -35,8 +35,10 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _C
 from ._logging import logger
-from .collectives import REDUCIBLE_DTYPES, _engine, all_reduce
+from .collectives import all_reduce
+from .dispatch import REDUCIBLE_DTYPES
 from .communicator import Communicator
 from .errors import ClosedError, InvalidArgumentError, PycclTypeError
 from .group_communicators import given_or_group_communicator
@@ -44,11 +46,10 @@ from .group_communicators import given_or_group_communicator
 __all__ = ["FUSED_ALGORITHMS", "FUSED_MAX_BYTES", "fused_all_reduce_rmsnorm"]
 
 FUSED_ALGORITHMS = ("one_shot", "two_shot", "two_kernel", "unfused")
-# Messages (bytes of the input) above this take the unfused path. The fused
-# kernel is measured up to 1 MiB (64 tokens of hidden 8192 bf16), where it
-# still wins (benchmarks/RESULTS.md); above, the all-reduce's bandwidth sets
-# the time, and the LL kernel is not the fastest all-reduce there.
-FUSED_MAX_BYTES = 1 << 20
+#: Messages (bytes of the input) above this take the unfused path: the engine's
+#: limit (kFusedMaxBytes, csrc/collectives/collective_engine.hpp), which
+#: torch.ops.pyccl.fused_all_reduce_rmsnorm's C++ kernel reads too.
+FUSED_MAX_BYTES: int = _C.FUSED_MAX_BYTES
 
 
 def _check(x, residual, weight, eps, out, residual_out) -> None:
@@ -115,7 +116,7 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
     comm = given_or_group_communicator(comm, group, x.device)
     if comm.closed:
         raise ClosedError(f"fused_all_reduce_rmsnorm: communicator '{comm.name}' is closed")
-    engine = _engine(comm)
+    engine = comm._collective_engine()
     # Long rows: the engine's automatic choice takes two_kernel, and refuses one_shot or two_shot forced.
     unfused = algorithm == "unfused" or (algorithm is None and x.numel() * x.element_size() > FUSED_MAX_BYTES)
     if unfused:

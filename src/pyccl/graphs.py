@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from . import _C
 from ._logging import logger
-from .collectives import _engine, communicator_for
+from .collectives import communicator_for
 from .communicator import Communicator
 from .errors import InvalidArgumentError
 
@@ -70,7 +70,7 @@ def graph_capture(group: Optional[dist.ProcessGroup] = None, *,
     if comm.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise InvalidArgumentError("graph_capture: enter the block before the CUDA graph capture begins (it sets up "
                                    "memory, which a capture does not allow)")
-    engine = _engine(comm)
+    engine = comm._collective_engine()
     engine.begin_graph_capture()
     if backend is not None:
         try:

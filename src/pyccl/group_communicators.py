@@ -1,5 +1,4 @@
-"""The pyccl communicators of torch process groups: ``pyccl.communicator_for``,
-and the NCCL communicator pyccl calls directly for a group.
+"""The pyccl communicators of torch process groups: ``pyccl.communicator_for``.
 
 A group's communicator is made on its first collective (or
 ``communicator_for``), collectively over the group's store, and kept for the
@@ -17,17 +16,18 @@ import torch.distributed as dist
 
 from . import _C
 from ._logging import logger
+from .calls import group_store, made_count
 from .communicator import Communicator
 from .errors import InvalidArgumentError
 
 __all__ = ["communicator_for"]
 
 _lock = threading.Lock()
-# (id(group), device) -> (a weak reference to the group, its communicator). The reference tells a live group
-# from a new one that took a destroyed group's id.
-_communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator]] = {}
-# Communicators made per kind and name, with _lock held (_made_count): each new one's store keys carry the count.
-_made: Dict[str, int] = {}
+# (id(group), device) -> (a weak reference to the group, its communicator, whether the group has NCCL). The
+# reference tells a live group from a new one that took a destroyed group's id.
+_communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator, bool]] = {}
+# id(group) -> (a weak reference to the group, whether its backend has NCCL): asked once per group.
+_has_nccl: Dict[int, Tuple[weakref.ref, bool]] = {}
 
 
 def given_or_group_communicator(comm, group, device: Optional[torch.device] = None) -> Communicator:
@@ -90,11 +90,43 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
             # communicator was closed gets another, and its set-up must not read the closed one's keys. Every rank
             # makes a group's communicators at the same calls, so the count agrees.
             base = f"pyccl_{pg.group_name}_{device.type}"
-            made = _made_count(base)
-            comm = Communicator(_group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
+            made = made_count(base)
+            comm = Communicator(group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
                                 name=base if made == 1 else f"{base}_{made}")
-        _communicators[key] = (weakref.ref(pg), comm)
+        nccl = group_has_nccl(group)
+        _communicators[key] = (weakref.ref(pg), comm, nccl)
+        if comm._engine is not None:
+            # torch.ops.pyccl.* on the group run its selector's kernel choices in C++ (csrc/python/op_runtimes.hpp).
+            _C.register_group_runtime(pg.group_name, device.index if device.type == "cuda" else -1, comm._comm,
+                                      comm._engine, comm._selector, nccl)
     return comm
+
+
+def group_call(group: Optional[dist.ProcessGroup], device: torch.device) -> Tuple[Communicator, bool]:
+    """What a collective call on `group`'s tensors of `device` runs on: the
+    group's communicator (:func:`communicator_for`) and whether the group has
+    NCCL to hand calls to. One lookup per call."""
+    pg = group if group is not None else dist.group.WORLD
+    entry = _communicators.get((id(pg), device))
+    if entry is not None and entry[0]() is pg and not entry[1]._comm.closed:
+        return entry[1], entry[2]
+    comm = communicator_for(group, device)
+    return comm, group_has_nccl(group)
+
+
+def group_has_nccl(group: Optional[dist.ProcessGroup]) -> bool:
+    """Whether `group`'s backend has NCCL (a call of CUDA tensors may be
+    handed to it), asked once per group: a group's backend does not change."""
+    pg = group if group is not None else dist.group.WORLD
+    entry = _has_nccl.get(id(pg))
+    if entry is not None and entry[0]() is pg:
+        return entry[1]
+    try:
+        has = "nccl" in str(dist.get_backend(pg)).lower()
+    except Exception:  # not a torch process group (the call's own checks name it), or torch is not initialized
+        return False
+    _has_nccl[id(pg)] = (weakref.ref(pg), has)
+    return has
 
 
 def pyccl_backend_of(group: Optional[dist.ProcessGroup], device: torch.device):
@@ -118,7 +150,7 @@ def _close_communicators_of_destroyed_groups() -> None:
         registered = dist.distributed_c10d._world.pg_map
     except AttributeError:  # a torch without the registry: only groups that are gone
         registered = None
-    for key, (ref, comm) in list(_communicators.items()):
+    for key, (ref, comm, _) in list(_communicators.items()):
         pg = ref()
         if pg is not None and (registered is None or pg in registered) and not comm.closed:
             continue
@@ -126,46 +158,3 @@ def _close_communicators_of_destroyed_groups() -> None:
         if not comm.closed:
             logger.info("communicator %s: closed, its torch process group was destroyed", comm.name)
             comm.close()
-
-
-def _group_store(group: Optional[dist.ProcessGroup]):
-    store = dist.distributed_c10d._get_default_store()
-    if group is not None:
-        store = dist.PrefixStore(f"pyccl/{dist.get_process_group_ranks(group)}", store)
-    return store
-
-
-def _made_count(key: str) -> int:
-    """How many communicators have been made under `key`, this one included;
-    with _lock held. Every rank makes a group's communicators at the same
-    calls, so the count is the same on every rank."""
-    made = _made[key] = _made.get(key, 0) + 1
-    return made
-
-
-def _direct_nccl(comm: Communicator, group: Optional[dist.ProcessGroup], device: torch.device):
-    """The NCCL communicator pyccl calls directly for `comm`'s group (as vLLM's
-    pynccl does), made collectively on the first out-of-place hand-off and
-    closed with `comm`. None while a CUDA graph is being captured before it
-    exists (NCCL cannot be set up then) or where libnccl cannot be used: the
-    caller then copies and calls the group's backend."""
-    nccl = getattr(comm, "_nccl_direct", None)
-    if nccl is not None or getattr(comm, "_nccl_direct_failed", False):
-        return nccl
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    from ._nccl import NcclComm
-
-    with _lock:
-        # Every rank makes its communicators for a group in the same order: the
-        # count makes each one's key new on the store.
-        key = f"pyccl_nccl_direct/{comm.name}/{_made_count('nccl_direct/' + comm.name)}"
-    try:
-        nccl = NcclComm(_group_store(group), comm.rank, comm.world_size, device.index, key=key)
-    except (OSError, RuntimeError) as e:
-        logger.warning("NCCL cannot be called directly (%s); out-of-place all-reduces handed to NCCL "
-                       "copy and call the group's backend", e)
-        comm._nccl_direct_failed = True
-        return None
-    comm._nccl_direct = nccl
-    return nccl

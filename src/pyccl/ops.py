@@ -33,12 +33,11 @@ lets a call on tensors that require grad run, and a backward through its
 result raise, naming the op.
 
 The CPU and CUDA kernels of ``all_reduce``, ``all_gather``, ``reduce_scatter``
-and ``fused_all_reduce_rmsnorm`` are C++ (csrc/python/collective_ops.cpp): a
-call like one that the Python kernel below already ran on the engine (same
-op, group, device, dtype and size, nothing its choice was made from changed
-since) goes straight to the engine without calling Python (it only reads,
-under the GIL, the values that choice was made from). Every other call runs
-the Python kernel, which then teaches the C++ one.
+and ``fused_all_reduce_rmsnorm`` are C++ (csrc/python/collective_ops.cpp):
+each asks the group's selector (the one ``pyccl.<name>`` asks) and runs a
+kernel choice straight on the engine, without Python. A plan, NCCL, the
+collectives across nodes, and a group pyccl has not set up yet go to the
+Python kernels below, which run ``pyccl.<name>``.
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from . import _C, _env, collectives, fused, registry, selection
-from .group_communicators import communicator_for
+from . import _C, collectives, fused
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "fused_all_reduce_rmsnorm", "reduce_scatter"]
 
@@ -122,22 +120,14 @@ def _normed(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: 
 @_define("all_reduce(Tensor x, str op, str group_name) -> Tensor", _like, kernel_in_cpp=True)
 def all_reduce(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """All-reduce of ``x`` over the group named ``group_name``; a new tensor."""
-    x = x.contiguous()
-    group = _group(group_name)
-    out = collectives.all_reduce(x, op, group=group)
-    _teach_collective("all_reduce", x, group, group_name)
-    return out
+    return collectives.all_reduce(x.contiguous(), op, group=_group(group_name))
 
 
 @_define("all_gather(Tensor x, int group_size, str group_name) -> Tensor", _gathered, kernel_in_cpp=True)
 def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
     """Every rank's ``x`` concatenated along dim 0, in rank order; ``group_size``
     is the group's size (checked)."""
-    x = x.contiguous()
-    group = _group_of_size(group_name, group_size)
-    out = collectives.all_gather(x, group=group)
-    _teach_collective("all_gather", x, group, group_name)
-    return out
+    return collectives.all_gather(x.contiguous(), group=_group_of_size(group_name, group_size))
 
 
 @_define("reduce_scatter(Tensor x, str op, int group_size, str group_name) -> Tensor", _scattered,
@@ -148,46 +138,7 @@ def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -
     x = x.contiguous()
     group = _group_of_size(group_name, group_size)
     out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
-    out = collectives.reduce_scatter(x, op, group=group, out=out)
-    _teach_collective("reduce_scatter", x, group, group_name)
-    return out
-
-
-def _teach_collective(collective: str, x: torch.Tensor, group: dist.ProcessGroup, group_name: str) -> None:
-    """Where pyccl.<collective> ran this call on the engine, tells the op's C++
-    kernel the engine and the choice it was given: the same branches as
-    pyccl.collectives, from the selector's choice. Nothing is learned while
-    a plan is registered (it may take some sizes) or the sources cannot be watched."""
-    if not _WATCHED[collective] or registry._registry:
-        return
-    call = selection._Call(collective, x, group, None, None, gathers=collective == "all_gather")
-    engine = getattr(call.comm, "_engine", None)
-    if engine is None or call.use_nccl:
-        return
-    symmetric = None
-    if not call.forced:
-        if call.spans_nodes or call.route == "plan":
-            return
-        if collective == "all_reduce":
-            symmetric = call.symmetric
-            if symmetric == "nccl":
-                return
-    _C.learn_op_route(collective, group_name, x, call.comm._comm, engine, call.kernel_algorithm, symmetric)
-
-
-def _watched_sources(collective: str) -> list:
-    """What a learned choice of `collective` was made from, beyond the call
-    itself: the variables and thresholds the group's selector was made from (a change there
-    re-learns the route), and the registered plans."""
-    sources = []
-    for name in selection.SHARED_ENV:
-        lookup = _env.lookup(name)
-        if lookup is None:
-            return []  # the environment cannot be watched here: no call is learned
-        sources.append((lookup[0], lookup[1], None))
-    sources.append((vars(selection), "NCCL_MIN_BYTES", collective))
-    sources.append((vars(registry), "_generation", None))
-    return sources
+    return collectives.reduce_scatter(x, op, group=group, out=out)
 
 
 @_define("all_to_all(Tensor x, str group_name) -> Tensor", _like)
@@ -207,19 +158,10 @@ def broadcast(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
 def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                              group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """All-reduce of ``x`` + ``residual``, then RMSNorm with ``weight``: (normed, new residual)."""
-    x = x.contiguous()
-    group = _group(group_name)
-    out = fused.fused_all_reduce_rmsnorm(x, residual.contiguous(), weight.contiguous(), eps, group=group)
-    if _WATCHED["fused_all_reduce_rmsnorm"] and x.numel() * x.element_size() <= fused.FUSED_MAX_BYTES:
-        # The fused kernel ran, with the engine's own choice (above the limit: pyccl.all_reduce and torch's ops).
-        comm = communicator_for(group, x.device)
-        _C.learn_op_route("fused_all_reduce_rmsnorm", group_name, x, comm._comm, comm._engine)
-    return out
+    return fused.fused_all_reduce_rmsnorm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
+                                          group=_group(group_name))
 
 
-# What each op's learned choices depend on; an op with nothing here learns nothing.
-_WATCHED = {name: _watched_sources(name) for name in ("all_reduce", "all_gather", "reduce_scatter")}
-_WATCHED["fused_all_reduce_rmsnorm"] = [(vars(fused), "FUSED_MAX_BYTES", None)]
 for _name, _path in (("all_reduce", all_reduce), ("all_gather", all_gather), ("reduce_scatter", reduce_scatter),
                      ("fused_all_reduce_rmsnorm", fused_all_reduce_rmsnorm)):
-    _C.set_op_python(_name, _path, _WATCHED[_name])
+    _C.set_op_python(_name, _path)

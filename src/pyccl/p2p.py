@@ -32,7 +32,6 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .collectives import _engine
 from .communicator import Communicator
 from .errors import InvalidArgumentError
 from .group_communicators import given_or_group_communicator
@@ -74,7 +73,7 @@ def send_recv(sends: Iterable[Tuple[torch.Tensor, int]] = (), recvs: Iterable[Tu
     comm = given_or_group_communicator(comm, group, (sends or recvs)[0][0].device)
     transfers = [(True, _peer(dst, "dst", comm), t) for t, dst in sends]
     transfers += [(False, _peer(src, "src", comm), t) for t, src in recvs]
-    _engine(comm).send_recv(comm._comm, transfers)
+    comm._collective_engine().send_recv(comm._comm, transfers)
 
 
 def send(tensor: torch.Tensor, dst: int, group: Optional[dist.ProcessGroup] = None, *,

@@ -17,14 +17,16 @@ input chunk count times the element size.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _C
-from .communicator import Communicator
 from .dsl.plan import MAX_OPERANDS as _MAX, PACKET_READS, Plan
 from .errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # plans sit below the communicator: they run on any communicator's native one
+    from .communicator import Communicator
 
 __all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
 
@@ -261,10 +263,10 @@ class PlanRunner:
     `threads` is the most threads per block: a call runs on as many whole
     warps as its largest op has work for, up to it (see :meth:`threads_for`)."""
 
-    def __init__(self, plan: Plan, comm: Communicator, max_bytes: int, threads: int = 512) -> None:
+    def __init__(self, plan: Plan, comm: "Communicator", max_bytes: int, threads: int = 512) -> None:
         if not isinstance(plan, Plan):
             raise InvalidArgumentError(f"invalid argument 'plan': expected a pyccl.dsl.Plan, got {type(plan).__name__}")
-        if not isinstance(comm, Communicator):
+        if not isinstance(getattr(comm, "_comm", None), _C.Communicator):
             raise InvalidArgumentError(f"invalid argument 'comm': expected a pyccl.Communicator, got "
                                        f"{type(comm).__name__}")
         if plan.num_ranks != comm.world_size:

@@ -31,6 +31,7 @@ import torch
 from . import _C
 from .dsl import Plan, Program
 from .errors import InvalidArgumentError
+from .plans import PlanRunner
 
 __all__ = ["RegisteredAlgorithm", "chosen_runner", "library_plan", "library_runner", "register_algorithm",
            "registered_runner", "run",
@@ -53,8 +54,6 @@ class RegisteredAlgorithm:
 
 _lock = threading.Lock()
 _registry: List[RegisteredAlgorithm] = []
-# Counts changes to _registry: a new value at each (what a choice made from it watches; see pyccl.ops).
-_generation = 0
 
 
 def register_algorithm(program, collective: str, min_bytes: int, max_bytes: int,
@@ -85,26 +84,22 @@ def register_algorithm(program, collective: str, min_bytes: int, max_bytes: int,
     if plan.num_ranks != world_size:
         raise InvalidArgumentError(f"invalid argument 'world_size': the plan is for {plan.num_ranks} ranks, "
                                    f"not {world_size}")
-    global _generation
     with _lock:
         entry = RegisteredAlgorithm(plan, collective, min_bytes, max_bytes, world_size,
                                     _C.register_plan(collective, min_bytes, max_bytes, world_size,
                                                      plan.buffers["input"]))
         _registry.append(entry)
-        _generation += 1
     return entry
 
 
 def unregister_algorithm(entry: RegisteredAlgorithm) -> None:
     """Takes a registered algorithm out of the choice (communicators keep their
     set-up runners until they close)."""
-    global _generation
     with _lock:
         if entry not in _registry:
             raise InvalidArgumentError("invalid argument 'entry': not a registered algorithm")
         _C.unregister_plan(entry.id)
         _registry.remove(entry)
-        _generation += 1
 
 
 def registered_algorithms() -> List[RegisteredAlgorithm]:
@@ -149,13 +144,11 @@ def _takes(plan: Plan, tensor: torch.Tensor) -> bool:
 def _runner(comm, key, tensor: torch.Tensor, make_plan, max_bytes: int, threads: int = 512):
     """The communicator's runner under `key`, set up at first use (None while a
     CUDA graph is being captured: setting up allocates). Closed with the communicator."""
-    runners: Dict[object, object] = comm.__dict__.setdefault("_plan_runners", {})
+    runners: Dict[object, PlanRunner] = comm._plan_runners
     runner = runners.get(key)
     if runner is None:
         if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             return None
-        from .plans import PlanRunner
-
         runner = PlanRunner(make_plan(), comm, max_bytes=max_bytes, threads=threads)
         runners[key] = runner
     return runner

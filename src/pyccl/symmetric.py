@@ -23,10 +23,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .collectives import _engine
 from .communicator import Communicator
 from .errors import InvalidArgumentError
 from .group_communicators import given_or_group_communicator
+from .memory import empty
 
 __all__ = ["is_symmetric", "register_symmetric", "symmetric_empty"]
 
@@ -45,7 +45,7 @@ def register_symmetric(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] 
     both work; the registration holds a reference to ``tensor``."""
     c = given_or_group_communicator(comm, group, _checked_tensor(tensor).device)
     memory = c.register(tensor)
-    _engine(c).register_symmetric(memory)
+    c._collective_engine().register_symmetric(memory)
     return tensor
 
 
@@ -56,8 +56,6 @@ def symmetric_empty(*size, dtype: torch.dtype = torch.float32, group: Optional[d
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     comm = given_or_group_communicator(comm, group)  # the group's on the current CUDA device, or the CPU
-    from . import empty
-
     return register_symmetric(empty(*size, dtype=dtype, device=comm.device), comm=comm)
 
 
@@ -65,5 +63,5 @@ def is_symmetric(tensor: torch.Tensor, group: Optional[dist.ProcessGroup] = None
                  comm: Optional[Communicator] = None) -> bool:
     """Whether ``tensor``'s bytes lie within one symmetric buffer of the group."""
     c = given_or_group_communicator(comm, group, _checked_tensor(tensor).device)
-    engine = getattr(c, "_engine", None)
+    engine = c._engine
     return engine is not None and engine.is_symmetric(tensor)

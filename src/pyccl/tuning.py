@@ -174,8 +174,7 @@ def kernel_choices(table: Optional[dict]) -> Dict[str, List[tuple]]:
     """The table's kernel entries per collective, as ``(max_bytes, algorithm)``
     (for a collective engine's automatic choice, e.g. the process group's):
     NCCL and plan entries are left out, so a size they cover takes the next
-    kernel entry (the process group hands sizes from :func:`nccl_from` on to
-    NCCL itself)."""
+    kernel entry (the selector hands NCCL's sizes to NCCL itself)."""
     choices: Dict[str, List[tuple]] = {}
     for collective in CANDIDATES:  # all_reduce_symmetric too: symmetric and graph buffers
         entries = [(e["max_bytes"], e["algorithm"]) for e in (table or {}).get("collectives", {}).get(collective, ())
@@ -183,22 +182,6 @@ def kernel_choices(table: Optional[dict]) -> Dict[str, List[tuple]]:
         if entries:
             choices[collective] = entries
     return choices
-
-
-# nccl_from's answer for a table that keeps every size of a collective off NCCL.
-NEVER = 1 << 62
-
-
-def nccl_from(table: Optional[dict], collective: str) -> Optional[int]:
-    """The size from which the table hands every message to NCCL; NEVER when
-    its entries for the collective end with a pyccl algorithm; None when it
-    has none (the caller's default applies)."""
-    entries = (table or {}).get("collectives", {}).get(collective)
-    if not entries:
-        return None
-    if entries[-1]["algorithm"] != "nccl":
-        return NEVER
-    return entries[-2]["max_bytes"] + 1 if len(entries) > 1 else 0
 
 
 def _shipped() -> List[str]:

@@ -25,7 +25,6 @@ from ..communicator import Communicator
 from ..errors import ClosedError, InvalidArgumentError
 from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
 from ..group_communicators import communicator_for
-from ..selection import _nccl_min_bytes, _nccl_min_sources, table_for
 
 __all__ = ["GroupCommunicator", "REDUCIBLE_DTYPES"]
 
@@ -75,7 +74,6 @@ class GroupCommunicator:
         self.world_size = self.comm.world_size
         self.rank = self.comm.rank
         self._max_bytes = max_bytes
-        self._limits: dict = {}
         #: Set to stop routing calls here (the engine's own path takes them).
         self.disabled = self.world_size < 2
         logger.info("pyccl group communicator: rank %d of %d on %s", self.rank, self.world_size, self.device)
@@ -88,14 +86,8 @@ class GroupCommunicator:
             return self._max_bytes
         if collective == "fused_all_reduce_rmsnorm":
             return FUSED_MAX_BYTES
-        # Keyed as pyccl's own choice is (selection._Call): a changed variable counts from the next call.
-        key = (collective, dtype, _nccl_min_sources(collective))
-        limit = self._limits.get(key)
-        if limit is None:
-            if len(self._limits) >= 64:
-                self._limits.clear()
-            limit = self._limits[key] = _nccl_min_bytes(collective, table_for(self.device, self.world_size, dtype)) - 1
-        return limit
+        # Below where the communicator's selector hands every size to NCCL (pyccl.dispatch).
+        return self.comm._selector.nccl_from(collective, dtype) - 1
 
     def should_use(self, tensor: torch.Tensor, collective: str = "all_reduce") -> bool:
         """Whether ``collective`` on ``tensor`` should go through pyccl: the
