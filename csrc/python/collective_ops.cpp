@@ -21,12 +21,6 @@ namespace py = pybind11;
 namespace pyccl {
 namespace {
 
-/// Whether pyccl's kernels reduce `t`'s dtype (else the Python path refuses it, naming the dtype).
-bool reducible(const at::Tensor& t) {
-  const at::ScalarType st = t.scalar_type();
-  return st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
-}
-
 /// The group's selector's choice for `input` where it is a kernel of `runtime`'s engine (counted then);
 /// nullopt for the Python path to run (and count) the call.
 std::optional<Choice> kernelChoice(const GroupRuntime& runtime, Collective c, const at::Tensor& input,
@@ -47,7 +41,8 @@ std::optional<Choice> kernelChoice(const GroupRuntime& runtime, Collective c, co
 at::Tensor allReduceKernel(const at::Tensor& x, c10::string_view op, c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
   const std::optional<ReduceOp> rop = reduceOpNamed(op);
-  const auto runtime = rop && reducible(input) ? groupRuntime(groupName, input.device()) : std::nullopt;
+  const bool ours = rop && reducesDtype(input.scalar_type());
+  const auto runtime = ours ? groupRuntime(groupName, input.device()) : std::nullopt;
   const auto choice = runtime ? kernelChoice(*runtime, Collective::kAllReduce, input, input.nbytes()) : std::nullopt;
   if (!choice) return pythonPath<at::Tensor>(CustomOp::kAllReduce, x, std::string(op), std::string(groupName));
   at::Tensor out = at::empty_like(input, at::MemoryFormat::Contiguous);
@@ -81,7 +76,8 @@ at::Tensor reduceScatterKernel(const at::Tensor& x, c10::string_view op, int64_t
   const at::Tensor input = x.contiguous();
   const std::optional<ReduceOp> rop = reduceOpNamed(op);
   const bool splits = input.dim() > 0 && groupSize > 0 && input.size(0) % groupSize == 0;
-  auto runtime = rop && splits && reducible(input) ? groupRuntime(groupName, input.device()) : std::nullopt;
+  const bool ours = rop && splits && reducesDtype(input.scalar_type());
+  auto runtime = ours ? groupRuntime(groupName, input.device()) : std::nullopt;
   if (runtime && runtime->comm->worldSize() != groupSize) runtime.reset();
   const auto choice =
       runtime ? kernelChoice(*runtime, Collective::kReduceScatter, input, input.nbytes()) : std::nullopt;
@@ -102,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor> fusedAllReduceRMSNormKernel(const at::Tensor&
                                                                c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
   // Above kFusedMaxBytes the call runs unfused, on pyccl.all_reduce: the Python path.
-  const bool fused = input.nbytes() <= kFusedMaxBytes && reducible(input);
+  const bool fused = input.nbytes() <= kFusedMaxBytes && reducesDtype(input.scalar_type());
   const auto runtime = fused ? groupRuntime(groupName, input.device()) : std::nullopt;
   if (!runtime) {
     return pythonPath<std::tuple<at::Tensor, at::Tensor>>(CustomOp::kFusedNorm, x, residual, weight, eps,

@@ -36,9 +36,6 @@ Choice kernelChoice(const Selector& selector, Collective c, const at::Tensor& t,
   return selector.select(c, tableDtypeOf(t), wholeBytes, static_cast<uint64_t>(t.numel()), "", false, false);
 }
 
-/// Whether pyccl reduces tensors of `st` (its kernels and plans: float32, float16, bfloat16).
-bool pycclReducesDtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
-
 bool pycclReduces(const c10d::ReduceOp& op) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
@@ -58,7 +55,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::runAcrossNodes(
     Lane& lane, const char* op, const char* collective, const at::Tensor& input, const at::Tensor& output,
     const c10d::ReduceOp* reduceOp, c10d::OpType type,
     const std::function<c10::intrusive_ptr<c10d::Work>()>& delegateCall) {
-  if (reduceOp == nullptr || (pycclReducesDtype(input.scalar_type()) && pycclReduces(*reduceOp))) {
+  if (reduceOp == nullptr || (reducesDtype(input.scalar_type()) && pycclReduces(*reduceOp))) {
     const char* name = "sum";
     if (reduceOp != nullptr) name = reduceOpName(reduceOpOfC10d(*reduceOp));
     options_.acrossNodes(collective, lane.comm, input, output, name);
@@ -78,7 +75,7 @@ bool PycclBackend::delegated(Collective c, const at::Tensor& t, uint64_t wholeBy
     if (delegate_ && gpu_->acrossNodes) return true;  // what reaches here is not among the collectives run across nodes
     // Reductions pyccl does not do (integers, float64) go to NCCL.
     const bool reduction = c == Collective::kAllReduce || c == Collective::kReduceScatter;
-    if (delegate_ && reduction && !pycclReducesDtype(t.scalar_type())) return true;
+    if (delegate_ && reduction && !reducesDtype(t.scalar_type())) return true;
   }
   Lane& lane = onGpu ? *gpu_ : laneFor(t, collectiveName(c));
   if (lane.selector == nullptr) return false;  // laneFor refused it already

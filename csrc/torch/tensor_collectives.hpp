@@ -17,6 +17,8 @@ namespace pyccl {
 
 /// torch's name of a dtype ("torch.int32", not c10's "Int").
 std::string dtypeName(at::ScalarType t);
+/// Whether pyccl reduces tensors of `st` (its kernels and plans: float32, float16, bfloat16).
+inline bool reducesDtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
 /// The reduction dtype of `t`; TypeError naming `arg` and the dtype otherwise.
 DataType reductionTypeOf(const at::Tensor& t, const char* arg);
 /// "sum", "avg", "min", "max", "prod"; InvalidArgument otherwise.

@@ -10,15 +10,17 @@ on themselves, without a group (so never NCCL).
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 import torch.distributed as dist
 
 from . import _C, across_nodes, registry
-from ._logging import logger
 from .errors import InvalidArgumentError
 from .selection import _Call
+
+if TYPE_CHECKING:  # the communicator sits above: its methods call these
+    from .communicator import Communicator
 
 _REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
 
@@ -116,8 +118,6 @@ def all_reduce(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: tor
     return out
 
 
-
-
 def all_gather(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torch.Tensor,
                out: Optional[torch.Tensor], algorithm: Optional[str]) -> torch.Tensor:
     """pyccl.all_gather on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
@@ -142,8 +142,6 @@ def all_gather(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: tor
         return out
     call.comm._collective_engine().all_gather(call.comm._comm, tensor, out, call.kernel_algorithm)
     return out
-
-
 
 
 def reduce_scatter(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torch.Tensor, op,
@@ -180,8 +178,6 @@ def reduce_scatter(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor:
     return out
 
 
-
-
 def all_to_all(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torch.Tensor,
                out: Optional[torch.Tensor], algorithm: Optional[str]) -> torch.Tensor:
     """pyccl.all_to_all on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
@@ -201,8 +197,6 @@ def all_to_all(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: tor
         return out
     call.comm._collective_engine().all_to_all(call.comm._comm, tensor, out, call.kernel_algorithm)
     return out
-
-
 
 
 def broadcast(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torch.Tensor, src: int,
@@ -226,8 +220,6 @@ def broadcast(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torc
         return out
     call.comm._collective_engine().broadcast(call.comm._comm, tensor, out, src, call.kernel_algorithm)
     return out
-
-
 
 
 _DIST_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN,
@@ -255,7 +247,7 @@ def group_store(group: Optional[dist.ProcessGroup]):
     return store
 
 
-def direct_nccl(comm: Communicator, group: Optional[dist.ProcessGroup], device: torch.device):
+def direct_nccl(comm: "Communicator", group: Optional[dist.ProcessGroup], device: torch.device):
     """The NCCL communicator pyccl calls directly for `comm`'s group (as vLLM's
     pynccl does), made collectively on the first out-of-place hand-off and
     closed with `comm`. None while a CUDA graph is being captured before it

@@ -349,8 +349,8 @@ class Communicator:
                     f"communicator {self.name} was made with collectives=False and cannot set them up while a CUDA "
                     "graph is being captured; make it with collectives=True (the default) before capturing")
             # UnsupportedError where it cannot run
-            engine = self._engine = new_engine(self._comm, self.device, self.world_size, self._engine_options)
-            self._selector = new_selector(self.device, self.world_size, self._node_layout is not None, engine)
+            engine = new_engine(self._comm, self.device, self.world_size, self._engine_options)
+            self._use_engine(engine)
             logger.info("communicator %s: collective engine ready", self.name)
         return engine
 

@@ -26,8 +26,6 @@ _lock = threading.Lock()
 # (id(group), device) -> (a weak reference to the group, its communicator, whether the group has NCCL). The
 # reference tells a live group from a new one that took a destroyed group's id.
 _communicators: Dict[Tuple[int, torch.device], Tuple[weakref.ref, Communicator, bool]] = {}
-# id(group) -> (a weak reference to the group, whether its backend has NCCL): asked once per group.
-_has_nccl: Dict[int, Tuple[weakref.ref, bool]] = {}
 
 
 def given_or_group_communicator(comm, group, device: Optional[torch.device] = None) -> Communicator:
@@ -51,16 +49,28 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     group's timeout. A group destroyed (``dist.destroy_process_group``) has its
     communicators closed when the next one is made, and a new group never gets
     them."""
-    pg = group if group is not None else dist.group.WORLD  # None before init_process_group: never a key
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    key = (id(pg), device)
+    return group_call(group, device)[0]
+
+
+def group_call(group: Optional[dist.ProcessGroup], device: torch.device) -> Tuple[Communicator, bool]:
+    """What a collective call on `group`'s tensors of `device` runs on: the
+    group's communicator (:func:`communicator_for`) and whether the group has
+    NCCL to hand calls to."""
+    pg = group if group is not None else dist.group.WORLD  # None before init_process_group: never a key
     # Every eager collective asks: a live communicator is read without the lock
     # (one dict read, atomic in CPython); making one takes it.
-    entry = _communicators.get(key)
+    entry = _communicators.get((id(pg), device))
     # _comm.closed, the native flag: the property would add a call per collective.
     if entry is not None and entry[0]() is pg and not entry[1]._comm.closed:
-        return entry[1]
+        return entry[1], entry[2]
+    return _made_for(group, pg, device)
+
+
+def _made_for(group: Optional[dist.ProcessGroup], pg, device: torch.device) -> Tuple[Communicator, bool]:
+    """group_call where the group has no live communicator on `device` yet:
+    checks `group`, then makes one (collectively) and registers it."""
     if isinstance(group, Communicator):
         raise InvalidArgumentError("invalid argument 'group': got a pyccl.Communicator; pass it as comm=, "
                                    "group= takes a torch.distributed ProcessGroup")
@@ -71,10 +81,11 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
         raise InvalidArgumentError(
             "invalid argument 'group': torch.distributed is not initialized; call init_process_group "
             "first, or pass comm= (a pyccl.Communicator)")
+    key = (id(pg), device)
     with _lock:
         entry = _communicators.get(key)
         if entry is not None and entry[0]() is pg and not entry[1].closed:
-            return entry[1]
+            return entry[1], entry[2]
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise InvalidArgumentError(
                 "invalid argument 'group': pyccl has no communicator for this group yet, and cannot make one "
@@ -93,40 +104,14 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
             made = made_count(base)
             comm = Communicator(group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
                                 name=base if made == 1 else f"{base}_{made}")
-        nccl = group_has_nccl(group)
+        # Whether a call of CUDA tensors may be handed to the group's NCCL: a group's backend does not change.
+        nccl = "nccl" in str(dist.get_backend(pg)).lower()
         _communicators[key] = (weakref.ref(pg), comm, nccl)
         if comm._engine is not None:
             # torch.ops.pyccl.* on the group run its selector's kernel choices in C++ (csrc/python/op_runtimes.hpp).
             _C.register_group_runtime(pg.group_name, device.index if device.type == "cuda" else -1, comm._comm,
                                       comm._engine, comm._selector, nccl)
-    return comm
-
-
-def group_call(group: Optional[dist.ProcessGroup], device: torch.device) -> Tuple[Communicator, bool]:
-    """What a collective call on `group`'s tensors of `device` runs on: the
-    group's communicator (:func:`communicator_for`) and whether the group has
-    NCCL to hand calls to. One lookup per call."""
-    pg = group if group is not None else dist.group.WORLD
-    entry = _communicators.get((id(pg), device))
-    if entry is not None and entry[0]() is pg and not entry[1]._comm.closed:
-        return entry[1], entry[2]
-    comm = communicator_for(group, device)
-    return comm, group_has_nccl(group)
-
-
-def group_has_nccl(group: Optional[dist.ProcessGroup]) -> bool:
-    """Whether `group`'s backend has NCCL (a call of CUDA tensors may be
-    handed to it), asked once per group: a group's backend does not change."""
-    pg = group if group is not None else dist.group.WORLD
-    entry = _has_nccl.get(id(pg))
-    if entry is not None and entry[0]() is pg:
-        return entry[1]
-    try:
-        has = "nccl" in str(dist.get_backend(pg)).lower()
-    except Exception:  # not a torch process group (the call's own checks name it), or torch is not initialized
-        return False
-    _has_nccl[id(pg)] = (weakref.ref(pg), has)
-    return has
+    return comm, nccl
 
 
 def pyccl_backend_of(group: Optional[dist.ProcessGroup], device: torch.device):
