@@ -9,15 +9,14 @@ import torch
 
 import pyccl
 import pyccl.algorithms as algorithms
-from pyccl.dsl import AllGather, MemoryChannel, Plan, Program
+from pyccl.dsl import AllGather, MemoryChannel, Plan, Program, plan_format
 from pyccl.plans import PlanRunner
 from ranks_collectives import TOLERANCE, _setup, error_scale, rank_input
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-# Words of a packed op before its source chunks (plan_format.hpp: 5 counts,
-# ordinals, channels, peers and per-call counts), and before its destination chunks.
-_OP_SRCS = 5 + 4 * 8
-_OP_DSTS = _OP_SRCS + 4 * 8
+# Words of a packed op before its source chunks, and before its destination chunks.
+_OP_SRCS = plan_format.OP_OFFSET["srcs"]
+_OP_DSTS = plan_format.OP_OFFSET["dsts"]
 
 
 def _expected(collective, inputs, op: str, rank: int) -> torch.Tensor:

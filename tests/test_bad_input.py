@@ -176,3 +176,41 @@ def test_bad_async_error_handling_is_refused_at_creation(store, monkeypatch, val
     monkeypatch.setenv("PYCCL_ASYNC_ERROR_HANDLING", value)
     error = _expect_invalid("PYCCL_ASYNC_ERROR_HANDLING", pyccl.Communicator, store, 0, 1, device="cpu")
     assert value in str(error)
+
+
+@pytest.mark.parametrize("options, arg, says", [
+    ({"ll_blocks_typo": 4}, "ll_blocks_typo", "not an engine option"),
+    ({"ll_threads": 48}, "ll_threads", "a multiple of 32 in [32, 1024], got 48"),
+    ({"ll_threads": "1024"}, "ll_threads", "a whole number"),
+    ({"ll_max_bytes": -1}, "ll_max_bytes", "negative"),
+    ({"hb_blocks": 1 << 40}, "hb_blocks", "at most 4294967295"),
+    ({"hb_blocks": 2000}, "hb_blocks", "at most 1024"),
+    ({"hb_push": 1}, "hb_push", "True or False"),
+    ({"p2p_ll_max_bytes": 1 << 30}, "p2p_ll_max_bytes", "at most 16 MiB"),
+    ({"p2p_ll_lane_bytes": 12}, "p2p_ll_lane_bytes", "a multiple of 8, at most 16 MiB"),
+    ({"fused_threads": 100}, "fused_threads", "a multiple of 32, at most 512"),
+    ({"ll_blocks": 2, "fused_segments": 3}, "fused_segments", "at most ll_blocks (2)"),
+])
+def test_engine_options_are_checked_by_their_rows(store, options, arg, says):
+    # Every option's type and range come from its row of the options table; each error names the option.
+    comm = pyccl.Communicator(store, 0, 1, device="cpu")
+    try:
+        err = _expect_invalid(arg, pyccl._C.CollectiveEngine, comm._comm, **options)
+        assert says in str(err), str(err)
+    finally:
+        comm.close()
+
+
+def test_engine_options_none_is_the_default(store):
+    comm = pyccl.Communicator(store, 0, 1, device="cpu")
+    try:
+        default = pyccl._C.CollectiveEngine(comm._comm)
+        given = pyccl._C.CollectiveEngine(comm._comm, ll_max_bytes=None, p2p_ll_max_bytes=None, hb_push=None)
+        assert given.ll_max_bytes == default.ll_max_bytes == 64 << 10  # host mode's default
+        assert given.p2p_ll_max_bytes == default.p2p_ll_max_bytes == 2048
+        assert pyccl._C.CollectiveEngine(comm._comm, ll_max_bytes=4096).ll_max_bytes == 4096
+        # The docstring lists every keyword, the experiments apart.
+        doc = pyccl._C.CollectiveEngine.__init__.__doc__
+        assert "ll_max_bytes" in doc.split("Experiments")[0] and "hb_push" in doc.split("Experiments")[1]
+    finally:
+        comm.close()

@@ -11,7 +11,7 @@
 #include "collectives/exchange_device.hpp"
 #include "collectives/fused_norm_device.hpp"
 #include "collectives/p2p_device.hpp"
-#include "core/env_settings.hpp"
+#include "core/debug_options.hpp"
 
 namespace pyccl {
 
@@ -80,7 +80,7 @@ struct KernelLaunch {
 
 /// False where PYCCL_PDL=0 turns programmatic dependent launch off (for the
 /// collective engines and the plan executors alike).
-inline bool programmaticLaunchAllowed() { return envFlag("PYCCL_PDL", true); }
+inline bool programmaticLaunchAllowed() { return debugOptions().programmaticLaunch; }
 
 /// Runs one call on CPU threads and returns when it is done.
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);

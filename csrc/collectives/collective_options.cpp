@@ -1,6 +1,8 @@
 #include "collectives/collective_options.hpp"
 
 #include <algorithm>
+#include <limits>
+#include <type_traits>
 #include <optional>
 #include <utility>
 
@@ -21,7 +23,46 @@ void checkBySize(const std::vector<SizeChoice<Choice>>& table, const char* what,
   }
 }
 
+/// "16 MiB" for whole MiB of a byte option, else the number.
+std::string limitText(const char* name, uint64_t v) {
+  const std::string n = name;
+  const bool bytes = n.size() > 6 && n.compare(n.size() - 6, 6, "_bytes") == 0;
+  if (bytes && v >= (1u << 20) && v % (1u << 20) == 0) return strCat(v >> 20, " MiB");
+  return strCat(v);
+}
+
+/// InvalidArgument naming the option unless lo <= value <= hi and value is a multiple of step.
+void checkOption(const char* name, uint64_t value, uint64_t lo, uint64_t hi, uint64_t step) {
+  if (value >= lo && value <= hi && value % step == 0) return;
+  std::string rule = step > 1 ? strCat("a multiple of ", step) : "";
+  const bool bounded = hi != UINT64_MAX && hi != UINT32_MAX;
+  if (lo > 0 && bounded) {
+    rule += strCat(rule.empty() ? "" : " ", "in [", limitText(name, lo), ", ", limitText(name, hi), "]");
+  } else if (bounded) {
+    rule += strCat(rule.empty() ? "" : ", ", "at most ", limitText(name, hi));
+  } else if (lo > 0) {
+    rule += strCat(rule.empty() ? "" : ", ", "at least ", limitText(name, lo));
+  }
+  throw InvalidArgument(strCat("invalid argument '", name, "': must be ", rule, ", got ", value));
+}
+
 }  // namespace
+
+const std::vector<CollectiveOptionInfo>& collectiveOptionInfos() {
+  static const std::vector<CollectiveOptionInfo> infos = {
+#define PYCCL_OPTION_INFO(type, member, name, initial, unset, lo, hi, step, use)                              \
+  CollectiveOptionInfo{name, OptionUse::use, std::optional<uint64_t>(unset), std::is_same_v<type, bool>,       \
+                       [](const CollectiveOptions& o) { return static_cast<uint64_t>(o.member); },             \
+                       [](CollectiveOptions& o, uint64_t v) {                                                   \
+                         PYCCL_CHECK_ARG(v <= static_cast<uint64_t>(std::numeric_limits<type>::max()), name,  \
+                                         "must be at most ", std::numeric_limits<type>::max(), ", got ", v);   \
+                         o.member = static_cast<type>(v);                                                       \
+                       }},
+      PYCCL_COLLECTIVE_OPTIONS(PYCCL_OPTION_INFO)
+#undef PYCCL_OPTION_INFO
+  };
+  return infos;
+}
 
 AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what) {
   if (name == "1pa_ll") return AllReduceAlgorithm::kOnePhaseLL;
@@ -93,14 +134,6 @@ ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
 }
 
 CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int world) {
-  // First: p2p_ll_lane_bytes' default is made from p2p_threads.
-  for (auto [threads, name] : {std::pair{o.llThreads, "ll_threads"}, std::pair{o.hbThreads, "hb_threads"},
-                               std::pair{o.hbLargeThreads, "hb_large_threads"},
-                               std::pair{o.zeroCopyThreads, "zero_copy_threads"},
-                               std::pair{o.p2pThreads, "p2p_threads"}}) {
-    PYCCL_CHECK_ARG(threads >= 32 && threads <= 1024 && threads % 32 == 0, name,
-                    "must be a multiple of 32 in [32, 1024], got ", threads);
-  }
   // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
   if (o.llBlocks == 0) o.llBlocks = host ? 2 : 64;
   if (o.hbBlocks == 0) o.hbBlocks = host ? 2 : 128;
@@ -133,34 +166,23 @@ CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int w
   // its lanes have in flight, and this matches NCCL's at 256 MiB on 2 x H200 (benchmarks/RESULTS.md).
   if (o.p2pBlocks == 0) o.p2pBlocks = host ? 2 : 64;
   if (o.p2pSliceBytes == 0) o.p2pSliceBytes = host ? (4u << 10) : (64u << 10);
-  PYCCL_CHECK_ARG(o.p2pBlocks <= 64, "p2p_blocks", "must be at most 64, got ", o.p2pBlocks);
-  PYCCL_CHECK_ARG(o.p2pSliceBytes % 16 == 0 && o.p2pSliceBytes <= (16u << 20), "p2p_slice_bytes",
-                  "must be a multiple of 16 up to 16 MiB, got ", o.p2pSliceBytes);
-  PYCCL_CHECK_ARG(o.p2pSlots >= 1 && o.p2pSlots <= 64, "p2p_slots", "must be in [1, 64], got ",
-                  o.p2pSlots);
   // GPUs: LL up to 256 KiB, where the exchanges' LL (which moves the same bytes over the same links) still beats
   // their HB on 4 x H200, on lanes of one packet per thread (benchmarks/RESULTS.md).
   if (o.p2pLLMaxBytes == CollectiveOptions::kP2PLLDefault) o.p2pLLMaxBytes = host ? 2048 : (256u << 10);
   if (o.p2pLLLaneBytes == 0) o.p2pLLLaneBytes = host ? 1024 : (o.p2pThreads - 1) * 8ull;
-  PYCCL_CHECK_ARG(o.p2pLLMaxBytes <= (16u << 20), "p2p_ll_max_bytes", "must be at most 16 MiB, got ",
-                  o.p2pLLMaxBytes);
-  PYCCL_CHECK_ARG(o.p2pLLLaneBytes % 8 == 0 && o.p2pLLLaneBytes <= (16u << 20), "p2p_ll_lane_bytes",
-                  "must be a multiple of 8 up to 16 MiB, got ", o.p2pLLLaneBytes);
-  PYCCL_CHECK_ARG(o.fusedSegments <= kFusedMaxSegments && o.fusedSegments <= o.llBlocks,
-                  "fused_segments", "must be at most ", kFusedMaxSegments, " and at most ll_blocks (",
-                  o.llBlocks, "), got ", o.fusedSegments);
-  const uint32_t fusedThreads = o.fusedThreads;
-  PYCCL_CHECK_ARG(fusedThreads == 0 ||
-                      (fusedThreads >= 32 && fusedThreads <= kFusedMaxThreads && fusedThreads % 32 == 0),
-                  "fused_threads", "must be 0 (by the call) or a multiple of 32 in [32, ", kFusedMaxThreads, "], got ",
-                  o.fusedThreads);
   for (int k = 0; k < 4; ++k) {
     uint64_t& threshold = o.exchangeLLThresholdBytes[k];
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
     // Where LL stops beating HB on 4 x H200 (benchmarks/RESULTS.md).
     if (threshold == 0) threshold = host ? o.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
   }
-  PYCCL_CHECK_ARG(o.llBlocks <= 1024 && o.hbBlocks <= 1024, "blocks", "at most 1024 per algorithm");
+  // Each option by its row, then the rules between options.
+#define PYCCL_OPTION_CHECK(type, member, name, initial, unset, lo, hi, step, use) \
+  checkOption(name, static_cast<uint64_t>(o.member), lo, hi, step);
+  PYCCL_COLLECTIVE_OPTIONS(PYCCL_OPTION_CHECK)
+#undef PYCCL_OPTION_CHECK
+  PYCCL_CHECK_ARG(o.fusedSegments <= o.llBlocks, "fused_segments", "must be at most ll_blocks (", o.llBlocks,
+                  "), got ", o.fusedSegments);
   PYCCL_CHECK_ARG(o.llThresholdBytes <= o.llMaxBytes, "ll_threshold_bytes",
                   "must not exceed ll_max_bytes (", o.llMaxBytes, ")");
   for (auto [table, name] : {std::pair{&o.allReduceBySize, "all_reduce_by_size"},
@@ -206,36 +228,10 @@ void addTable(std::vector<AgreedField>& fields, const char* option, const std::s
 
 /// Every option that shapes the scratch or picks an algorithm, by its Python name.
 std::vector<AgreedField> agreedFields(const CollectiveOptions& o) {
-  std::vector<AgreedField> f = {
-      {"ll_blocks", "", o.llBlocks, 0},
-      {"hb_blocks", "", o.hbBlocks, 0},
-      {"ll_threads", "", o.llThreads},
-      {"ll_packets_per_block", "", o.llPacketsPerBlock},
-      {"hb_threads", "", o.hbThreads},
-      {"hb_large_threads", "", o.hbLargeThreads},
-      {"ll_max_bytes", "", o.llMaxBytes, 0},
-      {"hb_piece_bytes", "", o.hbPieceBytes, 0},
-      {"hb_rounds_per_launch", "", o.hbRoundsPerLaunch},
-      {"hb_push", "", o.hbPush ? 1u : 0u},
-      {"ll_threshold_bytes", "", o.llThresholdBytes, 0},
-      {"ll2_threshold_bytes", "", o.ll2ThresholdBytes, 0},
-      {"one_phase_hb_max_bytes", "", o.onePhaseHBMaxBytes, 0},
-      {"zero_copy_threshold_bytes", "", o.zeroCopyThresholdBytes, 0},
-      {"zero_copy_threads", "", o.zeroCopyThreads},
-      {"zero_copy_max_bytes", "", o.zeroCopyMaxBytes, 0},
-      {"zero_copy_bytes_per_block", "", o.zeroCopyBytesPerBlock},
-      {"one_phase_hb_bytes_per_block", "", o.onePhaseHBBytesPerBlock},
-      {"fused_segments", "", o.fusedSegments, 0},
-      {"fused_threads", "", o.fusedThreads, 0},
-      {"fused_two_kernel_min_bytes", "", o.fusedTwoKernelMinBytes, 0},
-      {"fused_two_shot_bytes", "", o.fusedTwoShotBytes, 0},
-      {"p2p_blocks", "", o.p2pBlocks, 0},
-      {"p2p_slice_bytes", "", o.p2pSliceBytes, 0},
-      {"p2p_slots", "", o.p2pSlots},
-      {"p2p_threads", "", o.p2pThreads},
-      {"p2p_ll_max_bytes", "", o.p2pLLMaxBytes, CollectiveOptions::kP2PLLDefault},
-      {"p2p_ll_lane_bytes", "", o.p2pLLLaneBytes, 0},
-  };
+  std::vector<AgreedField> f;
+  for (const CollectiveOptionInfo& info : collectiveOptionInfos()) {
+    if (info.use != OptionUse::kLaunch) f.push_back({info.name, "", info.get(o), info.unset});
+  }
   for (uint32_t k = 0; k < 4; ++k) {
     const auto kind = static_cast<ExchangeKind>(k);
     f.push_back({"exchange_ll_threshold_bytes", exchangeKindName(kind), o.exchangeLLThresholdBytes[k], 0});

@@ -1,6 +1,7 @@
 #include "core/channels.hpp"
 
 #include "core/communicator.hpp"
+#include "core/debug_options.hpp"
 #include "core/env_settings.hpp"
 #include "core/errors.hpp"
 #include "core/ibverbs.hpp"
@@ -171,9 +172,7 @@ std::shared_ptr<PortChannel> Communicator::createSocketPortChannel(int peer, con
 
 namespace {
 
-// PYCCL_RDMA_LOOPBACK=1: the RDMA transport's queue pairs become memcpy
-// stand-ins (host mode only), so its channel logic runs where no NIC exists.
-bool rdmaLoopback() { return envFlag("PYCCL_RDMA_LOOPBACK", false); }
+bool rdmaLoopback() { return debugOptions().rdmaLoopback; }
 
 #ifdef PYCCL_WITH_IBVERBS
 /// A verbs queue pair to `peer` over `bytes` at `data` (GPU `device`'s
@@ -212,7 +211,7 @@ std::shared_ptr<PortChannel> Communicator::createRdmaPortChannel(int peer, const
     send(peer, kChannelTag, mine.serialize());
     cfg.remoteSize = RdmaEndpointInfo::parse(recv(peer, kChannelTag), peer).dataSize;
     qp = makeLoopbackQueuePair(static_cast<char*>(local.data()), static_cast<char*>(remote.data()),
-                               semaphore->remoteInboundPtr(), 16, 4096, rdmaLoopbackFailAt());
+                               semaphore->remoteInboundPtr(), 16, 4096, debugOptions().rdmaLoopbackFailAt);
   } else {
     // Both ranks check before exchanging anything, so a machine without RDMA
     // fails on both sides at once (naming libibverbs where rdma-core is absent).
@@ -281,7 +280,7 @@ std::unique_ptr<ProxyChannel> Communicator::connectRdmaInbox(int peer, char* sta
     auto* remote = static_cast<char*>(theirs.data());
     qp = std::make_unique<KeepingQueuePair>(
         makeLoopbackQueuePair(base, remote, reinterpret_cast<uint64_t*>(remote + layout.farCounters), 16, 4096,
-                              rdmaLoopbackFailAt()),
+                              debugOptions().rdmaLoopbackFailAt),
         std::move(theirs));
   } else {
     if (listRdmaDevices().empty()) throw UnsupportedError(kNoRdmaDeviceMessage);

@@ -1,5 +1,7 @@
 #include "core/env_settings.hpp"
 
+#include "core/debug_options.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -72,12 +74,6 @@ uint64_t proxySpinMicroseconds(bool gpu) {
 
 std::string planTransport() { return envChoice("PYCCL_PLAN_TRANSPORT", {"auto", "rdma", "socket"}); }
 
-int64_t rdmaLoopbackFailAt() {
-  constexpr uint64_t kNone = ~0ull;
-  const uint64_t n = envCount("PYCCL_RDMA_LOOPBACK_FAIL_AT", kNone, 1ull << 62, "work requests");
-  return n == kNone ? -1 : static_cast<int64_t>(n);
-}
-
 // Both go into narrow verbs fields: ibv_qp_attr::timeout has 5 bits, the GRH's sgid_index 8.
 uint8_t ibTimeout() { return static_cast<uint8_t>(envCount("PYCCL_IB_TIMEOUT", 18, 31, "")); }
 
@@ -94,7 +90,7 @@ void checkEnvironment() {
   for (const char* name : kFlags) (void)envFlag(name, false);
   (void)proxySpinMicroseconds(true);
   (void)planTransport();
-  (void)rdmaLoopbackFailAt();
+  (void)debugOptions();
   (void)ibTimeout();
   (void)ibGidIndex();
 }

@@ -30,15 +30,12 @@ std::string envChoice(const char* name, std::initializer_list<const char*> choic
 uint64_t proxySpinMicroseconds(bool gpu);
 /// PYCCL_PLAN_TRANSPORT: "auto", "rdma" or "socket".
 std::string planTransport();
-/// PYCCL_RDMA_LOOPBACK_FAIL_AT: the work request (from 0) the RDMA stand-in
-/// fails, or -1 for none.
-int64_t rdmaLoopbackFailAt();
 /// PYCCL_IB_TIMEOUT: the queue pair's local ACK timeout exponent (0-31).
 uint8_t ibTimeout();
 /// PYCCL_IB_GID_INDEX: the GID index (0-255), or -1 to choose one.
 int ibGidIndex();
 
-/// Reads every variable above, so that a bad value fails where a communicator
+/// Reads every variable above, and the debug options (debug_options.hpp), so that a bad value fails where a communicator
 /// is made rather than at the first call, proxy or transport that reads it
 /// (or, for the RDMA ones, only on machines with a NIC).
 void checkEnvironment();

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "core/env_settings.hpp"
+#include "core/debug_options.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/logging.hpp"
 
@@ -19,7 +19,7 @@ namespace pyccl::gpu {
 
 namespace {
 
-bool preloadOff() { return !envFlag("PYCCL_PRELOAD_KERNELS", true); }
+bool preloadOff() { return !debugOptions().preloadKernels; }
 
 }  // namespace
 

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "core/env_settings.hpp"
+#include "core/debug_options.hpp"
 #include "core/errors.hpp"
 
 namespace pyccl {
@@ -85,7 +85,7 @@ std::pair<int, int> Topology::ranksSharingGpu() const {
   return {-1, -1};
 }
 
-bool sharedGpuAllowed() { return envFlag("PYCCL_ALLOW_SHARED_GPU", false); }
+bool sharedGpuAllowed() { return debugOptions().allowSharedGpu; }
 
 std::string Topology::describe(int rank) const {
   std::string out;

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "collectives/collective_launch.hpp"  // dispatchReduction
-#include "core/env_settings.hpp"
+#include "core/debug_options.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/kernel_loading.hpp"
@@ -168,7 +168,7 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   lean_ = context_.remoteRanks == 0 && std::all_of(program_.ops.begin(), program_.ops.end(), [](const PlanOp& op) {
     return plan_detail::isLeanOp(op.kind);
   });
-  context_.genericPacketOps = envFlag("PYCCL_PLAN_GENERIC_PACKETS", false);
+  context_.genericPacketOps = debugOptions().planGenericPackets;
   context_.calls = reinterpret_cast<uint64_t*>(tables + offCalls);
   context_.rankBarriers = reinterpret_cast<uint64_t*>(tables + offBarriers);
   context_.failed = reinterpret_cast<uint64_t*>(tables + offFailed);

@@ -1,50 +1,25 @@
 // The binary form of an execution plan that the interpreter runs: one
-// fixed-size PlanOp per op (pyccl/plans.py packs the JSON plan into int32
-// words in this layout), and the context of one call.
+// fixed-size PlanOp per op, and the context of one call. The op kinds, codes,
+// limits and word layout are defined once, in src/pyccl/dsl/plan_format.py,
+// from which the build writes executor/plan_codes.hpp; pyccl/plans.py packs
+// plans by the same definitions. PlanOp mirrors that layout, as the checks
+// below its definition assert.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "channels/device_common.hpp"
 #include "channels/fifo_device.hpp"
 #include "channels/inbox_device.hpp"
+#include "collectives/reduce_types.hpp"
+#include "executor/plan_codes.hpp"
 
 namespace pyccl {
 
-constexpr int kPlanMaxOperands = 8;   ///< sources, destinations or channels of one op
-constexpr int kPlanMaxRanks = 64;       ///< ranks of a plan, across nodes
-constexpr int kPlanMaxLocalRanks = 8;   ///< ranks of a plan on one node (their memory is mapped here)
 /// The table slot of every rank on another node: they share it, as their
 /// buffers are offsets into a region laid out like this rank's.
 constexpr int kPlanFarSlot = kPlanMaxLocalRanks;
-
-/// Op kinds, in pyccl/plans.py's order.
-enum class PlanOpKind : int32_t {
-  kCopy = 0,
-  kReduce,         ///< into dsts[0] from every src; every other dst gets the result too
-  kUnpack,
-  kReducePackets,  ///< dsts[0] reduced with the packets of every src; a dsts[1] is where it starts instead
-  kPut,            ///< to every dst (multi_put too); port puts complete in the op here
-  kPutPackets,     ///< to every dst (multi_put_packets too)
-  kChannelReduce,
-  kReducePut,      ///< srcs[0] = reduce(srcs); to srcs[0] and every dst
-  kSignal,         ///< one signal per channel (multi_signal too)
-  kWait,           ///< one wait per channel (multi_wait too)
-  kFlush,
-  kSwitchReduce,
-  kBarrier,
-  kSync,
-  /// srcs[0] (where the reduction starts) reduced with the packets of
-  /// srcs[1..]; the result to dsts[0] and as packets to every dsts[1..]
-  kReducePutPackets,
-  /// Every dst = reduce(srcs), srcs[0] where the reduction starts; no dst is
-  /// read (a reduce or reduce_put with an `init`: the copy it replaced is never made)
-  kReduceTo,
-  kCount
-};
-
-/// Buffers of a rank, in plan order.
-enum class PlanBuffer : int32_t { kInput = 0, kOutput = 1, kScratch = 2 };
 
 struct PlanChunk {
   int32_t rank;
@@ -55,7 +30,7 @@ struct PlanChunk {
 
 struct PlanOp {
   int32_t kind;      ///< PlanOpKind
-  int32_t reduceOp;  ///< -1: the call's reduction, else ReduceOp
+  int32_t reduceOp;  ///< kPlanCallReduction: the call's reduction, else ReduceOp
   int32_t numSrcs;
   int32_t numDsts;
   int32_t numChannels;
@@ -72,7 +47,20 @@ struct PlanOp {
   PlanChunk srcs[kPlanMaxOperands];
   PlanChunk dsts[kPlanMaxOperands];
 };
-static_assert(sizeof(PlanOp) == 4 * (5 + 4 * kPlanMaxOperands + 8 * kPlanMaxOperands), "PlanOp is packed int32s");
+static_assert(sizeof(PlanChunk) == 4 * kPlanChunkWords, "a chunk is plan_format.py's CHUNK_WORDS");
+static_assert(sizeof(PlanOp) == 4 * kPlanOpWords, "PlanOp is plan_format.py's OP_WORDS int32s");
+static_assert(offsetof(PlanOp, reduceOp) == 4 * kPlanOpReduceOpWord && offsetof(PlanOp, numSrcs) == 4 * kPlanOpNumSrcsWord &&
+                  offsetof(PlanOp, numDsts) == 4 * kPlanOpNumDstsWord &&
+                  offsetof(PlanOp, numChannels) == 4 * kPlanOpNumChannelsWord &&
+                  offsetof(PlanOp, ordinals) == 4 * kPlanOpOrdinalsWord &&
+                  offsetof(PlanOp, channels) == 4 * kPlanOpChannelsWord &&
+                  offsetof(PlanOp, peers) == 4 * kPlanOpPeersWord && offsetof(PlanOp, perCall) == 4 * kPlanOpPerCallWord &&
+                  offsetof(PlanOp, srcs) == 4 * kPlanOpSrcsWord && offsetof(PlanOp, dsts) == 4 * kPlanOpDstsWord,
+              "PlanOp's fields lie where plan_format.py's OP_FIELDS puts them");
+static_assert(static_cast<int>(ReduceOp::kSum) == kPlanReduceSum && static_cast<int>(ReduceOp::kAvg) == kPlanReduceAvg &&
+                  static_cast<int>(ReduceOp::kMin) == kPlanReduceMin && static_cast<int>(ReduceOp::kMax) == kPlanReduceMax &&
+                  static_cast<int>(ReduceOp::kProd) == kPlanReduceProd,
+              "ReduceOp has plan_format.py's REDUCE_OPS codes");
 
 /// What one call of a plan needs; plain data, passed by value.
 struct PlanContext {

@@ -2,6 +2,8 @@
 // the argument), then the engine on the current CUDA stream.
 #include <torch/extension.h>
 
+#include <algorithm>
+
 #include "collectives/collective_engine.hpp"
 #include "core/errors.hpp"
 #include "python/bindings.hpp"
@@ -43,6 +45,73 @@ void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices) {
   }
 }
 
+namespace {
+
+/// CollectiveEngine's keywords: every row of PYCCL_COLLECTIVE_OPTIONS by its Python name (None: the default), and
+/// kernel_choices, exchange_ll_threshold_bytes and agreed_settings.
+void applyOptionKeywords(CollectiveOptions& o, const py::kwargs& kwargs) {
+  const auto& infos = collectiveOptionInfos();
+  std::optional<KernelChoices> kernelChoices;
+  for (const auto& [key, value] : kwargs) {
+    const std::string name = py::cast<std::string>(key);
+    if (name == "kernel_choices") {
+      kernelChoices = value.cast<KernelChoices>();
+      continue;
+    }
+    if (name == "agreed_settings") {
+      o.agreedSettings = value.cast<std::map<std::string, std::string>>();
+      continue;
+    }
+    if (name == "exchange_ll_threshold_bytes") {
+      const auto values = value.cast<std::vector<uint64_t>>();
+      PYCCL_CHECK_ARG(values.empty() || values.size() == 4, "exchange_ll_threshold_bytes",
+                      "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ", values.size());
+      for (size_t k = 0; k < values.size(); ++k) o.exchangeLLThresholdBytes[k] = values[k];
+      continue;
+    }
+    const auto info = std::find_if(infos.begin(), infos.end(), [&](const auto& i) { return name == i.name; });
+    if (info == infos.end()) {
+      std::string known;
+      for (const auto& i : infos) known += strCat(known.empty() ? "" : ", ", i.name);
+      throw InvalidArgument(strCat("invalid argument '", name, "': not an engine option (options: ", known,
+                                   ", kernel_choices, exchange_ll_threshold_bytes, agreed_settings)"));
+    }
+    if (value.is_none()) continue;  // the default
+    const bool isInt = py::isinstance<py::int_>(value);
+    PYCCL_CHECK_ARG(info->isBool ? py::isinstance<py::bool_>(value) : isInt && !py::isinstance<py::bool_>(value),
+                    info->name, "must be ", info->isBool ? "True or False" : "a whole number", " or None, got ",
+                    py::cast<std::string>(py::repr(value)));
+    PYCCL_CHECK_ARG(isInt ? value.cast<py::int_>() >= py::int_(0) : true, info->name,
+                    "must not be negative, got ", py::cast<std::string>(py::repr(value)));
+    PYCCL_CHECK_ARG(!isInt || value.cast<py::int_>() <= py::int_(UINT64_MAX), info->name,
+                    "is too large: ", py::cast<std::string>(py::repr(value)));
+    const uint64_t v = info->isBool ? (value.cast<bool>() ? 1 : 0) : value.cast<uint64_t>();
+    PYCCL_CHECK_ARG(!info->unset || *info->unset == 0 || v != *info->unset, info->name,
+                    "is out of range (None: the default), got ", v);
+    info->set(o, v);
+  }
+  if (kernelChoices) applyKernelChoices(o, *kernelChoices);
+}
+
+/// The engine's docstring: its keywords by use.
+const std::string& engineDoc() {
+  static const std::string doc = [] {
+    std::string user, experiment;
+    for (const auto& i : collectiveOptionInfos()) {
+      (i.use == OptionUse::kUser ? user : experiment) += strCat("  ", i.name, "\n");
+    }
+    return strCat("A collective engine on `comm` (collective: every rank makes one with the same options, else ",
+                  "InvalidArgumentError naming the first that differs). Keywords, each None or absent for its ",
+                  "default (csrc/collectives/collective_options.hpp says what each does):\n", user,
+                  "  kernel_choices (a tuning table's kernel entries), exchange_ll_threshold_bytes (4 values), ",
+                  "agreed_settings (the caller's settings every rank must share)\n",
+                  "Experiments (they may change or go):\n", experiment);
+  }();
+  return doc;
+}
+
+}  // namespace
+
 void bindCollectives(py::module_& m) {
   m.attr("FUSED_MAX_BYTES") = kFusedMaxBytes;
   // The host-mode fp32 -> fp16/bf16 conversions, exposed for tests.
@@ -78,78 +147,13 @@ void bindCollectives(py::module_& m) {
       "InvalidArgumentError naming 'out' where it overlaps the input other than in place, as the engine checks.");
 
   py::class_<CollectiveEngine, std::shared_ptr<CollectiveEngine>>(m, "CollectiveEngine")
-      .def(py::init([](Communicator& comm, uint32_t llBlocks, uint32_t hbBlocks, uint32_t llThreads,
-                       uint32_t hbThreads, uint64_t llMaxBytes, uint64_t hbPieceBytes, uint64_t llThresholdBytes, uint64_t ll2ThresholdBytes, uint32_t llPacketsPerBlock,
-                       std::vector<uint64_t> exchangeLLThresholdBytes, bool programmaticLaunch,
-                       uint64_t zeroCopyThresholdBytes, uint32_t zeroCopyThreads, uint64_t zeroCopyBytesPerBlock,
-                       uint32_t hbRoundsPerLaunch, bool hbPush, uint32_t hbLargeThreads,
-                       uint64_t zeroCopyMaxBytes, uint32_t fusedSegments, uint32_t fusedThreads,
-                       uint64_t fusedTwoShotBytes, uint64_t fusedTwoKernelMinBytes,
-                       uint64_t onePhaseHBBytesPerBlock, uint64_t onePhaseHBMaxBytes,
-                       const KernelChoices& kernelChoices, uint32_t p2pBlocks, uint64_t p2pSliceBytes,
-                       uint32_t p2pSlots, uint32_t p2pThreads, std::optional<uint64_t> p2pLLMaxBytes,
-                       uint64_t p2pLLLaneBytes, std::map<std::string, std::string> agreedSettings) {
+      .def(py::init([](Communicator& comm, const py::kwargs& kwargs) {
              CollectiveOptions o;
-             o.llBlocks = llBlocks;
-             o.hbBlocks = hbBlocks;
-             o.llThreads = llThreads;
-             o.hbThreads = hbThreads;
-             o.llMaxBytes = llMaxBytes;
-             o.hbPieceBytes = hbPieceBytes;
-             o.llThresholdBytes = llThresholdBytes;
-             o.ll2ThresholdBytes = ll2ThresholdBytes;
-             o.llPacketsPerBlock = llPacketsPerBlock;
-             o.programmaticLaunch = programmaticLaunch;
-             o.zeroCopyThresholdBytes = zeroCopyThresholdBytes;
-             o.zeroCopyThreads = zeroCopyThreads;
-             o.zeroCopyBytesPerBlock = zeroCopyBytesPerBlock;
-             o.hbRoundsPerLaunch = hbRoundsPerLaunch;
-             o.hbPush = hbPush;
-             o.hbLargeThreads = hbLargeThreads;
-             o.zeroCopyMaxBytes = zeroCopyMaxBytes;
-             o.fusedSegments = fusedSegments;
-             o.fusedThreads = fusedThreads;
-             o.fusedTwoShotBytes = fusedTwoShotBytes;
-             o.fusedTwoKernelMinBytes = fusedTwoKernelMinBytes;
-             o.onePhaseHBBytesPerBlock = onePhaseHBBytesPerBlock;
-             o.onePhaseHBMaxBytes = onePhaseHBMaxBytes;
-             o.p2pBlocks = p2pBlocks;
-             o.p2pSliceBytes = p2pSliceBytes;
-             o.p2pSlots = p2pSlots;
-             o.p2pThreads = p2pThreads;
-             if (p2pLLMaxBytes) {
-               PYCCL_CHECK_ARG(*p2pLLMaxBytes != CollectiveOptions::kP2PLLDefault, "p2p_ll_max_bytes",
-                               "must be at most 16 MiB (None: the default)");
-               o.p2pLLMaxBytes = *p2pLLMaxBytes;
-             }
-             o.p2pLLLaneBytes = p2pLLLaneBytes;
-             o.agreedSettings = std::move(agreedSettings);
-             applyKernelChoices(o, kernelChoices);
-             PYCCL_CHECK_ARG(exchangeLLThresholdBytes.empty() || exchangeLLThresholdBytes.size() == 4,
-                             "exchange_ll_threshold_bytes",
-                             "needs 4 values (all_gather, all_to_all, broadcast, reduce_scatter), got ",
-                             exchangeLLThresholdBytes.size());
-             for (size_t k = 0; k < exchangeLLThresholdBytes.size(); ++k) {
-               o.exchangeLLThresholdBytes[k] = exchangeLLThresholdBytes[k];
-             }
+             applyOptionKeywords(o, kwargs);
              py::gil_scoped_release release;
              return std::make_shared<CollectiveEngine>(comm, o);
            }),
-           py::arg("comm"), py::arg("ll_blocks") = 0, py::arg("hb_blocks") = 0, py::arg("ll_threads") = 1024,
-           py::arg("hb_threads") = 256, py::arg("ll_max_bytes") = 0, py::arg("hb_piece_bytes") = 0,
-           py::arg("ll_threshold_bytes") = 0, py::arg("ll2_threshold_bytes") = 0,
-           py::arg("ll_packets_per_block") = 0, py::arg("exchange_ll_threshold_bytes") = std::vector<uint64_t>{},
-           py::arg("programmatic_launch") = true, py::arg("zero_copy_threshold_bytes") = 0,
-           py::arg("zero_copy_threads") = 512, py::arg("zero_copy_bytes_per_block") = 0,
-           py::arg("hb_rounds_per_launch") = 0, py::arg("hb_push") = true,
-           py::arg("hb_large_threads") = 512, py::arg("zero_copy_max_bytes") = 0, py::arg("fused_segments") = 0,
-           py::arg("fused_threads") = 0, py::arg("fused_two_shot_bytes") = 0,
-           py::arg("fused_two_kernel_min_bytes") = 0, py::arg("one_phase_hb_bytes_per_block") = 0,
-           py::arg("one_phase_hb_max_bytes") = 0, py::arg("kernel_choices") = KernelChoices{},
-           py::arg("p2p_blocks") = 0, py::arg("p2p_slice_bytes") = 0, py::arg("p2p_slots") = CollectiveOptions{}.p2pSlots,
-           py::arg("p2p_threads") = CollectiveOptions{}.p2pThreads, py::arg("p2p_ll_max_bytes") = std::nullopt,
-           py::arg("p2p_ll_lane_bytes") = 0, py::arg("agreed_settings") = std::map<std::string, std::string>{},
-           py::keep_alive<1, 2>())
+           py::arg("comm"), py::keep_alive<1, 2>(), engineDoc().c_str())
       .def("register_symmetric", &CollectiveEngine::registerSymmetric, py::arg("memory"),
            py::call_guard<py::gil_scoped_release>(),
            "Collective: makes a registration (the same size on every rank) a symmetric buffer.")

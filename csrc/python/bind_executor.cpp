@@ -12,14 +12,13 @@ namespace py = pybind11;
 namespace pyccl {
 
 void bindExecutor(py::module_& m) {
-  m.attr("PLAN_OP_WORDS") = static_cast<int>(sizeof(PlanOp) / 4);
   py::class_<PlanExecutor, std::shared_ptr<PlanExecutor>>(m, "PlanExecutor")
       .def(py::init([](Communicator& comm, const at::Tensor& ops, std::vector<int32_t> tbOffsets,
                        std::vector<int32_t> channelSrc, std::vector<int32_t> channelDst,
                        std::vector<int32_t> signalsPerCall, int32_t inputChunks, int32_t outputChunks,
                        int32_t scratchChunks, bool inPlace, bool stageInput, bool stageOutput, bool entryBarrier,
                        uint64_t maxChunkBytes, uint32_t threads) {
-             constexpr int64_t kWords = sizeof(PlanOp) / 4;
+             constexpr int64_t kWords = kPlanOpWords;
              PYCCL_CHECK_ARG(ops.device().is_cpu() && ops.scalar_type() == at::kInt && ops.is_contiguous() &&
                                  ops.dim() == 2 && ops.size(1) == kWords,
                              "ops", "must be a contiguous int32 CPU tensor of shape (n, ", kWords, ")");

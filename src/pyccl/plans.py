@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 import torch
 
 from . import _C
-from .dsl.plan import MAX_OPERANDS as _MAX, PACKET_READS, Plan
+from .dsl import plan_format as fmt
+from .dsl.plan import PACKET_READS, Plan
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # plans sit below the communicator: they run on any communicator's native one
@@ -30,29 +31,29 @@ if TYPE_CHECKING:  # plans sit below the communicator: they run on any communica
 
 __all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
 
-_KINDS = {"copy": 0, "reduce": 1, "unpack": 2, "reduce_packets": 3, "put": 4, "put_packets": 5,
-          "channel_reduce": 6, "reduce_put": 7, "signal": 8, "wait": 9, "flush": 10, "switch_reduce": 11,
-          "barrier": 12, "sync": 13, "reduce_put_packets": 14, "reduce_to": 15}
-_BUFFERS = {"input": 0, "output": 1, "scratch": 2}
-_REDUCE_OPS = {None: -1, "sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 _REDUCING = ("reduce", "reduce_packets", "reduce_put_packets", "channel_reduce", "multi_reduce", "reduce_put",
              "switch_reduce")
 _PACKET_WRITES = ("put_packets", "multi_put_packets")  # dst or dsts are packets (reduce_put_packets: dsts)
 
 
 def _op_words(kind: str, reduce_op=None, srcs=(), dsts=(), channels=(), ordinals=()) -> List[int]:
+    """One interpreter op in plan_format's word layout (peers and per-call
+    counts left 0: the executor fills them from its channel tables)."""
     for what, items in (("sources", srcs), ("destinations", dsts), ("channels", channels)):
-        if len(items) > _MAX:
+        if len(items) > fmt.MAX_OPERANDS:
             raise InvalidArgumentError(f"invalid argument 'plan': an op has {len(items)} {what}; the interpreter "
-                                       f"takes up to {_MAX}")
-    words = [_KINDS[kind], _REDUCE_OPS[reduce_op], len(srcs), len(dsts), len(channels)]
-    words += list(ordinals) + [0] * (_MAX - len(ordinals))
-    words += list(channels) + [0] * (_MAX - len(channels))
-    words += [0] * (2 * _MAX)  # peers and per-call counts: the executor fills them from its channel tables
-    for chunks in (srcs, dsts):
-        for c in chunks:
-            words += [c[0], _BUFFERS[c[1]], c[2], c[3]]
-        words += [0, 0, 0, 0] * (_MAX - len(chunks))
+                                       f"takes up to {fmt.MAX_OPERANDS}")
+    words = [0] * fmt.OP_WORDS
+    at = fmt.OP_OFFSET
+    words[at["kind"]] = fmt.OP_CODE[kind]
+    words[at["reduce_op"]] = fmt.REDUCE_CODE[reduce_op]
+    words[at["num_srcs"]], words[at["num_dsts"]], words[at["num_channels"]] = len(srcs), len(dsts), len(channels)
+    words[at["ordinals"]:at["ordinals"] + len(ordinals)] = ordinals
+    words[at["channels"]:at["channels"] + len(channels)] = channels
+    for field, chunks in (("srcs", srcs), ("dsts", dsts)):
+        for i, c in enumerate(chunks):
+            first = at[field] + fmt.CHUNK_WORDS * i
+            words[first:first + fmt.CHUNK_WORDS] = [c[0], fmt.BUFFER_CODE[c[1]], c[2], c[3]]
     return words
 
 
@@ -239,7 +240,7 @@ def pack_plan(plan: Plan, rank: int) -> dict:
     signals_per_call = [signals[c] for c in range(num_channels)]
     for key in sorted(groups, key=groups.get):
         signals_per_call.append(per_tb_barriers[(key, key[0])] * len(key))
-    width = _C.PLAN_OP_WORDS
+    width = fmt.OP_WORDS
     ops = torch.tensor(words, dtype=torch.int32).reshape(-1, width) if words else torch.zeros((0, width),
                                                                                                dtype=torch.int32)
     placement = buffer_placement(plan)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from .collectives import collective_from
+from .plan_format import MAX_OPERANDS
 from .program import BUFFER_KINDS, PROTOCOLS, DSLError
 
 __all__ = ["OP_KINDS", "PACKET_READS", "PLAN_VERSION", "Plan", "PlanError", "load_plan"]
@@ -60,7 +61,6 @@ OP_KINDS: Dict[str, tuple] = {
 # Op kinds whose sources are LL packets (in the scratch buffer)
 PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 CHANNEL_TYPES = ("memory", "port", "switch")
-MAX_OPERANDS = 8  # sources, destinations or channels of one op in the interpreter (kPlanMaxOperands)
 
 
 class PlanError(DSLError):
