@@ -241,3 +241,85 @@ def work_outlives_group(rank, world, store):
     work = dist.all_reduce(x, async_op=True)
     dist.destroy_process_group()
     return work.wait(), work.is_success(), x.tolist() == [float(world)] * 16
+
+
+def late_rank_after_a_verdict(rank, world, store, on_gpu, collective, timeout_s, delay_s):
+    """Rank 0 reaches the second `collective` `delay_s` late, after its peers
+    gave it up (timeout `timeout_s`): its peers published their verdict, so
+    rank 0 must fail that call too, naming the rank that gave up, never
+    report it done. "plan": an all-reduce by a registered DSL plan that reads
+    its peers' buffers."""
+    import pyccl.algorithms as algorithms
+    from ranks_collectives import _setup
+
+    comm, device = _setup(store, rank, world, on_gpu, timeout_s=timeout_s)
+    entry = None
+    if collective == "plan":
+        entry = pyccl.register_algorithm(algorithms.allreduce_allpairs_hb(world), "all_reduce", 0, 1 << 20, world)
+    n = ELEMENTS * world
+    x = torch.rand(n, device=device) + rank
+
+    def one():
+        if collective in ("all_reduce", "plan"):
+            return pyccl.all_reduce(x, comm=comm)
+        if collective == "all_gather":
+            return pyccl.all_gather(x, comm=comm)
+        if collective == "reduce_scatter":
+            return pyccl.reduce_scatter(x, comm=comm)
+        if collective == "all_to_all":
+            return pyccl.all_to_all(x, comm=comm)
+        return pyccl.broadcast(x, src=0, comm=comm)  # the late rank is the root: its peer waits for it
+
+    try:
+        one()
+        _sync(torch.device(device))
+        if rank == 0:
+            time.sleep(delay_s)
+
+        def late():
+            out = one()
+            _sync(torch.device(device))
+            return None if out is None else out.float().sum().item()
+
+        first = _attempt(late)
+        # Either way the communicator is broken now: the next call is refused at once.
+        again = _attempt(late)
+        return first[:3], again[:3], comm.sequence
+    finally:
+        if entry is not None:
+            pyccl.unregister_algorithm(entry)
+        comm.close()
+
+
+def group_timeout_reaches_pyccl_calls(rank, world, store, timeout_s):
+    """pyccl.all_reduce on a gloo group made with `timeout_s`: the group's
+    communicator takes that timeout, so a call the last rank never makes
+    fails within it (not pyccl's 10-minute default)."""
+    _init(rank, world, store, "gloo", False, timeout_s=timeout_s)
+    x = torch.rand(ELEMENTS) + rank
+    pyccl.all_reduce(x)
+    if rank == world - 1:
+        time.sleep(timeout_s + 2)
+        result = ("skipped", "", 0.0)
+    else:
+        result = _attempt(lambda: pyccl.all_reduce(x))[:3]
+    return result, _destroy_seconds()
+
+
+def missing_call_under_call_checks(rank, world, store, timeout_s):
+    """With PYCCL_DEBUG=1 the last rank skips the second all-reduce: the
+    others' check of the call times out, breaking the communicator."""
+    from ranks_collectives import _setup
+
+    comm, _ = _setup(store, rank, world, False, timeout_s=timeout_s)
+    x = torch.rand(ELEMENTS) + rank
+    try:
+        pyccl.all_reduce(x, comm=comm)
+        if rank == world - 1:
+            time.sleep(timeout_s + 2)
+            return None
+        first = _attempt(lambda: pyccl.all_reduce(x, comm=comm))[:3]
+        again = _attempt(lambda: pyccl.all_reduce(x, comm=comm))[:3]
+        return first, again
+    finally:
+        comm.close()

@@ -116,6 +116,29 @@ def test_collective_arguments_of_the_wrong_kind_are_named(store):
     comm.close()
 
 
+def test_ranks_data_and_sizes_that_are_not_what_they_seem_are_named(store):
+    """A bool is no rank; a meta tensor has no data; an expanded view whose
+    copy would not fit memory is refused before anything is allocated."""
+    comm = pyccl.Communicator(store, 0, 1, device="cpu")
+    x = torch.randn(12)
+    _expect_invalid("src", pyccl.broadcast, x, True, comm=comm)
+    _expect_invalid("src", pyccl.broadcast, x, False, comm=comm)
+    _expect_invalid("dst", pyccl.send, x, True, comm=comm)
+    _expect_invalid("src", pyccl.recv, x, False, comm=comm)
+    meta = torch.empty(12, device="meta")
+    for fn in (pyccl.all_reduce, pyccl.all_gather, pyccl.reduce_scatter, pyccl.all_to_all):
+        err = _expect_invalid("tensor", fn, meta, comm=comm)
+        assert "meta" in str(err)
+    huge = torch.empty(1).expand(2 ** 40)
+    for fn in (pyccl.all_reduce, pyccl.all_gather, pyccl.all_to_all):
+        err = _expect_invalid("tensor", fn, huge, comm=comm)
+        assert "contiguous" in str(err) and "would not fit" in str(err)
+    small = torch.randn(1).expand(12)  # an expanded view that fits is refused as any non-contiguous tensor is
+    err = _expect_invalid("tensor", pyccl.all_reduce, small, comm=comm)
+    assert "must be contiguous" in str(err)
+    comm.close()
+
+
 @pytest.mark.skipif(pyccl._C.device_count() > 0, reason="checks the message on machines without GPUs")
 def test_cuda_device_without_gpus_names_device(store):
     err = _expect_invalid("device", pyccl.Communicator, store, 0, 1, device="cuda:0")

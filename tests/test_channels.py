@@ -105,9 +105,12 @@ def test_rdma_work_request_failure_stops_the_proxy_with_a_named_error():
                      env={"PYCCL_RDMA_LOOPBACK": "1", "PYCCL_RDMA_LOOPBACK_FAIL_AT": "5"}, timeout=120)
     sender, receiver = outs
     # The 6th request (the 3rd round's signal) fails: the sender's proxy stops
-    # and its flush gives up; the receiver's wait for that signal times out.
+    # and its flush gives up; the receiver's wait for that signal gives up too,
+    # at its timeout or at once when the sender's verdict reaches it (its
+    # communicator then breaks and stops its own proxy as aborted).
     assert sender["failures"] >= 1 and receiver["failures"] >= 1, outs
     assert not sender["proxy"]["running"], sender
     error = sender["proxy"]["error"]
     assert "RDMA transport to rank 1: signal" in error and "transport retry counter exceeded" in error, error
-    assert receiver["proxy"]["running"] and receiver["proxy"]["error"] == "", receiver
+    assert (receiver["proxy"]["running"] and receiver["proxy"]["error"] == "") or \
+        "was aborted" in receiver["proxy"]["error"], receiver

@@ -77,12 +77,45 @@ def test_slow_rank_past_the_timeout_breaks_the_group_everywhere(on_gpu, blocking
         _survivor_failed_in_time(first, timeout_s, world - 1)
         assert "all_reduce call 2 " in first[1], first
         assert second[0] != "ok" and second[2] < 1.0, second
-    # The slow rank arrives after the others gave up: its call completes (its
-    # peers' data was there) or fails, and it never hangs.
+    # The slow rank arrives after the others gave up: though its peers' data
+    # was there, it fails the call with their verdict, and it never hangs.
     first, second, destroy_s = out[-1]
-    assert first[0] == "ok" or first[3], first
+    assert first[0] != "ok" and first[3] and "gave up" in first[1], first
     assert second[0] != "ok" or second[1] is False, second
     assert second[2] <= timeout_s + 5 and destroy_s < 10, (second, destroy_s)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                        "plan"])
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_a_rank_late_past_its_peers_verdict_fails_the_call_too(on_gpu, collective):
+    """Rank 1 gives the second call up; rank 0 arrives after that and finds
+    rank 1's signals and data already there. It must not report the call done
+    (for the plan, which reads rank 1's buffers, its result was wrong): it
+    raises, naming the rank that gave up, the op and the call's number."""
+    timeout_s, delay_s = 1, 2.5
+    out = run_ranks(rf.late_rank_after_a_verdict, 2, args=(on_gpu, collective, timeout_s, delay_s), timeout=120,
+                    env=GPU_ENV if on_gpu else {})
+    op = "plan" if collective == "plan" else collective
+    (late_first, late_again, _), (peer_first, peer_again, _) = out
+    if on_gpu:
+        # The peer's kernel gave up by itself; its host learns of it by the next call or a synchronize.
+        assert peer_first[0] != "ok" or peer_again[0] != "ok", (peer_first, peer_again)
+    else:
+        assert peer_first[0] == "PycclTimeoutError" and f"{op} call 2 " in peer_first[1], peer_first
+    assert late_first[0] != "ok", (late_first, peer_first, peer_again)  # never "done" after its peer gave up
+    assert "rank 1 gave up" in late_first[1] and f"{op} call 2 " in late_first[1], late_first
+    assert late_first[2] < 1.0, late_first  # refused at once: the verdict was there before the call
+    assert late_again[0] != "ok" and "refused" in late_again[1] and late_again[2] < 1.0, late_again
+
+
+def test_a_groups_timeout_bounds_its_pyccl_calls():
+    timeout_s = 2
+    out = run_ranks(rf.group_timeout_reaches_pyccl_calls, 2, args=(timeout_s,), timeout=120)
+    (first, destroy_s), _ = out
+    assert first[0] == "PycclTimeoutError" and first[2] <= timeout_s + 1, first
+    assert "all_reduce call 2 " in first[1] and f"within the {timeout_s * 1000} ms timeout" in first[1], first
+    assert destroy_s < 10, destroy_s
 
 
 @pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(4))])
@@ -117,6 +150,18 @@ def test_mismatched_calls_are_named_with_pyccl_debug(on_gpu, variant):
         else:
             assert "rank(s) 1: all_gather" in message, message
         assert after, "the group must stay usable after a refused call"
+
+
+def test_a_call_checks_timeout_breaks_the_communicator():
+    """PYCCL_DEBUG=1, a rank that never makes the call: the check's timeout
+    names the op and its number, and the next call fails at once."""
+    timeout_s = 1
+    out = run_ranks(rf.missing_call_under_call_checks, 2, args=(timeout_s,), timeout=120,
+                    env={"PYCCL_DEBUG": "1"})
+    first, again = out[0]
+    assert first[0] == "PycclTimeoutError" and "all_reduce call 2 " in first[1], first
+    assert first[2] <= timeout_s + 2, first
+    assert again[0] != "ok" and "refused" in again[1] and again[2] < 0.5, again
 
 
 def test_mismatched_calls_under_torch_distributed_debug_detail():
@@ -184,8 +229,9 @@ def test_proxy_thread_death_breaks_the_communicator():
     assert later[0] != "ok" and "refused" in later[1] and "proxy thread" in later[1], later
     ran, failure, record, later = out[1]
     assert ran == ("ok", 1, ran[2]), ran  # its wait for rank 0's signal gave up
-    assert record["peer"] == 0 and record["status"] == "timeout", record
-    assert "no signal from rank 0" in failure, failure
+    # Rank 0's verdict reached it: its wait stopped at once, not at the timeout, and says why.
+    assert record["peer"] == 0 and record["status"] == "aborted" and ran[2] < 1.5, (record, ran)
+    assert "rank 0 gave up" in failure and "proxy thread" in failure, failure
 
 
 def test_a_work_can_be_waited_on_after_its_group_is_gone():

@@ -28,6 +28,11 @@ class Bootstrap {
   const std::string& nameSpace() const { return nameSpace_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  /// The store, and the key of `suffix` in this namespace, for other users of
+  /// the namespace (a communicator's verdicts).
+  const std::shared_ptr<Store>& store() const { return store_; }
+  std::string key(const std::string& suffix) const;
+
   /// Counts this rank into the namespace; InvalidArgument naming 'name' where
   /// more ranks than the world have joined it: an earlier communicator of the
   /// name on this store left keys that this one would read as its own. Every
@@ -48,7 +53,6 @@ class Bootstrap {
   Bytes recv(int peer, int tag);
 
  private:
-  std::string key(const std::string& suffix) const;
   Bytes getOrThrow(const std::string& key, const char* op, int peer);
   /// Stores `data` under `key`, in parts where it is large (stores cap one
   /// message: torch's TCPStore at 8 MiB); returns every key written.

@@ -105,6 +105,18 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
     checkGpusDistinct();
     probePeers();
     bootstrap_->barrier();
+    if (worldSize_ > 1) {
+      CommunicatorHealth* health = health_.get();
+      verdicts_ = std::make_unique<VerdictBoard>(
+          bootstrap_->store(), [b = bootstrap_.get()](const std::string& suffix) { return b->key(suffix); }, rank_,
+          worldSize_, [health](int peer, ErrorCode code, const std::string& message) {
+            // A peer's timeout is this rank's too (the call did not complete in time); anything else is remote.
+            health->fail(code == ErrorCode::kTimeout ? code : ErrorCode::kRemote,
+                         strCat("rank ", peer, " gave up: ", message), /*fromPeer=*/true);
+          });
+      health_->setPublisher(
+          [board = verdicts_.get()](ErrorCode code, const std::string& message) { board->publish(code, message); });
+    }
   } catch (...) {
     close();
     freeFailureState();
@@ -126,6 +138,7 @@ Communicator::~Communicator() {
 
 void Communicator::freeFailureState() {
   health_.reset();
+  verdicts_.reset();  // after the health that publishes through it
   if (hostMode()) {
     delete abortFlagHost_;
     delete errorRecordHost_;
@@ -313,7 +326,17 @@ uint64_t Communicator::beginCall(CallOp op, void* stream, const std::string& sig
 
 void Communicator::checkCallMatches(const char* op, uint64_t seq, const std::string& signature) {
   const std::string mine = strCat(signature, " (call ", seq, ")");
-  const std::vector<Bytes> all = allGather(Bytes(mine.begin(), mine.end()));
+  std::vector<Bytes> all;
+  try {
+    all = allGather(Bytes(mine.begin(), mine.end()));
+  } catch (const TimeoutError& e) {
+    // A rank that never makes the call: the communicator breaks as a wait that gives up breaks it, so every
+    // later call fails at once and the peers learn of it.
+    health_->fail(ErrorCode::kTimeout, strCat(op, " call ", seq, " of communicator '", name(), "' (rank ", rank_,
+                                              "): the ranks' check of the call (PYCCL_DEBUG) timed out: ", e.what()));
+    health_->check(op, /*refusing=*/false);
+    throw;
+  }
   std::map<std::string, std::vector<int>> ranksBySignature;
   for (int q = 0; q < worldSize_; ++q) {
     ranksBySignature[std::string(all[q].begin(), all[q].end())].push_back(q);
@@ -352,6 +375,8 @@ bool Communicator::aborted() const {
 
 void Communicator::close() {
   if (closed_.exchange(true)) return;
+  // A verdict this rank handed over goes out first (bounded); no peer's reaches this rank from here on.
+  if (verdicts_) verdicts_->stop();
   // Any wait still running gives up.
   raiseAbortFlag();
   std::shared_ptr<ProxyService> proxy;

@@ -21,6 +21,7 @@
 #include "core/registered_memory.hpp"
 #include "core/semaphore.hpp"
 #include "core/topology.hpp"
+#include "core/verdicts.hpp"
 
 namespace pyccl {
 
@@ -210,6 +211,8 @@ class Communicator {
   uint32_t* abortFlagGpu_ = nullptr;
   void* errorRecordDevice_ = nullptr;
   std::unique_ptr<CommunicatorHealth> health_;
+  /// This rank's verdicts to its peers and theirs to it (worlds of 2 and more).
+  std::unique_ptr<VerdictBoard> verdicts_;
   bool callChecks_ = false;
 
   mutable std::mutex mu_;

@@ -102,7 +102,7 @@ std::optional<std::string> CommunicatorHealth::failure() {
   return message_;
 }
 
-void CommunicatorHealth::fail(ErrorCode code, const std::string& message) {
+void CommunicatorHealth::fail(ErrorCode code, const std::string& message, bool fromPeer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.load(std::memory_order_relaxed)) return;
@@ -113,6 +113,9 @@ void CommunicatorHealth::fail(ErrorCode code, const std::string& message) {
   // Kernels already queued give up at their first wait instead of each
   // waiting out the timeout.
   raiseAbortFlag_();
+  // A user's abort is this rank's own business (peers learn of it by their timeout, as with NCCL); a failure is
+  // every rank's: no peer may complete the call this rank gave up.
+  if (publish_ && !fromPeer && code != ErrorCode::kAborted) publish_(code, message);
   if (code == ErrorCode::kAborted) {
     PYCCL_LOG(Warn, "communicator '" << commName_ << "' is broken: " << message);
   } else {

@@ -89,8 +89,12 @@ class CommunicatorHealth {
   /// refused), or after a host-mode call ran (the failure is its own).
   void check(const char* op, bool refusing);
   /// Breaks the communicator with `code` and `message` (the first reason
-  /// wins), logs it once and raises the abort flag.
-  void fail(ErrorCode code, const std::string& message);
+  /// wins), logs it once and raises the abort flag. A failure of this rank's
+  /// own (not a user's abort, not `fromPeer`: a peer's verdict) is published
+  /// to the peers through the publisher, if one is set (verdicts.hpp).
+  void fail(ErrorCode code, const std::string& message, bool fromPeer = false);
+  /// Where this rank's own failures are published; set once, before any call.
+  void setPublisher(std::function<void(ErrorCode, const std::string&)> publish) { publish_ = std::move(publish); }
   /// Whether the communicator is broken.
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   /// The first failure, if any (what check() would throw), after reading the record.
@@ -109,6 +113,7 @@ class CommunicatorHealth {
   int rank_;
   std::chrono::milliseconds timeout_;
   std::function<void()> raiseAbortFlag_;
+  std::function<void(ErrorCode, const std::string&)> publish_;
   DeviceErrorRecord* record_;
   AsyncErrorHandling handling_;
 

@@ -204,7 +204,7 @@ def broadcast(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torc
     """pyccl.broadcast on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
     `nccl` (the caller has it)."""
     call = _Call("broadcast", tensor, comm, algorithm, nccl)
-    if not isinstance(src, int) or not 0 <= src < call.comm.world_size:
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < call.comm.world_size:
         raise InvalidArgumentError(f"invalid argument 'src': must be a rank of the group (0 to "
                                    f"{call.comm.world_size - 1}), got {src!r}")
     if out is None:

@@ -7,6 +7,7 @@ group's life: every eager collective looks it up, without a lock.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import weakref
 from typing import Dict, Optional, Tuple
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from . import _C
 from ._logging import logger
 from .calls import group_store, made_count
-from .communicator import Communicator
+from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import InvalidArgumentError
 
 __all__ = ["communicator_for"]
@@ -103,7 +104,7 @@ def _made_for(group: Optional[dist.ProcessGroup], pg, device: torch.device) -> T
             base = f"pyccl_{pg.group_name}_{device.type}"
             made = made_count(base)
             comm = Communicator(group_store(group), dist.get_rank(pg), dist.get_world_size(pg), device=device,
-                                name=base if made == 1 else f"{base}_{made}")
+                                name=base if made == 1 else f"{base}_{made}", timeout=group_timeout(pg, device) or DEFAULT_TIMEOUT)
         # Whether a call of CUDA tensors may be handed to the group's NCCL: a group's backend does not change.
         nccl = "nccl" in str(dist.get_backend(pg)).lower()
         _communicators[key] = (weakref.ref(pg), comm, nccl)
@@ -112,6 +113,17 @@ def _made_for(group: Optional[dist.ProcessGroup], pg, device: torch.device) -> T
             _C.register_group_runtime(pg.group_name, device.index if device.type == "cuda" else -1, comm._comm,
                                       comm._engine, comm._selector, nccl)
     return comm, nccl
+
+
+def group_timeout(pg: dist.ProcessGroup, device: torch.device) -> Optional[datetime.timedelta]:
+    """The timeout `pg`'s backend for `device`'s kind was made with
+    (``init_process_group(timeout=)``, ``new_group(timeout=)``), or None
+    where the backend does not say (pyccl's default then)."""
+    try:
+        timeout = pg._get_backend(torch.device(device.type)).options._timeout
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    return timeout if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0 else None
 
 
 def pyccl_backend_of(group: Optional[dist.ProcessGroup], device: torch.device):

@@ -98,7 +98,9 @@ def buffer_placement(plan: Plan) -> dict:
     kind_of = (lambda b: "input" if b == "output" else b) if in_place else (lambda b: b)
     remote = {(r, b): False for r in range(n) for b in ("input", "output")}
     writes_input = [False] * n
-    senders: Dict[Tuple[int, int], set] = defaultdict(set)  # (rank, packet slot) -> ranks that put packets there
+    # rank -> [(first packet slot, end, the rank that puts packets there)]: ranges, so that the work is by op,
+    # never by chunk (a plan may name 2^32 chunks).
+    senders: Dict[int, List[Tuple[int, int, int]]] = defaultdict(list)
     for r in range(n):
         for tb in plan.threadblocks(r):
             for op in tb["ops"]:
@@ -109,8 +111,7 @@ def buffer_placement(plan: Plan) -> dict:
                     if c[0] == r and b == "input" and written:
                         writes_input[r] = True
                     if b == "packets" and written:
-                        for i in range(c[2], c[2] + c[3]):
-                            senders[(c[0], i)].add(r)
+                        senders[c[0]].append((c[2], c[2] + c[3], r))
     stage_input = [remote[(r, "input")] or (not in_place and writes_input[r]) for r in range(n)]
     stage_output = [stage_input[r] if in_place else remote[(r, "output")] for r in range(n)]
 
@@ -118,7 +119,7 @@ def buffer_placement(plan: Plan) -> dict:
         if op["op"] in ("wait", "multi_wait"):
             return {plan.channels[c]["src"] for c in (op.get("channels") or [op["channel"]])}
         if op["op"] in PACKET_READS:
-            return {s for c in op["srcs"] for i in range(c[2], c[2] + c[3]) for s in senders[(c[0], i)]}
+            return {s for c in op["srcs"] for lo, hi, s in senders[c[0]] if lo < c[2] + c[3] and c[2] < hi}
         return set()
 
     entry_barrier = False

@@ -7,6 +7,7 @@ alone chooses what runs the call. Every entry point (``pyccl.*``,
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -16,11 +17,32 @@ from .errors import ClosedError, InvalidArgumentError
 
 
 def check_tensor(tensor) -> None:
-    """A dense torch tensor, else InvalidArgumentError naming 'tensor'."""
+    """A dense torch tensor with data, whose contiguous copy (made where it is
+    not contiguous) fits its device, else InvalidArgumentError naming 'tensor'
+    before anything is allocated."""
     if not isinstance(tensor, torch.Tensor) or tensor.layout is not torch.strided:
         raise InvalidArgumentError(
             f"invalid argument 'tensor': expected a dense torch.Tensor, got "
             f"{tensor.layout if isinstance(tensor, torch.Tensor) else type(tensor).__name__}")
+    if tensor.is_meta:
+        raise InvalidArgumentError("invalid argument 'tensor': a meta tensor has no data to communicate")
+    if not tensor.is_contiguous():
+        # An expanded view (stride 0) may name far more elements than memory holds; its copy would fail in the
+        # allocator.
+        nbytes = tensor.numel() * tensor.element_size()
+        capacity = _memory_of(tensor.device)
+        if nbytes > capacity:
+            raise InvalidArgumentError(
+                f"invalid argument 'tensor': not contiguous, and its contiguous copy ({nbytes} bytes, "
+                f"{tensor.numel()} elements of shape {tuple(tensor.shape)} and strides {tensor.stride()}) would not "
+                f"fit the {capacity} bytes of {tensor.device}; pass a contiguous tensor")
+
+
+def _memory_of(device: torch.device) -> int:
+    """The bytes of memory of `device` (a GPU's total, the host's physical memory)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class _Call:

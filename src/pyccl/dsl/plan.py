@@ -67,6 +67,12 @@ class PlanError(DSLError):
     """A plan file or object is malformed."""
 
 
+#: The largest plan file load_plan reads.
+MAX_PLAN_BYTES = 64 << 20
+# What a malformed plan can make the checks raise where no check foresaw its shape.
+_MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError)
+
+
 @dataclass
 class Plan:
     """A lowered program: per rank, per thread block, a list of op dicts."""
@@ -101,8 +107,13 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "plan") -> "Plan":
-        _validate(d, where)
-        collective = collective_from(d["collective"]).to_dict()  # defaults filled in
+        try:
+            _validate(d, where)
+            collective = collective_from(d["collective"]).to_dict()  # defaults filled in
+        except DSLError:
+            raise
+        except _MALFORMED as e:  # a shape the checks did not foresee: still the plan's fault, and said so
+            raise PlanError(f"{where}: malformed ({type(e).__name__}: {e})") from e
         return cls(d["name"], collective, d["protocol"], d["instances"], d["buffers"], d["channels"],
                    d["ranks"], d.get("sizes"))
 
@@ -117,14 +128,20 @@ class Plan:
 
 
 def load_plan(path: str) -> Plan:
-    """Reads and checks a plan file; raises PlanError naming what is wrong."""
+    """Reads and checks a plan file (at most MAX_PLAN_BYTES); raises PlanError
+    naming what is wrong, and where (rank, thread block, op)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            text = f.read(MAX_PLAN_BYTES + 1)  # an endless file (a device, a pipe) stops here
+        if len(text) > MAX_PLAN_BYTES:
+            raise PlanError(f"plan {path!r}: larger than {MAX_PLAN_BYTES} bytes")
+        data = json.loads(text)
     except OSError as e:
         raise PlanError(f"plan {path!r}: {e.strerror}") from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PlanError(f"plan {path!r}: not JSON ({e})") from e
+    except RecursionError as e:
+        raise PlanError(f"plan {path!r}: nested too deeply to be a plan") from e
     return Plan.from_dict(data, where=f"plan {path!r}")
 
 
@@ -192,7 +209,7 @@ def _validate(d: Any, where: str) -> None:
     if not isinstance(buffers, dict) or set(buffers) != set(BUFFER_KINDS):
         _fail(where, f"buffers must give chunk counts for {BUFFER_KINDS}, got {buffers!r}")
     for k in BUFFER_KINDS:
-        _int(buffers[k], where, f"buffers.{k}", 0, 1 << 32)
+        _int(buffers[k], where, f"buffers.{k}", 0, 1 << 31)  # the interpreter's chunk fields are int32
     k = d["instances"]
     if buffers["input"] < coll.input_chunks * k or buffers["output"] < coll.output_chunks * k:
         _fail(where, f"buffers {buffers} are smaller than the collective's ({coll.input_chunks * k} input and "
@@ -226,7 +243,12 @@ def _validate(d: Any, where: str) -> None:
             if not isinstance(tb, dict) or tb.get("id") != t or not isinstance(tb.get("ops"), list):
                 _fail(wt, "must be {'id': t, 'ops': [...]} in id order")
             for k, op in enumerate(tb["ops"]):
-                _validate_op(op, f"{wt} op {k}", buffers, n, channels, len(entry["threadblocks"]), r, t)
+                try:
+                    _validate_op(op, f"{wt} op {k}", buffers, n, channels, len(entry["threadblocks"]), r, t)
+                except DSLError:
+                    raise
+                except _MALFORMED as e:
+                    _fail(f"{wt} op {k}", f"malformed op ({type(e).__name__}: {e})")
 
 
 _LOCAL = ("copy", "reduce", "unpack", "multi_unpack", "multi_copy", "reduce_packets")
@@ -236,6 +258,24 @@ _MULTI_PAIRS = ("multi_put", "multi_put_packets", "multi_get", "multi_unpack", "
 _VECTOR_REDUCTIONS = ("reduce", "channel_reduce", "multi_reduce")
 # Reductions that may start from an `init` chunk instead of their destination (reduce_put: srcs[0]).
 _INIT_KINDS = _VECTOR_REDUCTIONS + ("reduce_put", "reduce_packets", "reduce_put_packets")
+
+
+def _fields_of(kind: str, has_dst: bool, needs_channel: bool) -> set:
+    """The fields an op of `kind` may have (init and copy_to: any op, as their own checks name the ops that take
+    them)."""
+    fields = {"op", "line", "reduce_op", "srcs", "init", "copy_to"}
+    if has_dst:
+        fields.add("dst")
+    if needs_channel:
+        fields.add("channel")
+    if kind in ("multi_put", "multi_put_packets", "multi_get", "multi_signal", "multi_wait", "multi_reduce",
+                "reduce_put_packets", "reduce_put"):
+        fields.add("channels")
+    if kind in _MULTI_PAIRS or kind in ("reduce_put_packets", "reduce_put"):
+        fields.add("dsts")
+    if kind == "barrier":
+        fields.add("tbs")
+    return fields
 
 
 def _chunks_overlap(a: list, b: list) -> bool:
@@ -257,6 +297,11 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
     if not isinstance(op, dict) or not isinstance(op.get("op"), str) or op.get("op") not in OP_KINDS:
         _fail(where, f"op must be one of {sorted(OP_KINDS)}, got {op.get('op') if isinstance(op, dict) else op!r}")
     has_dst, nsrcs, needs_channel = OP_KINDS[op["op"]]
+    unknown = set(op) - _fields_of(op["op"], has_dst, needs_channel)
+    if unknown:  # a field the op does not take would be read by nothing here, and misread later
+        _fail(where, f"{op['op']} takes no {', '.join(sorted(map(str, unknown)))}")
+    if "line" in op and not isinstance(op["line"], str):
+        _fail(where, f"line must be a string (the DSL source line), got {op['line']!r}")
     if has_dst:
         _chunk(op.get("dst"), where, buffers, num_ranks)
     srcs = op.get("srcs", [])
