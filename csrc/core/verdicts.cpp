@@ -83,11 +83,13 @@ struct VerdictBoard::State {
       if (mine && period == kRetryPeriod && !stopping) pending = std::move(mine);  // publishing is retried
       if (mine && !pending) published = true;
       if (found && !stopping && onVerdict) {
+        PYCCL_LOG(Info, "verdict board: rank " << found->first << "'s verdict found");
         const Bytes& v = found->second;
         onVerdict(found->first, static_cast<ErrorCode>(v[0]), std::string(v.begin() + 1, v.end()));
       }
-      // Broken either way now (its own verdict or a peer's): nothing more to find.
-      if (found || (published && !pending)) break;
+      // Broken either way now (its own verdict or a peer's): nothing more to find, once this rank's own verdict,
+      // if it has one, is out.
+      if ((found || published) && !pending) break;
     }
     exited = true;
     wake.notify_all();
