@@ -323,3 +323,17 @@ def missing_call_under_call_checks(rank, world, store, timeout_s):
         return first, again
     finally:
         comm.close()
+
+
+def detail_debug_group(rank, world, store):
+    """A "cpu:pyccl" group made under TORCH_DISTRIBUTED_DEBUG=DETAIL (torch wraps it and asks for its
+    sequence numbers): its collectives run and its sequence number counts its ops alike on every rank."""
+    _init(rank, world, store, "cpu:pyccl", False, timeout_s=30)
+    x = torch.full((ELEMENTS,), float(rank + 1))
+    dist.all_reduce(x)
+    dist.broadcast(x, src=0)
+    ok = bool((x == world * (world + 1) / 2).all())
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    seq = backend._get_sequence_number_for_group()
+    _destroy_seconds()
+    return ok, seq

@@ -164,6 +164,12 @@ def test_a_call_checks_timeout_breaks_the_communicator():
     assert again[0] != "ok" and "refused" in again[1] and again[2] < 0.5, again
 
 
+def test_a_group_under_detail_debug_has_sequence_numbers():
+    out = run_ranks(rf.detail_debug_group, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=120)
+    assert all(ok for ok, _ in out), out
+    assert out[0][1] == out[1][1] >= 2, out  # two ops counted alike
+
+
 def test_mismatched_calls_under_torch_distributed_debug_detail():
     out = run_ranks(rf.mismatched_call, 2, args=(False, "size"), timeout=120,
                     env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})

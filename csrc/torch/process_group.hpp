@@ -89,6 +89,11 @@ class PycclBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "pyccl"; }
 
+  /// torch's sequence numbers (TORCH_DISTRIBUTED_DEBUG=DETAIL checks them): every rank's backend starts at 0
+  /// and counts the ops it is given, so ranks that make the same calls agree without a store round trip.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
