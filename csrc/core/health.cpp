@@ -110,12 +110,14 @@ void CommunicatorHealth::fail(ErrorCode code, const std::string& message, bool f
     message_ = message;
     broken_.store(true, std::memory_order_release);
   }
+  // A user's abort is this rank's own business (peers learn of it by their timeout, as with NCCL); a failure is
+  // every rank's: no peer may complete the call this rank gave up. First, as it only hands the verdict over:
+  // raising the flag on a GPU takes a copy, and a caller that the failure reached meanwhile (another thread
+  // checking the record) may already be closing the communicator.
+  if (publish_ && !fromPeer && code != ErrorCode::kAborted) publish_(code, message);
   // Kernels already queued give up at their first wait instead of each
   // waiting out the timeout.
   raiseAbortFlag_();
-  // A user's abort is this rank's own business (peers learn of it by their timeout, as with NCCL); a failure is
-  // every rank's: no peer may complete the call this rank gave up.
-  if (publish_ && !fromPeer && code != ErrorCode::kAborted) publish_(code, message);
   if (code == ErrorCode::kAborted) {
     PYCCL_LOG(Warn, "communicator '" << commName_ << "' is broken: " << message);
   } else {

@@ -114,7 +114,8 @@ VerdictBoard::~VerdictBoard() { stop(); }
 
 void VerdictBoard::publish(ErrorCode code, const std::string& message) {
   std::lock_guard<std::mutex> lock(state_->mu);
-  if (state_->published || state_->pending || state_->stopping) return;
+  // Taken while the thread runs, stopping or not: stop() lets it publish what it holds before it ends.
+  if (state_->published || state_->pending || state_->exited) return;
   Bytes value{static_cast<uint8_t>(code)};
   value.insert(value.end(), message.begin(), message.end());
   state_->pending = std::move(value);

@@ -47,7 +47,8 @@ class VerdictBoard {
   VerdictBoard(const VerdictBoard&) = delete;
   VerdictBoard& operator=(const VerdictBoard&) = delete;
 
-  /// Publishes this rank's verdict (the first one only); returns at once.
+  /// Publishes this rank's verdict (the first one only); returns at once. A
+  /// verdict handed over while stop() runs still goes out, within its bound.
   void publish(ErrorCode code, const std::string& message);
   /// Stops polling (idempotent, bounded).
   void stop();
