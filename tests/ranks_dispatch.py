@@ -45,3 +45,56 @@ def every_entry_point(rank, world, store, scenario, table_path, seed):
     if plan is not None:
         pyccl.unregister_algorithm(plan)
     return bad, trace
+
+
+def call_runtime(rank, world, store, seed):
+    """A host-mode Communicator's call runtime (pyccl.calls' first step): the
+    kernel choices it runs, each checked against float64, and the calls it
+    hands back (None, nothing run) for the Python path to run or refuse.
+    Returns the failures."""
+    bad = []
+    gen = torch.Generator().manual_seed(seed + rank)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    with pyccl.Communicator(store, rank, world, device="cpu", name="call_runtime") as comm:
+        runtime = comm._runtime
+        x = torch.randn(4 * world, 3, generator=gen)
+        everyone = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(everyone, x)  # over gloo: the reference owes nothing to what is tested
+        total = sum(t.double() for t in everyone)
+        before = comm._selector.trace()
+        ran = {
+            "all_reduce, new output": (runtime.all_reduce(x, None, "sum", None, False), total),
+            "all_reduce, into out": (runtime.all_reduce(x, torch.empty_like(x), "SUM", "2pa_ll", False), total),
+            "all_gather": (runtime.all_gather(x, None, None, False), torch.cat([t.double() for t in everyone])),
+            "reduce_scatter": (runtime.reduce_scatter(x, None, "max", None, False),
+                               torch.stack([t.double() for t in everyone]).amax(0).chunk(world)[rank]),
+        }
+        for name, (got, want) in ran.items():
+            if got is None or got.shape != want.shape or not torch.allclose(got.double(), want, rtol=1e-5,
+                                                                               atol=1e-5):
+                bad.append(f"{name}: {None if got is None else (got.shape, want.shape)}")
+        counted = sum(comm._selector.trace().values()) - sum(before.values())
+        if counted != len(ran):
+            bad.append(f"{counted} choices counted for {len(ran)} calls")
+        handed_back = {
+            "a torch ReduceOp": runtime.all_reduce(x, None, dist.ReduceOp.SUM, None, False),
+            "not contiguous": runtime.all_reduce(x.t(), None, "sum", None, False),
+            "an int tensor": runtime.all_reduce(x.int(), None, "sum", None, False),
+            "forced NCCL without NCCL": runtime.all_reduce(x, None, "sum", "nccl", False),
+            "an unknown algorithm": runtime.all_reduce(x, None, "sum", "fastest", False),
+            "an unknown op": runtime.all_reduce(x, None, "mean", None, False),
+            "out not a tensor": runtime.all_reduce(x, [1.0], "sum", None, False),
+            "not a tensor": runtime.all_gather([1.0], None, None, False),
+            "rows that do not split": runtime.reduce_scatter(x[:world + 1], None, "sum", None, False),
+        }
+        bad += [f"{name}: ran" for name, got in handed_back.items() if got is not None]
+        plan = pyccl.register_algorithm(algorithms.allreduce_ring(world), "all_reduce", 0, 1 << 20, world)
+        try:
+            if runtime.all_reduce(x, None, "sum", None, False) is not None:
+                bad.append("a registered plan's call: ran on a kernel")
+        finally:
+            pyccl.unregister_algorithm(plan)
+    if runtime.all_reduce(x, None, "sum", None, False) is not None:
+        bad.append("a closed communicator: ran")
+    dist.destroy_process_group()
+    return bad

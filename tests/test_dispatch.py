@@ -138,3 +138,11 @@ def test_every_entry_point_chooses_alike(scenario, tmp_path):
                     "registered plan": "all_reduce plan registered (registered plan)"}[scenario]
         all_reduces = {k: v for k, v in trace.items() if k.startswith("all_reduce")}
         assert set(all_reduces) == {expected} and all_reduces[expected] >= 3, trace
+
+
+def test_the_call_runtime_runs_kernel_choices_and_hands_back_the_rest():
+    # pyccl.all_reduce, all_gather and reduce_scatter's one call into C++ (as torch.ops.pyccl's kernels): it runs
+    # what the selector gives a kernel, and leaves everything else, unrun, to the Python path.
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rd.call_runtime, WORLD, args=(seed,), timeout=120):
+        assert bad == [], f"seed {seed}: {bad}"

@@ -7,6 +7,11 @@
 // Python kernel (pyccl/ops.py), which asks the same selector and raises the
 // error naming the argument. Each kernel makes its output as the Python path
 // does.
+//
+// pyccl.all_reduce, all_gather and reduce_scatter run the same code first
+// (CallRuntime): one call from Python that checks, chooses and launches, so
+// an eager call's host time is the engine's plus one crossing into C++.
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
 #include <string>
@@ -21,16 +26,17 @@ namespace py = pybind11;
 namespace pyccl {
 namespace {
 
-/// The group's selector's choice for `input` where it is a kernel of `runtime`'s engine (counted then);
-/// nullopt for the Python path to run (and count) the call.
+/// The selector's choice for `input` where it is a kernel of `runtime`'s engine (counted then); nullopt for
+/// the caller's other path to run (and count) the call. `forced`: the call's algorithm argument ("" for none);
+/// `nccl`: the caller can hand the call to NCCL.
 std::optional<Choice> kernelChoice(const GroupRuntime& runtime, Collective c, const at::Tensor& input,
-                                   uint64_t bytes) {
+                                   uint64_t bytes, const std::string& forced, bool nccl) {
   Choice choice;
   try {
-    choice = runtime.selector->select(c, tableDtypeOf(input), bytes, static_cast<uint64_t>(input.numel()), "",
-                                      runtime.nccl && input.is_cuda(), true, /*counted=*/false);
+    choice = runtime.selector->select(c, tableDtypeOf(input), bytes, static_cast<uint64_t>(input.numel()), forced,
+                                      nccl && input.is_cuda(), true, /*counted=*/false);
   } catch (const Error&) {
-    return std::nullopt;  // the Python path asks again and raises the error
+    return std::nullopt;  // the other path asks again and raises the error
   }
   // An all-reduce whose symmetric-buffer choice is NCCL: the Python path tells those buffers apart.
   if (choice.route != Route::kKernel || choice.symmetricAlgorithm == "nccl") return std::nullopt;
@@ -38,59 +44,99 @@ std::optional<Choice> kernelChoice(const GroupRuntime& runtime, Collective c, co
   return choice;
 }
 
+/// One call of all_reduce, all_gather or reduce_scatter (the collectives of KernelCall) whose kernel choice
+/// both entry points run alike: torch.ops.pyccl.<op>'s C++ kernel and pyccl.<op> (CallRuntime below).
+enum class KernelCall { kAllReduce, kAllGather, kReduceScatter };
+
+/// Runs `kind` of `input` on `runtime`'s engine where the selector chooses one of its kernels: into `out`
+/// where given, else into a new tensor shaped as pyccl.<op> shapes it, which it returns. nullopt, with nothing
+/// run, where the selector chose anything else, or where a fact of the call (a dtype, a shape, the op) is for
+/// the other path to refuse or run. `launch(engineCall)` makes the engine call.
+template <typename Launch>
+std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& runtime, const at::Tensor& input,
+                                          std::optional<at::Tensor> out, std::optional<ReduceOp> op,
+                                          const std::string& forced, bool nccl, Launch&& launch) {
+  const int64_t world = runtime.comm->worldSize();
+  Collective c = Collective::kAllReduce;
+  uint64_t bytes = input.nbytes();
+  std::vector<int64_t> shape = input.sizes().vec();
+  switch (kind) {
+    case KernelCall::kAllReduce:
+      if (!op || !reducesDtype(input.scalar_type())) return std::nullopt;
+      break;
+    case KernelCall::kAllGather:
+      c = Collective::kAllGather;
+      bytes *= static_cast<uint64_t>(world);
+      if (shape.empty()) {
+        shape.push_back(world);
+      } else {
+        shape[0] *= world;
+      }
+      break;
+    case KernelCall::kReduceScatter:
+      c = Collective::kReduceScatter;
+      if (!op || !reducesDtype(input.scalar_type()) || input.dim() == 0 || input.size(0) % world != 0) {
+        return std::nullopt;
+      }
+      shape[0] /= world;
+      break;
+  }
+  const auto choice = kernelChoice(runtime, c, input, bytes, forced, nccl);
+  if (!choice) return std::nullopt;
+  at::Tensor result = out ? *std::move(out)
+                      : kind == KernelCall::kAllReduce ? at::empty_like(input, at::MemoryFormat::Contiguous)
+                                                       : at::empty(shape, input.options());
+  launch([&] {
+    CollectiveEngine& engine = *runtime.engine;
+    switch (kind) {
+      case KernelCall::kAllReduce:
+        allReduceTensor(engine, *runtime.comm, input, result, *op, kernelOf(*choice), symmetricOf(*choice));
+        break;
+      case KernelCall::kAllGather:
+        allGatherTensor(engine, *runtime.comm, input, result, protocolOf(*choice));
+        break;
+      case KernelCall::kReduceScatter:
+        reduceScatterTensor(engine, *runtime.comm, input, result, *op, protocolOf(*choice));
+        break;
+    }
+  });
+  return result;
+}
+
 at::Tensor allReduceKernel(const at::Tensor& x, c10::string_view op, c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
-  const std::optional<ReduceOp> rop = reduceOpNamed(op);
-  const bool ours = rop && reducesDtype(input.scalar_type());
-  const auto runtime = ours ? groupRuntime(groupName, input.device()) : std::nullopt;
-  const auto choice = runtime ? kernelChoice(*runtime, Collective::kAllReduce, input, input.nbytes()) : std::nullopt;
-  if (!choice) return pythonPath<at::Tensor>(CustomOp::kAllReduce, x, std::string(op), std::string(groupName));
-  at::Tensor out = at::empty_like(input, at::MemoryFormat::Contiguous);
-  runOnEngine(CustomOp::kAllReduce, [&] {
-    allReduceTensor(*runtime->engine, *runtime->comm, input, out, *rop, kernelOf(*choice), symmetricOf(*choice));
-  });
-  return out;
+  const auto runtime = groupRuntime(groupName, input.device());
+  auto done = runtime ? runKernelChoice(KernelCall::kAllReduce, *runtime, input, std::nullopt, reduceOpNamed(op), "",
+                                        runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllReduce, call); })
+                      : std::nullopt;
+  if (!done) return pythonPath<at::Tensor>(CustomOp::kAllReduce, x, std::string(op), std::string(groupName));
+  return *std::move(done);
 }
 
 at::Tensor allGatherKernel(const at::Tensor& x, int64_t groupSize, c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
   auto runtime = groupRuntime(groupName, input.device());
   if (runtime && runtime->comm->worldSize() != groupSize) runtime.reset();  // the Python path names the wrong size
-  const auto choice =
-      runtime ? kernelChoice(*runtime, Collective::kAllGather, input, input.nbytes() * groupSize) : std::nullopt;
-  if (!choice) return pythonPath<at::Tensor>(CustomOp::kAllGather, x, groupSize, std::string(groupName));
-  std::vector<int64_t> shape = input.sizes().vec();
-  if (shape.empty()) {
-    shape.push_back(groupSize);
-  } else {
-    shape[0] *= groupSize;
-  }
-  at::Tensor out = at::empty(shape, input.options());
-  runOnEngine(CustomOp::kAllGather,
-              [&] { allGatherTensor(*runtime->engine, *runtime->comm, input, out, protocolOf(*choice)); });
-  return out;
+  auto done = runtime ? runKernelChoice(KernelCall::kAllGather, *runtime, input, std::nullopt, std::nullopt, "",
+                                        runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllGather, call); })
+                      : std::nullopt;
+  if (!done) return pythonPath<at::Tensor>(CustomOp::kAllGather, x, groupSize, std::string(groupName));
+  return *std::move(done);
 }
 
 at::Tensor reduceScatterKernel(const at::Tensor& x, c10::string_view op, int64_t groupSize,
                                c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
-  const std::optional<ReduceOp> rop = reduceOpNamed(op);
-  const bool splits = input.dim() > 0 && groupSize > 0 && input.size(0) % groupSize == 0;
-  const bool ours = rop && splits && reducesDtype(input.scalar_type());
-  auto runtime = ours ? groupRuntime(groupName, input.device()) : std::nullopt;
+  auto runtime = groupRuntime(groupName, input.device());
   if (runtime && runtime->comm->worldSize() != groupSize) runtime.reset();
-  const auto choice =
-      runtime ? kernelChoice(*runtime, Collective::kReduceScatter, input, input.nbytes()) : std::nullopt;
-  if (!choice) {
+  auto done = runtime ? runKernelChoice(KernelCall::kReduceScatter, *runtime, input, std::nullopt, reduceOpNamed(op),
+                                        "", runtime->nccl,
+                                        [](auto&& call) { runOnEngine(CustomOp::kReduceScatter, call); })
+                      : std::nullopt;
+  if (!done) {
     return pythonPath<at::Tensor>(CustomOp::kReduceScatter, x, std::string(op), groupSize, std::string(groupName));
   }
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] /= groupSize;
-  at::Tensor out = at::empty(shape, input.options());
-  runOnEngine(CustomOp::kReduceScatter, [&] {
-    reduceScatterTensor(*runtime->engine, *runtime->comm, input, out, *rop, protocolOf(*choice));
-  });
-  return out;
+  return *std::move(done);
 }
 
 std::tuple<at::Tensor, at::Tensor> fusedAllReduceRMSNormKernel(const at::Tensor& x, const at::Tensor& residual,
@@ -116,7 +162,89 @@ std::tuple<at::Tensor, at::Tensor> fusedAllReduceRMSNormKernel(const at::Tensor&
   return {normed, residualOut};
 }
 
+/// A tensor argument of a pyccl.<op> call where it is one; nullptr for the Python path to refuse.
+const at::Tensor* tensorArg(py::handle arg) {
+  return THPVariable_Check(arg.ptr()) ? &THPVariable_Unpack(arg.ptr()) : nullptr;
+}
+
+/// A string argument (or None: ""); nullopt where it is neither, for the Python path to refuse.
+std::optional<std::string> stringArg(py::handle arg) {
+  if (arg.is_none()) return std::string();
+  if (!PyUnicode_Check(arg.ptr())) return std::nullopt;
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(arg.ptr(), &size);
+  if (text == nullptr) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return std::string(text, static_cast<size_t>(size));
+}
+
+/// pyccl.<op>'s call on `runtime` where its selector chooses a kernel: the result tensor, else None (nothing
+/// ran) for the Python path to run the call, or refuse it, naming the argument.
+py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::handle tensor, py::handle out,
+                            py::handle op, py::handle algorithm, bool nccl) {
+  const at::Tensor* input = tensorArg(tensor);
+  const at::Tensor* given = out.is_none() ? nullptr : tensorArg(out);
+  const auto forced = stringArg(algorithm);
+  // What the engine refuses (a tensor that is not contiguous, on another device, without data) goes to the
+  // Python path, whose checks name it first.
+  if (input == nullptr || (given == nullptr && !out.is_none()) || !forced || runtime.comm->closed() ||
+      input->layout() != at::kStrided || !input->is_contiguous() || input->is_meta() ||
+      (given != nullptr && !given->is_contiguous())) {
+    return py::none();
+  }
+  std::optional<ReduceOp> rop;
+  if (kind != KernelCall::kAllGather) {
+    if (!PyUnicode_Check(op.ptr())) return py::none();  // a torch ReduceOp: the Python path reads it
+    Py_ssize_t size = 0;
+    const char* name = PyUnicode_AsUTF8AndSize(op.ptr(), &size);
+    if (name == nullptr) {
+      PyErr_Clear();
+      return py::none();
+    }
+    rop = reduceOpNamed(c10::string_view(name, static_cast<size_t>(size)));
+  }
+  auto done = runKernelChoice(kind, runtime, *input, given ? std::optional<at::Tensor>(*given) : std::nullopt, rop,
+                              *forced, nccl, [](auto&& call) {
+                                py::gil_scoped_release release;
+                                call();
+                              });
+  if (!done) return py::none();
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(*std::move(done)));
+}
+
 }  // namespace
+
+void bindCallRuntime(py::module_& m) {
+  py::class_<GroupRuntime>(m, "CallRuntime",
+                           "What pyccl.all_reduce, all_gather and reduce_scatter on a communicator run first: the "
+                           "selector's choice and, where it is a kernel, the engine's call, in one call from Python "
+                           "(as torch.ops.pyccl.<op>'s C++ kernels run them). Each method returns the result, or "
+                           "None, having run nothing, for the Python path to run the call (a plan, NCCL, the "
+                           "collectives across nodes) or refuse it, naming the argument.")
+      .def(py::init([](std::shared_ptr<Communicator> comm, std::shared_ptr<CollectiveEngine> engine,
+                       std::shared_ptr<Selector> selector) {
+             PYCCL_CHECK_ARG(comm && engine && selector, "comm", "a call runtime needs a communicator, its engine "
+                             "and its selector");
+             return GroupRuntime{std::move(comm), std::move(engine), std::move(selector), false};
+           }),
+           py::arg("comm"), py::arg("engine"), py::arg("selector"))
+      .def("all_reduce",
+           [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle op, py::handle algorithm,
+              bool nccl) { return callKernelChoice(KernelCall::kAllReduce, r, tensor, out, op, algorithm, nccl); },
+           py::arg("tensor"), py::arg("out"), py::arg("op"), py::arg("algorithm"), py::arg("nccl"))
+      .def("all_gather",
+           [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle algorithm, bool nccl) {
+             return callKernelChoice(KernelCall::kAllGather, r, tensor, out, py::none(), algorithm, nccl);
+           },
+           py::arg("tensor"), py::arg("out"), py::arg("algorithm"), py::arg("nccl"))
+      .def("reduce_scatter",
+           [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle op, py::handle algorithm,
+              bool nccl) { return callKernelChoice(KernelCall::kReduceScatter, r, tensor, out, op, algorithm, nccl); },
+           py::arg("tensor"), py::arg("out"), py::arg("op"), py::arg("algorithm"), py::arg("nccl"));
+}
+
 }  // namespace pyccl
 
 TORCH_LIBRARY_IMPL(pyccl, CPU, m) {

@@ -127,4 +127,5 @@ PYBIND11_MODULE(_C, m) {
   bindBackend(m);
   bindDispatch(m);
   bindOpRuntimes(m);
+  bindCallRuntime(m);
 }

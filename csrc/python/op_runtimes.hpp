@@ -80,4 +80,8 @@ std::optional<ReduceOp> reduceOpNamed(c10::string_view op);
 /// set_op_python, register_group_runtime and op_calls.
 void bindOpRuntimes(pybind11::module_& m);
 
+/// CallRuntime: pyccl.all_reduce, all_gather and reduce_scatter's kernel choices run as the ops' C++ kernels
+/// run them (collective_ops.cpp).
+void bindCallRuntime(pybind11::module_& m);
+
 }  // namespace pyccl

@@ -64,10 +64,16 @@ def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Ten
     registry.run(runner, call.comm, tensor, out, op)
     return True
 
+
 def all_reduce(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torch.Tensor, op,
                out: Optional[torch.Tensor], algorithm: Optional[str]) -> torch.Tensor:
     """pyccl.all_reduce on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
     `nccl` (the caller has it)."""
+    runtime = comm._runtime
+    if runtime is not None:  # a kernel choice, checked, chosen and run in one call into C++
+        done = runtime.all_reduce(tensor, out, op, algorithm, nccl)
+        if done is not None:
+            return done
     call = _Call("all_reduce", tensor, comm, algorithm, nccl)
     op_name = _op_name(op)
     if out is None:
@@ -122,6 +128,11 @@ def all_gather(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: tor
                out: Optional[torch.Tensor], algorithm: Optional[str]) -> torch.Tensor:
     """pyccl.all_gather on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
     `nccl` (the caller has it)."""
+    runtime = comm._runtime
+    if runtime is not None:  # as all_reduce
+        done = runtime.all_gather(tensor, out, algorithm, nccl)
+        if done is not None:
+            return done
     call = _Call("all_gather", tensor, comm, algorithm, nccl, gathers=True)
     world = call.comm.world_size
     if out is None:
@@ -148,6 +159,11 @@ def reduce_scatter(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor:
                    out: Optional[torch.Tensor], algorithm: Optional[str]) -> torch.Tensor:
     """pyccl.reduce_scatter on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
     `nccl` (the caller has it)."""
+    runtime = comm._runtime
+    if runtime is not None:  # as all_reduce
+        done = runtime.reduce_scatter(tensor, out, op, algorithm, nccl)
+        if done is not None:
+            return done
     call = _Call("reduce_scatter", tensor, comm, algorithm, nccl)
     op_name = _op_name(op)
     world = call.comm.world_size

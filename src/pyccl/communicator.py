@@ -83,7 +83,7 @@ class Communicator:
 
     # Every attribute is set by this class: other modules call its methods.
     __slots__ = ("_device", "_group_owned", "name", "_comm", "_world_size", "_engine", "_engine_options",
-                 "_collectives_error", "_selector", "_engine_selectors", "_plan_runners", "_nccl_direct",
+                 "_collectives_error", "_selector", "_runtime", "_engine_selectors", "_plan_runners", "_nccl_direct",
                  "_nccl_direct_failed", "_nccl_direct_captured", "_node_layout", "__weakref__")
 
     def __init__(
@@ -130,7 +130,8 @@ class Communicator:
                 except UnsupportedError as e:  # e.g. peers on other nodes: channels still work
                     self._collectives_error = str(e)
             # What runs each collective call (csrc/dispatch/selector.hpp); it reads the environment now.
-            self._selector = new_selector(self.device, world_size, self._node_layout is not None, self._engine)
+            self._run_on(self._engine, new_selector(self.device, world_size, self._node_layout is not None,
+                                                    self._engine))
         except BaseException:  # e.g. ranks that disagree: no communicator, and nothing of it left open
             if self._engine is not None:
                 self._engine.close()
@@ -143,6 +144,7 @@ class Communicator:
         self._engine_options: Optional[dict] = None
         self._collectives_error: Optional[str] = None
         self._selector: Optional["_C.Selector"] = None
+        self._runtime: Optional["_C.CallRuntime"] = None  # _run_on's
         self._engine_selectors: dict = {}  # _use_engine's, by id of the engine
         self._plan_runners: dict = {}  # pyccl.registry's runners, by key; closed with the communicator
         self._nccl_direct = None  # the NCCL communicator pyccl calls directly for the group (calls.direct_nccl)
@@ -162,7 +164,7 @@ class Communicator:
             self = _adopted.get(id(native))
             if self is not None and self._comm is native:  # one Python face per lane, whoever asks first
                 if self._selector is None:
-                    self._engine, self._selector = engine, selector
+                    self._run_on(engine, selector)
                     self._collectives_error = None if engine is not None else self._collectives_error
                 return self
             self = cls.__new__(cls)
@@ -171,11 +173,10 @@ class Communicator:
             self.name = native.name
             self._comm = native
             self._world_size = native.world_size
-            self._engine = engine
+            self._run_on(engine, selector)
             self._collectives_error = None if engine is not None else (
                 "made by the torch backend without a collective engine (the group's ranks span nodes)")
             self._group_owned = True
-            self._selector = selector
             self._node_layout = layout_of(self.name, [r["node"] for r in native.topology()["ranks"]])
             _adopted[id(native)] = self  # holds `native` while it lives: the id stays its own
         return self
@@ -363,7 +364,15 @@ class Communicator:
         if selector is None or selector[0] is not engine:
             selector = self._engine_selectors[id(engine)] = (
                 engine, new_selector(self.device, self.world_size, self._node_layout is not None, engine))
-        self._engine, self._selector = engine, selector[1]
+        self._run_on(engine, selector[1])
+
+    def _run_on(self, engine: Optional["_C.CollectiveEngine"], selector: Optional["_C.Selector"]) -> None:
+        """Runs the collectives on `engine`, as `selector` chooses (either may
+        be None: no engine, or not yet). The call runtime made of both runs
+        a kernel choice in one call into C++ (pyccl.calls)."""
+        self._engine, self._selector = engine, selector
+        self._runtime = (_C.CallRuntime(self._comm, engine, selector)
+                         if engine is not None and selector is not None else None)
 
     def _has_direct_nccl(self) -> bool:
         return self._nccl_direct is not None
@@ -400,8 +409,7 @@ class Communicator:
         engine = self._engine
         if engine is not None and not self._group_owned:
             engine.close()
-            self._engine = None
-            self._selector = None  # it holds the engine, for its defaults
+            self._run_on(None, None)  # the selector holds the engine, for its defaults
         nccl = self._nccl_direct  # pyccl.collectives' NCCL hand-off
         if nccl is not None:
             if self._nccl_direct_captured:
