@@ -292,3 +292,49 @@ def across_nodes_cycles(rank, world, store, on_gpu, cycles):
     for i in range(cycles):
         one(i)
     return before, _snapshot(on_gpu), wrong, time.monotonic() - start
+
+
+def released_when_let_go(rank, world, store, on_gpu):
+    """What a communicator holds goes when the user lets go, not later:
+    closed while a reference to its engine survives (as a failed call's
+    traceback keeps one), and a gloo group's pyccl communicator at
+    ``dist.destroy_process_group``. Returns the resources of this process
+    (ranks._resources, less the machine-wide /dev/shm count) before, after
+    the close, and after the destroy; whether the group's communicator was
+    closed then; and the results that were wrong."""
+    device = torch.device("cuda", rank_gpu(rank)) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    wrong = []
+
+    def used():
+        return {k: v for k, v in _resources().items() if k != "dev_shm"}
+
+    def cycle(i, keep):
+        comm = pyccl.Communicator(store, rank, world, device=device, name=f"let_go{i}",
+                                  timeout=datetime.timedelta(seconds=60))
+        if not bool((comm.all_reduce(torch.ones(1000, device=device)) == world).all()):
+            wrong.append((i, "all_reduce"))
+        keep.append(comm._engine)
+        comm.close()
+
+    def group_cycle(i):
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"let_go_group{i}", store), rank=rank,
+                                world_size=world)
+        if not bool((pyccl.all_reduce(torch.ones(1000, device=device)) == world).all()):
+            wrong.append((i, "group all_reduce"))
+        comm = pyccl.communicator_for(device=device)
+        dist.destroy_process_group()
+        return comm
+
+    cycle(-1, [])  # warm-up: process-wide state made once
+    group_cycle(-1)
+    before = used()
+    engines = []
+    cycle(0, engines)
+    after_close = used()
+    comm = group_cycle(0)
+    after_destroy = used()
+    closed = comm.closed
+    del engines
+    return before, after_close, after_destroy, closed, wrong

@@ -58,3 +58,15 @@ def test_two_groups_from_two_threads_under_load(on_gpu):
         assert wrong == [], (rank, wrong)
         assert min(calls) > 0, calls
     assert [c for c, *_ in out] == [out[0][0]] * world  # every rank made the same calls
+
+
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_resources_go_at_close_and_at_destroy_process_group(on_gpu):
+    # A closed communicator whose engine is still referenced, and a gloo group's pyccl communicator after
+    # dist.destroy_process_group: neither keeps fds, threads, shared memory or host allocations.
+    for before, after_close, after_destroy, closed, wrong in run_ranks(rl.released_when_let_go, 2, args=(on_gpu,),
+                                                                       timeout=300):
+        assert wrong == []
+        assert after_close == before, f"kept after close(), the engine still referenced: {before} -> {after_close}"
+        assert closed, "the group's communicator is still open after destroy_process_group"
+        assert after_destroy == before, f"kept after destroy_process_group: {before} -> {after_destroy}"

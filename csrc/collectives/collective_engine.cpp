@@ -159,6 +159,10 @@ void CollectiveEngine::close() {
   for (auto& [start, buffer] : symmetric_) buffer.release();
   symmetric_.clear();
   graphBuffers_.release();
+  // The memory itself goes now too, not when the last reference to the engine does (a Python traceback of a
+  // failed call may keep one long after its communicator closed): its shared memory, fd and counters.
+  scratchOwner_.reset();
+  countersOwner_.reset();
 }
 
 size_t CollectiveEngine::finishGraphCapture() {

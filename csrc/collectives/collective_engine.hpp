@@ -129,7 +129,7 @@ class CollectiveEngine {
   /// The protocol the automatic choice takes for an exchange whose whole buffer has `bytes`.
   Protocol selectExchange(ExchangeKind kind, uint64_t bytes) const;
   const CollectiveOptions& options() const { return options_; }
-  /// Releases the scratch mappings (idempotent); later calls raise ClosedError.
+  /// Releases the scratch, its mappings and the call counters (idempotent); later calls raise ClosedError.
   void close();
 
  private:

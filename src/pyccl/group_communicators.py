@@ -107,7 +107,7 @@ def _made_for(group: Optional[dist.ProcessGroup], pg, device: torch.device) -> T
                                 name=base if made == 1 else f"{base}_{made}", timeout=group_timeout(pg, device) or DEFAULT_TIMEOUT)
         # Whether a call of CUDA tensors may be handed to the group's NCCL: a group's backend does not change.
         nccl = "nccl" in str(dist.get_backend(pg)).lower()
-        _communicators[key] = (weakref.ref(pg), comm, nccl)
+        _communicators[key] = (weakref.ref(pg, _close_when_gone(key, comm)), comm, nccl)
         if comm._engine is not None:
             # torch.ops.pyccl.* on the group run its selector's kernel choices in C++ (csrc/python/op_runtimes.hpp).
             _C.register_group_runtime(pg.group_name, device.index if device.type == "cuda" else -1, comm._comm,
@@ -136,6 +136,26 @@ def pyccl_backend_of(group: Optional[dist.ProcessGroup], device: torch.device):
     except (RuntimeError, AttributeError, TypeError):
         return None
     return backend if backend.name() == "pyccl" else None
+
+
+def _close_when_gone(key: Tuple[int, torch.device], comm: Communicator):
+    """The callback of the weak reference to a group, for its communicator
+    `comm` (registered under `key`): closes it as soon as the group is gone.
+    ``dist.destroy_process_group`` drops torch's own references to the group,
+    so its threads, fds and shared memory go then, or when the user's last
+    reference to the group does; not at the next communicator made. Closing
+    is local (this rank's kernels only), so it needs no peer."""
+    def close(ref: weakref.ref) -> None:
+        entry = _communicators.get(key)
+        if entry is not None and entry[0] is ref:  # not a new group's, which took the id since
+            _communicators.pop(key, None)
+        try:
+            if not comm.closed:
+                logger.info("communicator %s: closed, its torch process group is gone", comm.name)
+                comm.close()
+        except Exception as e:  # a callback's error would only be printed; say what it was
+            logger.warning("communicator %s: closing it after its group was gone failed: %s", comm.name, e)
+    return close
 
 
 def _close_communicators_of_destroyed_groups() -> None:
