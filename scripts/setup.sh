@@ -51,6 +51,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   "$PY" -m pip install -q "${missing[@]}"
 fi
+# torch's own distributed test suite, run on pyccl by tests/torch_distributed_suite.py, imports torch's test
+# dependency expecttest. Optional: offline, that one test skips.
+if ! "$PY" -c "import expecttest" 2>/dev/null; then
+  "$PY" -m pip install -q --retries 1 --timeout 10 expecttest >/dev/null 2>&1 ||
+    log "expecttest not installed (offline?): tests/test_torch_suite.py will skip"
+fi
 
 # A Python extension must share libstdc++ with torch. A compiler (or wrapper
 # script) that links libstdc++ statically gives the module a second copy whose

@@ -4,6 +4,8 @@ or GPUs)."""
 from __future__ import annotations
 
 import datetime
+import math
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -151,6 +153,18 @@ def every_op(rank, world, store, backend, on_gpu, seed):
         dist.send(mine, nxt)
     if not torch.equal(got.cpu(), movement_input(seed, 903, prv, 70_001, torch.float32)):
         bad.append(("send/recv",))
+    # all_gather_coalesced (deprecated, and still torch's API): lists[r][i] is rank r's input i.
+    shapes = [(5, 3), (7,), (2, 2, 2)]
+    lists = [[torch.full(s, float("nan"), device=device) for s in shapes] for _ in range(world)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_gather_coalesced(lists, [movement_input(seed, 910 + i, rank, math.prod(s), torch.float32)
+                                          .view(s).to(device) for i, s in enumerate(shapes)])
+    for r in range(world):
+        for i, s in enumerate(shapes):
+            want = movement_input(seed, 910 + i, r, math.prod(s), torch.float32).view(s)
+            if not torch.equal(lists[r][i].cpu(), want):
+                bad.append(("all_gather_coalesced", r, i))
     # async_op: Work.wait / is_completed / get_future.
     ins = fresh(4097)
     x = ins[rank].to(device, copy=True)
@@ -462,6 +476,27 @@ def missing_peer_times_out(rank, world, store, timeout_s):
     store.set(f"done{rank}", "1")
     for q in range(world):
         store.get(f"done{q}")
+    return result
+
+
+def barrier_without_its_peer(rank, world, store, timeout_s):
+    """A barrier that rank 1 never joins: rank 0's error and how long it took
+    (None on rank 1)."""
+    import time
+
+    _init(rank, world, store, "cpu:pyccl", False, timeout_s=timeout_s)
+    dist.barrier()  # every rank: the lane is set up
+    result = None
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.barrier()
+            result = ("completed", time.monotonic() - start, "")
+        except Exception as e:  # noqa: BLE001 - the type is what is checked
+            result = (type(e).__name__, time.monotonic() - start, str(e))
+    store.set(f"barrier_done{rank}", "1")
+    for q in range(world):
+        store.get(f"barrier_done{q}")
     return result
 
 

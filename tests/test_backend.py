@@ -2,6 +2,7 @@
 
 import datetime
 import random
+import re
 import socket
 
 import pytest
@@ -117,6 +118,15 @@ def test_collective_without_its_peer_times_out_with_a_dist_backend_error():
     assert 2.5 <= seconds <= 30, seconds
     assert "all_reduce call 2 " in message and "no signal from rank 1 within the 3000 ms timeout" in message, message
     assert again != "completed" and again < 1.0, again
+
+
+def test_barrier_without_its_peer_times_out_in_words_torch_looks_for():
+    # torch's DistributedTest._test_barrier_timeout matches " (Timed out|closed|timeout) " in the error.
+    kind, seconds, message = run_ranks(rb.barrier_without_its_peer, 2, args=(2,), timeout=120)[0]
+    assert kind != "completed", message
+    assert 1.8 <= seconds <= 4, seconds
+    assert re.search(" (Timed out|closed|timeout) ", message), message
+    assert "barrier" in message and "1 of 2 ranks" in message, message
 
 
 def test_default_timeout_is_process_group_nccl_s():

@@ -43,7 +43,7 @@ Bytes Bootstrap::getOrThrow(const std::string& k, const char* op, int peer) {
   } catch (const TimeoutError&) {
     throw TimeoutError(strCat("bootstrap ", op, " in communicator '", nameSpace_, "' (rank ",
                               rank_, " of ", worldSize_, "): peer rank ", peer,
-                              " did not arrive within ", timeout_.count(), " ms (store key '", k,
+                              " did not arrive within the ", timeout_.count(), " ms timeout (store key '", k,
                               "')"));
   }
 }
@@ -139,8 +139,8 @@ void Bootstrap::barrier() {
       }
     }
     if (!late) throw TimeoutError(strCat("bootstrap barrier in communicator '", nameSpace_, "' (rank ",
-                              rank_, " of ", worldSize_, "): only ", seen, " of ", worldSize_,
-                              " ranks arrived within ", timeout_.count(), " ms"));
+                              rank_, " of ", worldSize_, "): timeout after ", timeout_.count(), " ms, only ",
+                              seen, " of ", worldSize_, " ranks arrived"));
   }
   forgetOldKeys();
   // Everyone has passed barrier `round`, so nobody still waits on the keys of

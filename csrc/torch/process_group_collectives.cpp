@@ -229,6 +229,29 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::allgather(std::vector<std::vector<a
   });
 }
 
+c10::intrusive_ptr<c10d::Work> PycclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) {
+  return translated("all_gather_coalesced", [&] {
+    PYCCL_CHECK_ARG(static_cast<int>(outputs.size()) == getSize(), "output_tensor_lists",
+                    "must hold one list per rank (", getSize(), "), got ", outputs.size());
+    for (const auto& list : outputs) {
+      PYCCL_CHECK_ARG(list.size() == inputs.size(), "output_tensor_lists", "each list must hold one tensor per "
+                      "input (", inputs.size(), "), got ", list.size());
+    }
+    std::vector<at::Tensor> all;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::vector<std::vector<at::Tensor>> column(1);
+      for (int r = 0; r < getSize(); ++r) column[0].push_back(outputs[r][i]);
+      std::vector<at::Tensor> input{inputs[i]};
+      // The caller's stream waits for each (a delegate's NCCL runs on a stream of its own).
+      allgather(column, input, opts)->wait();
+      all.insert(all.end(), column[0].begin(), column[0].end());
+    }
+    return done(c10d::OpType::ALLGATHER_COALESCED, std::move(all));
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> PycclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const c10d::AllgatherOptions& opts) {
