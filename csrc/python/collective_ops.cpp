@@ -44,8 +44,8 @@ std::optional<Choice> kernelChoice(const GroupRuntime& runtime, Collective c, co
   return choice;
 }
 
-/// One call of all_reduce, all_gather or reduce_scatter (the collectives of KernelCall) whose kernel choice
-/// both entry points run alike: torch.ops.pyccl.<op>'s C++ kernel and pyccl.<op> (CallRuntime below).
+/// The collectives whose kernel choices both entry points run alike, by runKernelChoice: torch.ops.pyccl.<op>'s
+/// C++ kernel and pyccl.<op> (CallRuntime below).
 enum class KernelCall { kAllReduce, kAllGather, kReduceScatter };
 
 /// Runs `kind` of `input` on `runtime`'s engine where the selector chooses one of its kernels: into `out`
