@@ -26,8 +26,9 @@ import tempfile
 
 os.environ.setdefault("BACKEND", "pyccl")
 os.environ.setdefault("WORLD_SIZE", "2")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="pyccl-torch-suite-"))
-os.environ.setdefault("INIT_METHOD", f"file://{os.environ['TEMP_DIR']}/init")  # as the tests' own init
+# The tests' own init is a file of a temporary directory each test makes (TEMP_DIR); the suite reads this only
+# to choose tests. Every spawned rank imports this module: nothing here may make a file.
+os.environ.setdefault("INIT_METHOD", f"file://{tempfile.gettempdir()}/pyccl-torch-suite-init")
 
 import pyccl  # noqa: E402,F401  (registers the backend in every rank: spawned ranks import this module)
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
