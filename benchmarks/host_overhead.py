@@ -197,8 +197,7 @@ def _rank(rank, world, store, sizes, calls, trials, on_gpu, own_gpu, profiling=F
                 fn()
                 got = out
             want = {"torch copy_": expected, "dist.all_reduce (pyccl)": largest,
-                    "dist.all_reduce (NCCL)": largest,
-                    "torch symm-mem two-shot": total}.get(label, total)
+                    "dist.all_reduce (NCCL)": largest}.get(label, total)
             ok = torch.allclose(got.double(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
             if not ok:
                 raise AssertionError(f"{label}: wrong result at {nbytes} bytes")
@@ -242,8 +241,8 @@ def main(argv=None) -> int:
     if on_gpu and not own_gpu:
         env = {"PYCCL_ALLOW_SHARED_GPU": "1", "PYCCL_NCCL_DELEGATE": "0"}
     sizes = [parse_bytes(s) for s in args.sizes.split(",") if s.strip()]
-    rows = run_ranks(_rank, args.world, args=(sizes, args.calls, args.trials, on_gpu, own_gpu, args.profile), env=env,
-                     timeout=600)[0]
+    rows = run_ranks(_rank, args.world, args=(sizes, args.calls, args.trials, on_gpu, own_gpu, args.profile),
+                     env=env, timeout=600)[0]
     where = (f"{args.world} rank(s) on {torch.cuda.get_device_name(0)}"
              + ("" if own_gpu else f", sharing {gpus} GPU(s)") if on_gpu else f"{args.world} rank(s), host mode")
     print(f"# eager all-reduce, bf16, {where}; µs per call (rank 0), median of {args.trials} loops of "

@@ -59,7 +59,6 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
   const int64_t world = runtime.comm->worldSize();
   Collective c = Collective::kAllReduce;
   uint64_t bytes = input.nbytes();
-  std::vector<int64_t> shape = input.sizes().vec();
   switch (kind) {
     case KernelCall::kAllReduce:
       if (!op || !reducesDtype(input.scalar_type())) return std::nullopt;
@@ -67,25 +66,31 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
     case KernelCall::kAllGather:
       c = Collective::kAllGather;
       bytes *= static_cast<uint64_t>(world);
-      if (shape.empty()) {
-        shape.push_back(world);
-      } else {
-        shape[0] *= world;
-      }
       break;
     case KernelCall::kReduceScatter:
       c = Collective::kReduceScatter;
       if (!op || !reducesDtype(input.scalar_type()) || input.dim() == 0 || input.size(0) % world != 0) {
         return std::nullopt;
       }
-      shape[0] /= world;
       break;
   }
   const auto choice = kernelChoice(runtime, c, input, bytes, forced, nccl);
   if (!choice) return std::nullopt;
-  at::Tensor result = out ? *std::move(out)
-                      : kind == KernelCall::kAllReduce ? at::empty_like(input, at::MemoryFormat::Contiguous)
-                                                       : at::empty(shape, input.options());
+  // The output pyccl.<op> makes where none is given: the input's shape, its first dimension times (all-gather)
+  // or divided by (reduce-scatter) the world size.
+  auto newOutput = [&] {
+    if (kind == KernelCall::kAllReduce) return at::empty_like(input, at::MemoryFormat::Contiguous);
+    std::vector<int64_t> shape = input.sizes().vec();
+    if (kind == KernelCall::kReduceScatter) {
+      shape[0] /= world;
+    } else if (shape.empty()) {
+      shape.push_back(world);
+    } else {
+      shape[0] *= world;
+    }
+    return at::empty(shape, input.options());
+  };
+  at::Tensor result = out ? *std::move(out) : newOutput();
   launch([&] {
     CollectiveEngine& engine = *runtime.engine;
     switch (kind) {
@@ -196,14 +201,9 @@ py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::ha
   }
   std::optional<ReduceOp> rop;
   if (kind != KernelCall::kAllGather) {
-    if (!PyUnicode_Check(op.ptr())) return py::none();  // a torch ReduceOp: the Python path reads it
-    Py_ssize_t size = 0;
-    const char* name = PyUnicode_AsUTF8AndSize(op.ptr(), &size);
-    if (name == nullptr) {
-      PyErr_Clear();
-      return py::none();
-    }
-    rop = reduceOpNamed(c10::string_view(name, static_cast<size_t>(size)));
+    const auto name = stringArg(op);
+    if (!name) return py::none();  // a torch ReduceOp: the Python path reads it
+    rop = reduceOpNamed(*name);    // None ("") and unknown names: nullopt, the Python path's to refuse
   }
   auto done = runKernelChoice(kind, runtime, *input, given ? std::optional<at::Tensor>(*given) : std::nullopt, rop,
                               *forced, nccl, [](auto&& call) {
