@@ -71,7 +71,9 @@ def test_zero_copy_column_gives_the_symmetric_entries():
 
 def test_library_plans_compete_with_their_launch_shape():
     rows = _rows()
-    rows["all_reduce"][2]["plan:allreduce_allpairs_hb"] = 7.5  # beats 2PA HB's 8.0 at 4 KiB
+    rows["all_reduce"][1]["plan:allreduce_allpairs_hb"] = 2.9  # beats 1PA LL's 3.1 at 2 KiB
+    rows["all_reduce"][1]["plan:allreduce_allpairs_hb:shape"] = [32, 512]
+    rows["all_reduce"][2]["plan:allreduce_allpairs_hb"] = 7.5  # and 2PA HB's 8.0 at 4 KiB
     rows["all_reduce"][2]["plan:allreduce_allpairs_hb:shape"] = [32, 512]
     rows["all_reduce"][3]["plan:allreduce_allpairs_hb"] = 25.0  # loses to NCCL's 20.0
     rows["all_reduce"][3]["plan:allreduce_allpairs_hb:shape"] = [128, 512]
@@ -86,15 +88,99 @@ def test_library_plans_compete_with_their_launch_shape():
         r["pyccl_sym_2pa_hb"] = zero_copy
     table = tuning.build_table(rows, gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
     tuning.check_table(table, "with plans")
-    assert table["collectives"]["all_reduce"][1] == {
-        "max_bytes": 4096, "algorithm": "plan", "plan": "allreduce_allpairs_hb", "instances": 32, "threads": 512}
+    plan = {"algorithm": "plan", "plan": "allreduce_allpairs_hb", "instances": 32, "threads": 512}
+    assert table["collectives"]["all_reduce"][1:3] == [  # the fastest kernel of each size: what runs where the plan cannot
+        {"max_bytes": 2048, **plan, "kernel": "1pa_ll"}, {"max_bytes": 4096, **plan, "kernel": "2pa_hb"}]
     assert tuning.select(table, "all_reduce", 3000) == "plan"
     assert tuning.select_entry(table, "all_reduce", 8192)["algorithm"] == "nccl"
-    # Runs of one plan merge only at the same launch shape.
+    # Runs of one plan merge only at the same launch shape, and a plan that leads at one size alone gives way.
     assert [(e["max_bytes"], e.get("instances")) for e in table["collectives"]["all_gather"]] == [(2048, 8),
-                                                                                                 (None, 32)]
+                                                                                                 (None, None)]
     # Symmetric buffers: kernels and NCCL only (the plans do not run zero-copy).
     assert all(e["algorithm"] != "plan" for e in table["collectives"]["all_reduce_symmetric"])
+
+
+def _noisy_rows():
+    # Two kernels within 1-2% of each other at every size, the lead changing
+    # hands; a plan 1% ahead at 4 KiB, and 10% ahead at 8 and 16 KiB.
+    rows = [{"bytes": 1024, "pyccl_1pa_ll": 3.00, "pyccl_2pa_ll": 3.05},
+            {"bytes": 2048, "pyccl_1pa_ll": 3.05, "pyccl_2pa_ll": 3.00},
+            {"bytes": 4096, "pyccl_1pa_ll": 3.10, "pyccl_2pa_ll": 3.08, "plan:allreduce_allpairs_ll": 3.05,
+             "plan:allreduce_allpairs_ll:shape": [8, 512]},
+            {"bytes": 8192, "pyccl_1pa_ll": 3.30, "pyccl_2pa_ll": 3.50, "plan:allreduce_allpairs_ll": 3.00,
+             "plan:allreduce_allpairs_ll:shape": [8, 512]},
+            {"bytes": 16384, "pyccl_1pa_ll": 3.60, "pyccl_2pa_ll": 3.90, "plan:allreduce_allpairs_ll": 3.20,
+             "plan:allreduce_allpairs_ll:shape": [8, 512]},
+            {"bytes": 32768, "pyccl_1pa_ll": 4.00, "pyccl_2pa_ll": 3.20}]
+    return {"all_reduce": rows}
+
+
+def test_the_margin_keeps_noise_out_of_the_table():
+    """A candidate displaces the size below's choice only by more than the
+    margin, and a plan the kernels only by more than the margin: runs of the
+    same medians one or two percent apart give one entry, not one per size."""
+    table = tuning.build_table(_noisy_rows(), gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
+    assert table["collectives"]["all_reduce"] == [
+        {"max_bytes": 4096, "algorithm": "1pa_ll"},  # 2PA LL's 1.6% lead at 2 KiB and the plan's at 4 KiB: noise
+        {"max_bytes": 16384, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 512,
+         "kernel": "1pa_ll"},  # 10% ahead at two sizes in a row
+        {"max_bytes": None, "algorithm": "2pa_ll"},  # 25% ahead
+    ]
+    # Without a margin every lead counts (the plan's fallback kernel changes at 8 KiB too).
+    exact = tuning.build_table(_noisy_rows(), gpu="H200", world=4, dtype="bfloat16", date="d", command="c",
+                               margin=0)
+    assert [(e["algorithm"], e.get("kernel")) for e in exact["collectives"]["all_reduce"]] == [
+        ("1pa_ll", None), ("2pa_ll", None), ("plan", "2pa_ll"), ("plan", "1pa_ll"), ("2pa_ll", None)]
+    # A plan that leads at one size alone gives way to the kernels.
+    one = _noisy_rows()
+    del one["all_reduce"][3]["plan:allreduce_allpairs_ll"], one["all_reduce"][4]["plan:allreduce_allpairs_ll"]
+    one["all_reduce"][2]["plan:allreduce_allpairs_ll"] = 2.0
+    assert [e["algorithm"] for e in tuning.build_table(one, gpu="H200", world=4, dtype="bfloat16", date="d",
+                                                       command="c")["collectives"]["all_reduce"]] == ["1pa_ll",
+                                                                                                     "2pa_ll"]
+    with pytest.raises(InvalidArgumentError, match="margin"):
+        tuning.build_table(_noisy_rows(), gpu="H200", world=4, dtype="bfloat16", date="d", command="c", margin=1.5)
+
+
+def test_a_plan_entry_gives_the_engine_its_kernel():
+    """Where a plan wins, the engine (which runs no plans) takes the fastest
+    kernel of those sizes, not the next kernel entry's, which can be twice as slow."""
+    table = tuning.build_table(_noisy_rows(), gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
+    assert tuning.kernel_choices(table)["all_reduce"] == [(4096, "1pa_ll"), (16384, "1pa_ll"), (None, "2pa_ll")]
+    # A table written before plan entries had a kernel: the plan's sizes take the next kernel entry, as before.
+    for e in table["collectives"]["all_reduce"]:
+        e.pop("kernel", None)
+    assert tuning.kernel_choices(table)["all_reduce"] == [(4096, "1pa_ll"), (None, "2pa_ll")]
+    entry = {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 256}
+    for kernel in ("nccl", "ll", 3):
+        with pytest.raises(InvalidArgumentError, match=f"has kernel {kernel!r}"):
+            tuning.check_table({"version": 1, "collectives": {"all_reduce": [dict(entry, kernel=kernel)]}}, "t")
+
+
+def test_tune_builds_a_table_again_from_its_measurements(tmp_path, capsys):
+    """pyccl.tune keeps what it measured; --from-rows builds a table from it on
+    any machine, with another margin, and names a file it cannot use."""
+    from pyccl import tune
+
+    rows = tmp_path / "h200_w4_bf16.rows.json"
+    rows.write_text(json.dumps({"gpu": "NVIDIA H200", "world": 4, "dtype": "bfloat16", "date": "2026-11-27",
+                                "command": "python -m pyccl.tune --world 4", "tables": _noisy_rows()}))
+    out = tmp_path / "t.json"
+    assert tune.main(["--from-rows", str(rows), "--out", str(out), "--margin", "0"]) == 0
+    table = tuning.check_table(json.loads(out.read_text()), "t")
+    assert (table["gpu"], table["world"], table["date"]) == ("NVIDIA H200", 4, "2026-11-27")
+    assert len(table["collectives"]["all_reduce"]) == 5 and "--margin 0" in table["command"]
+    assert tune.main(["--from-rows", str(rows), "--out", str(out)]) == 0
+    assert len(json.loads(out.read_text())["collectives"]["all_reduce"]) == 3
+    assert "PYCCL_TUNING_FILE" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for argv, needle in ((["--from-rows", str(bad)], "not a file pyccl.tune wrote"),
+                         (["--from-rows", str(tmp_path / "missing.json")], "--from-rows"),
+                         (["--from-rows", str(rows), "--margin", "2"], "--margin must be in [0, 1)")):
+        with pytest.raises(SystemExit) as e:
+            tune.main(argv)
+        assert e.value.code == 2 and needle in capsys.readouterr().err
 
 
 def test_plan_entries_name_library_plans_of_their_collective():

@@ -15,7 +15,12 @@ buffer, as nccl-tests counts it) takes the first entry with n <= max_bytes
 has one. ``"plan"`` means a plan of pyccl's DSL library run by the plan
 interpreter, named with its launch shape::
 
-    {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 512}
+    {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 512,
+     "kernel": "1pa_ll"}
+
+A plan entry's ``"kernel"`` (optional) is the fastest kernel at its sizes: what
+runs there where no plan can (the process group's engine, a plan that cannot
+take the input), instead of the next kernel entry's.
 
 Tables ship in ``pyccl/tuning_tables/``; ``PYCCL_TUNING_FILE`` points at
 another (e.g. one ``pyccl.tune`` wrote for this machine).
@@ -62,52 +67,128 @@ def plan_column(name: str) -> str:
     return f"plan:{name}"
 
 
-def _winner_entry(row: dict, candidates: Dict[str, float]) -> dict:
-    best = min(candidates, key=candidates.get)
-    if best.startswith("plan:"):
-        instances, threads = row[best + ":shape"]
-        return {"algorithm": "plan", "plan": best[len("plan:"):], "instances": instances, "threads": threads}
-    return {"algorithm": best}
+#: How much faster (a fraction) a candidate must be to displace the one the
+#: table already runs at the size below (or, for a plan, the fastest kernel):
+#: medians of graph replays move by 1-3% between runs, and a table that
+#: follows that noise changes algorithm at every size.
+DEFAULT_MARGIN = 0.03
+
+
+def _kernel_of(entry: Optional[dict]) -> Optional[str]:
+    """The kernel (or "nccl") an entry runs: its algorithm, or a plan entry's fallback."""
+    if entry is None:
+        return None
+    return entry.get("kernel") if entry["algorithm"] == "plan" else entry["algorithm"]
+
+
+def _winner_entry(row: dict, kernels: Dict[str, float], plans: Dict[str, float], previous: Optional[dict],
+                  margin: float) -> tuple:
+    """(the entry for one measured size, the entry without plans): the fastest
+    kernel (NCCL included), unless the size below's choice is within `margin`
+    of it; a plan only where it beats the fastest kernel by more than `margin`."""
+    kernel_entry = None
+    if kernels:
+        fastest = min(kernels, key=kernels.get)
+        kept = _kernel_of(previous)
+        choice = kept if kept in kernels and kernels[kept] <= kernels[fastest] * (1 + margin) else fastest
+        kernel_entry = {"algorithm": choice}
+    if not plans:
+        return kernel_entry, kernel_entry
+    best = min(plans, key=plans.get)
+    instances, threads = row[best + ":shape"]
+    plan = {"algorithm": "plan", "plan": best[len("plan:"):], "instances": instances, "threads": threads}
+    ours = {k: t for k, t in kernels.items() if k != "nccl"}
+    if ours:  # what runs where the plan cannot: the fastest of pyccl's kernels
+        plan["kernel"] = min(ours, key=ours.get)
+    if not kernels:
+        return plan, None
+    if plans[best] * (1 + margin) < min(kernels.values()):
+        return plan, kernel_entry
+    return kernel_entry, kernel_entry
 
 
 def _same_choice(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != "max_bytes"} == {k: v for k, v in b.items() if k != "max_bytes"}
 
 
+def _plans_of_one_size_out(entries: List[dict], won: List[tuple]) -> List[dict]:
+    """`entries` with every plan that won one measured size alone (its entries
+    in a row, at one launch shape, whatever their kernels) replaced by the
+    choice that size had without plans: a lead at one size is within the
+    sweep's scatter, so a plan must win at two sizes in a row. Neighbours with
+    the same choice merge again."""
+    without = dict(won)
+
+    def shape(e: dict) -> Optional[tuple]:
+        return (e["plan"], e["instances"], e["threads"]) if e["algorithm"] == "plan" else None
+
+    sizes, lower = [], 0  # the measured sizes a plan won that each entry covers
+    for e in entries:
+        sizes.append([n for n in without if lower < n and (e["max_bytes"] is None or n <= e["max_bytes"])])
+        lower = e["max_bytes"] if e["max_bytes"] is not None else lower
+    out: List[dict] = []
+    i = 0
+    while i < len(entries):
+        j = i + 1
+        while shape(entries[i]) is not None and j < len(entries) and shape(entries[j]) == shape(entries[i]):
+            j += 1
+        group = [dict(e) for e in entries[i:j]]
+        won_at = [n for k in range(i, j) for n in sizes[k]]
+        if shape(entries[i]) is not None and len(won_at) == 1 and without[won_at[0]] is not None:
+            group = [{"max_bytes": entries[i]["max_bytes"], **without[won_at[0]]}]
+        for e in group:
+            if out and _same_choice(out[-1], e):
+                out[-1]["max_bytes"] = e["max_bytes"]
+            else:
+                out.append(e)
+        i = j
+    return out
+
+
 def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: str, date: str,
-                command: str) -> dict:
+                command: str, margin: float = DEFAULT_MARGIN) -> dict:
     """A table from the bench's rows (``pyccl.bench._bench_rank`` with all
     algorithms): at each measured size the fastest candidate wins, library
-    plans (``plan:<name>`` columns) included; runs of the same winner merge into
-    one entry. All-reduce rows with a zero-copy column (``pyccl_sym_2pa_hb``)
+    plans (``plan:<name>`` columns) included, unless the choice of the size
+    below is within `margin` of it (plans must beat the kernels by more than
+    `margin`, at two measured sizes in a row: see :func:`_winner_entry`); runs
+    of the same winner merge into one entry. All-reduce rows with a zero-copy column (``pyccl_sym_2pa_hb``)
     also give the ``all_reduce_symmetric`` entries (kernels and NCCL only)."""
+    if not 0 <= margin < 1:
+        raise InvalidArgumentError(f"margin must be in [0, 1), got {margin!r}")
     tables = dict(tables)
     if any("pyccl_sym_2pa_hb" in r for r in tables.get("all_reduce", ())):
         tables["all_reduce_symmetric"] = tables["all_reduce"]
     collectives = {}
     for collective, rows in tables.items():
+        if collective not in CANDIDATES:
+            continue  # e.g. send_recv: nothing to choose
         entries: List[dict] = []
+        runs: List[tuple] = []  # (bytes, the entry without plans) of each size a plan won
         for row in sorted(rows, key=lambda r: r["bytes"]):
-            times = {}
+            kernels, plans = {}, {}
             for algo in CANDIDATES[collective]:
                 column = "nccl" if algo == "nccl" else f"pyccl_{algo}"
                 if collective == "all_reduce_symmetric" and algo == "2pa_hb":
                     column = "pyccl_sym_2pa_hb"
                 t = row.get(column)
                 if t is not None:
-                    times[algo] = t
+                    kernels[algo] = t
             if collective != "all_reduce_symmetric":
                 for name in PLANS.get(collective, ()):
                     t = row.get(plan_column(name))
                     if t is not None:
-                        times[plan_column(name)] = t
-            if not times:
+                        plans[plan_column(name)] = t
+            best, without_plans = _winner_entry(row, kernels, plans, entries[-1] if entries else None, margin)
+            if best is None:
                 continue
-            best = _winner_entry(row, times)
+            if best["algorithm"] == "plan" and without_plans is not None:
+                runs.append((row["bytes"], without_plans))
             if entries and _same_choice(entries[-1], best):
                 entries[-1]["max_bytes"] = row["bytes"]
             else:
                 entries.append({"max_bytes": row["bytes"], **best})
+        entries = _plans_of_one_size_out(entries, runs)
         if entries:
             entries[-1]["max_bytes"] = None  # the largest winner goes on beyond the measured range
             collectives[collective] = entries
@@ -127,6 +208,11 @@ def check_table(table: dict, where: str) -> dict:
         for i, e in enumerate(entries):
             if e.get("algorithm") == "plan" and collective in PLANS:
                 _check_plan_entry(e, f"tuning table {where}: {collective} entry {i}", PLANS[collective])
+                kernel = e.get("kernel")
+                if kernel is not None and (kernel not in CANDIDATES[collective] or kernel == "nccl"):
+                    raise InvalidArgumentError(f"tuning table {where}: {collective} entry {i} has kernel {kernel!r} "
+                                               "(expected one of pyccl's kernels: "
+                                               f"{tuple(k for k in CANDIDATES[collective] if k != 'nccl')})")
             elif e.get("algorithm") not in CANDIDATES[collective]:
                 raise InvalidArgumentError(f"tuning table {where}: {collective} entry {i} has algorithm "
                                            f"{e.get('algorithm')!r} (expected one of {CANDIDATES[collective]}"
@@ -173,12 +259,13 @@ def select(table: Optional[dict], collective: str, nbytes: int) -> Optional[str]
 def kernel_choices(table: Optional[dict]) -> Dict[str, List[tuple]]:
     """The table's kernel entries per collective, as ``(max_bytes, algorithm)``
     (for a collective engine's automatic choice, e.g. the process group's):
-    NCCL and plan entries are left out, so a size they cover takes the next
-    kernel entry (the selector hands NCCL's sizes to NCCL itself)."""
+    a plan entry gives its ``"kernel"``; NCCL entries, and plan entries
+    without one, are left out, so a size they cover takes the next kernel
+    entry (the selector hands NCCL's sizes to NCCL itself)."""
     choices: Dict[str, List[tuple]] = {}
     for collective in CANDIDATES:  # all_reduce_symmetric too: symmetric and graph buffers
-        entries = [(e["max_bytes"], e["algorithm"]) for e in (table or {}).get("collectives", {}).get(collective, ())
-                   if e["algorithm"] in CANDIDATES[collective] and e["algorithm"] != "nccl"]
+        entries = [(e["max_bytes"], _kernel_of(e)) for e in (table or {}).get("collectives", {}).get(collective, ())
+                   if _kernel_of(e) in CANDIDATES[collective] and _kernel_of(e) != "nccl"]
         if entries:
             choices[collective] = entries
     return choices
