@@ -306,6 +306,23 @@ def group_timeout_reaches_pyccl_calls(rank, world, store, timeout_s):
     return result, _destroy_seconds()
 
 
+def fused_rows_differ(rank, world, store, on_gpu, timeout_s):
+    """pyccl.fused_all_reduce_rmsnorm through a torch group made with
+    `timeout_s`, rank q with 3 + 2q rows, then an all-reduce of ones: the
+    first call's outcome, the second's, and the first call's outputs
+    untouched (call checks refuse it before anything runs)."""
+    device = _init(rank, world, store, "nccl" if on_gpu else "gloo", on_gpu, timeout_s=timeout_s)
+    rows, hidden = 3 + 2 * rank, 64
+    x, residual = torch.rand(rows, hidden, device=device), torch.rand(rows, hidden, device=device)
+    weight = torch.rand(hidden, device=device)
+    out = torch.full_like(x, -1.0)
+    first = _attempt(lambda: (pyccl.fused_all_reduce_rmsnorm(x, residual, weight, out=out), _sync(device))[1])[:3]
+    untouched = bool((out == -1.0).all())
+    ones = torch.ones(16, device=device)
+    second = _attempt(lambda: (pyccl.all_reduce(ones, out=ones), _sync(device), bool((ones == world).all()))[2])
+    return first, second[:3], untouched, _destroy_seconds()
+
+
 def missing_call_under_call_checks(rank, world, store, timeout_s):
     """With PYCCL_DEBUG=1 the last rank skips the second all-reduce: the
     others' check of the call times out, breaking the communicator."""

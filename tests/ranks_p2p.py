@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import torch
 
@@ -119,8 +120,8 @@ def ring_and_all_to_all(rank, world, store, on_gpu, seed, nbytes):
 
 def size_mismatch(rank, world, store, sent, received, on_gpu=False):
     """Rank 0 sends `sent` bytes (an int, or a list of sends in turn) where
-    rank 1 receives `received`: rank 1 raises, naming both sizes, and its
-    communicator is broken."""
+    rank 1 receives `received`: rank 1 raises, naming both sizes (and how
+    long it took: out["recv_s"]), and its communicator is broken."""
     comm, device = _setup(store, rank, world, on_gpu, timeout_s=30.0)
     out = {}
     if rank == 0:
@@ -130,6 +131,7 @@ def size_mismatch(rank, world, store, sent, received, on_gpu=False):
             torch.cuda.synchronize()
         out["sent"] = True
     else:
+        start = time.monotonic()
         try:
             pyccl.recv(torch.empty(received, dtype=torch.uint8, device=device), 0, comm=comm)
             if on_gpu:  # the kernel finds the mismatch after the call returned: the next call is refused
@@ -137,6 +139,7 @@ def size_mismatch(rank, world, store, sent, received, on_gpu=False):
                 pyccl.all_reduce(torch.ones(4, device=device), comm=comm)
         except pyccl.PycclError as e:
             out["recv"] = (type(e).__name__, str(e))
+        out["recv_s"] = time.monotonic() - start
         try:
             pyccl.all_reduce(torch.ones(4, device=device), comm=comm)
         except pyccl.PycclError as e:

@@ -152,6 +152,39 @@ def test_mismatched_calls_are_named_with_pyccl_debug(on_gpu, variant):
         assert after, "the group must stay usable after a refused call"
 
 
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_fused_calls_with_different_rows_fail_within_the_timeout(on_gpu):
+    """Ranks that pass different numbers of rows to the fused all-reduce +
+    RMSNorm: the rank whose rows never come raises within the group's timeout
+    and names the call; a rank whose rows all came may return, and its next
+    call fails within the timeout too, naming that rank. Under PYCCL_DEBUG=1
+    every rank refuses the call before anything runs, and the group stays usable."""
+    timeout_s = 2
+    env = GPU_ENV if on_gpu else {}
+    (first0, second0, _, _), (first1, second1, _, destroy_s) = run_ranks(
+        rf.fused_rows_differ, 2, args=(on_gpu, timeout_s), timeout=120, env=env)
+    kind, message, seconds = first1
+    assert kind == "PycclTimeoutError" and seconds <= timeout_s + 1, first1
+    assert "fused_all_reduce_rmsnorm call 1" in message and "no signal from rank 0" in message, message
+    assert first0[0] in ("ok", "PycclTimeoutError"), first0
+    assert second1[0] == "PycclTimeoutError" and second1[2] < 1.0, second1  # broken: refused at once
+    assert "fused_all_reduce_rmsnorm call 1" in second1[1], second1
+    # Rank 1 is still waiting out the fused call: either its verdict or this call's own timeout names it.
+    assert second0[0] == "PycclTimeoutError" and second0[2] <= timeout_s + 1, second0
+    assert "rank 1" in second0[1] or "in vain: 1" in second0[1], second0
+    assert destroy_s < 10, destroy_s
+
+    checked = run_ranks(rf.fused_rows_differ, 2, args=(on_gpu, timeout_s), timeout=120,
+                        env={**env, "PYCCL_DEBUG": "1"})
+    for rank, (first, second, untouched, _) in enumerate(checked):
+        kind, message, seconds = first
+        assert kind == "RemoteError" and seconds < timeout_s, first
+        assert "disagree" in message and "rank(s) 0: fused_all_reduce_rmsnorm float32 3 x 64 (call 1)" in message
+        assert "rank(s) 1: fused_all_reduce_rmsnorm float32 5 x 64 (call 1)" in message, message
+        assert untouched, f"rank {rank}: a refused call wrote its output"
+        assert second == ("ok", True, second[2]), second
+
+
 def test_a_call_checks_timeout_breaks_the_communicator():
     """PYCCL_DEBUG=1, a rank that never makes the call: the check's timeout
     names the op and its number, and the next call fails at once."""

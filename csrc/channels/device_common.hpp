@@ -158,6 +158,14 @@ struct AbortState {
     return abortFlag != nullptr && loadFlagVolatile(abortFlag) != 0;
   }
 
+  /// Whether some wait of this communicator recorded a send that met a
+  /// receive of another size (a relaxed read of the error record, which lies
+  /// in host memory on GPUs: one thread of a block should ask, not every one).
+  PYCCL_HOST_DEVICE bool mismatchRecorded() const {
+    return errorRecord != nullptr &&
+           loadFlagVolatile(&errorRecord->status) == static_cast<uint32_t>(WaitStatus::kMismatch);
+  }
+
   /// Records the first failure, and adds `peer` to the set of peers waited on
   /// in vain. Safe against concurrent failing waits.
   PYCCL_HOST_DEVICE void record(WaitStatus status, int peer, uint64_t expected,

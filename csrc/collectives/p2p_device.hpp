@@ -35,7 +35,10 @@
 // A receive that meets a send of another size is recorded (kMismatch) and
 // breaks the communicator: the two sides would no longer agree on the
 // counts. Where the sizes put the two sides in different protocols, the
-// header of the other protocol's slot names the size sent.
+// header of the other protocol's slot names the size sent. Where they give
+// the two sides different lanes, a receiving lane the send never reaches
+// stops waiting once another lane has recorded the mismatch (its thread 0
+// reads the error record now and then, and tells the block's other threads).
 //
 // The counts carry on across calls and CUDA-graph replays, so no host
 // synchronization is needed, and the n-th send to a peer meets the n-th
@@ -287,7 +290,11 @@ PYCCL_HOST_DEVICE void p2pReceiveHB(const CollectiveContext& c, const P2PTransfe
             return seen >= chunk + 1;
           },
           [&] { return seen; }, c.abort, t.peer, chunk + 1,
-          [&] { return otherProtocol = p2pSentOtherwise(c, t, block, chunk, false, &sentBytes); });
+          [&] {
+            // Another lane met the send (fewer lanes than this receive's): this lane's never comes.
+            if (c.abort.mismatchRecorded()) return true;
+            return otherProtocol = p2pSentOtherwise(c, t, block, chunk, false, &sentBytes);
+          });
       ok = status == WaitStatus::kOk;
       // A later chunk's ready count may have passed an LL chunk: the header names the chunk it came with.
       if (ok && !p2pSlotHeader(slot, chunk, &sentBytes)) {
@@ -323,10 +330,31 @@ PYCCL_HOST_DEVICE void p2pReceiveLL(const CollectiveContext& c, const P2PTransfe
   const uint64_t packets = packetsFor<LL16Packet>(length);
   bool ok = true;
   // Checked now and then while a packet is awaited: the send was of another size or went HB. Thread 0, which
-  // reads the header, records it; the others only stop waiting.
+  // reads the header, records it; the others only stop waiting. Thread 0 also stops the block's waits once
+  // another lane recorded a mismatch (a send of fewer lanes never reaches this one).
+#if PYCCL_ON_DEVICE
+  __shared__ uint32_t otherLaneMismatch;
+  if (tid == 0) otherLaneMismatch = 0;
+  syncBlock();
+#endif
+  auto otherLaneFailed = [&] {
+    if (tid != 0) {
+#if PYCCL_ON_DEVICE
+      return loadFlagVolatile(&otherLaneMismatch) != 0;
+#else
+      return false;
+#endif
+    }
+    if (!c.abort.mismatchRecorded()) return false;
+#if PYCCL_ON_DEVICE
+    *static_cast<volatile uint32_t*>(&otherLaneMismatch) = 1;
+#endif
+    return true;
+  };
   uint64_t sentBytes = t.bytes;
   bool mismatch = false;
   auto sentOtherwise = [&] {
+    if (otherLaneFailed()) return true;  // ends the wait; the other lane recorded it
     uint64_t headerBytes = 0;
     if (p2pPacketHeader(slot, chunk, &headerBytes)) {
       mismatch = headerBytes != t.bytes;
