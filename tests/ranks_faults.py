@@ -71,6 +71,38 @@ def killed_rank(rank, world, store, on_gpu, timeout_s):
     return first, again, _destroy_seconds()
 
 
+def stopped_rank(rank, world, store, on_gpu, timeout_s, stop_after_s):
+    """The last rank stops itself (SIGSTOP) `stop_after_s` into a loop of
+    all-reduces; rank 0 kills it (SIGKILL) once the survivors have failed.
+    Returns the survivors' failure and its seconds from the stop."""
+    device = _init(rank, world, store, _backend(on_gpu), on_gpu, timeout_s=timeout_s)
+    x = _fresh(rank, device)
+    for _ in range(3):
+        dist.all_reduce(x)
+    _sync(device)
+    if rank == world - 1:
+        store.set("stopped_pid", str(os.getpid()))
+    dist.barrier()
+    stop_at = time.monotonic() + stop_after_s
+    if rank == world - 1:
+        threading.Timer(stop_after_s, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
+
+    def run_until_failure():
+        while True:
+            dist.all_reduce(x)
+            _sync(device)
+            x.div_(world)
+
+    first = _attempt(run_until_failure)
+    after_stop = time.monotonic() - stop_at
+    store.set(f"survivor_failed_{rank}", "1")
+    if rank == 0:
+        store.wait([f"survivor_failed_{q}" for q in range(world - 1)])
+        os.kill(int(store.get("stopped_pid")), signal.SIGKILL)
+    again = _attempt(lambda: (dist.all_reduce(x), _sync(device)))
+    return first, after_stop, again, _destroy_seconds()
+
+
 def slow_rank(rank, world, store, on_gpu, timeout_s, delay_s, slow=None):
     """Rank `slow` (the last by default) reaches the second all-reduce `delay_s` late."""
     slow = world - 1 if slow is None else slow

@@ -48,6 +48,27 @@ def test_killed_rank_gpu():
 
 
 @pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+def test_survivors_of_a_stopped_rank_fail_within_the_timeout_and_a_second(on_gpu):
+    """A rank stopped (SIGSTOP) in the middle of a loop of all-reduces, so its
+    sockets stay open and nothing says it is gone: every survivor raises
+    within the timeout plus one second of the stop, naming the call and that
+    rank, and the next call fails at once."""
+    timeout_s, stop_after_s = 2, 0.3
+    world = 3 if not on_gpu else min(3, gpu_count())
+    env = GPU_ENV if on_gpu else {}
+    out = run_ranks(rf.stopped_rank, world, args=(on_gpu, timeout_s, stop_after_s), timeout=120,
+                    expect_failure=True, dying=[world - 1], env=env)
+    assert out[world - 1][0] == "error" and "-9" in out[world - 1][1], out[world - 1]
+    for status, value in out[:world - 1]:
+        assert status == "ok", value
+        first, after_stop, again, destroy_s = value
+        _survivor_failed_in_time(first, timeout_s, world - 1)
+        assert after_stop <= timeout_s + 1, (after_stop, first)
+        assert again[0] != "ok" and again[3] and again[2] < 1.0, again
+        assert destroy_s < 10, destroy_s
+
+
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
 def test_slow_rank_within_the_timeout_is_waited_for(on_gpu):
     out = run_ranks(rf.slow_rank, 3 if not on_gpu else 2, args=(on_gpu, 20, 2.0), timeout=120,
                     env=GPU_ENV if on_gpu else {})
