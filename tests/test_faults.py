@@ -177,7 +177,7 @@ def test_mismatched_calls_are_named_with_pyccl_debug(on_gpu, variant):
 def test_fused_calls_with_different_rows_fail_within_the_timeout(on_gpu):
     """Ranks that pass different numbers of rows to the fused all-reduce +
     RMSNorm: the rank whose rows never come raises within the group's timeout
-    and names the call; a rank whose rows all came may return, and its next
+    and names the call (on GPUs, its next call raises it); a rank whose rows all came may return, and its next
     call fails within the timeout too, naming that rank. Under PYCCL_DEBUG=1
     every rank refuses the call before anything runs, and the group stays usable."""
     timeout_s = 2
@@ -185,7 +185,12 @@ def test_fused_calls_with_different_rows_fail_within_the_timeout(on_gpu):
     (first0, second0, _, _), (first1, second1, _, destroy_s) = run_ranks(
         rf.fused_rows_differ, 2, args=(on_gpu, timeout_s), timeout=120, env=env)
     kind, message, seconds = first1
-    assert kind == "PycclTimeoutError" and seconds <= timeout_s + 1, first1
+    assert seconds <= timeout_s + 1, first1
+    if on_gpu and kind == "ok":
+        # The kernel's wait gave up on the GPU (the synchronize returned after the timeout); the host raises
+        # it at the next call, as every GPU-side failure (docs/reliability.md).
+        kind, message = second1[:2]
+    assert kind == "PycclTimeoutError", (first1, second1)
     assert "fused_all_reduce_rmsnorm call 1" in message and "no signal from rank 0" in message, message
     assert first0[0] in ("ok", "PycclTimeoutError"), first0
     assert second1[0] == "PycclTimeoutError" and second1[2] < 1.0, second1  # broken: refused at once
