@@ -44,6 +44,25 @@ def test_log_level_from_environment():
     assert out.returncode == 0 and "ready" not in out.stderr
 
 
+def test_python_log_lines_print_where_the_level_is_set():
+    """PYCCL_LOG_LEVEL=INFO prints the Python layer's info lines too (the
+    logger had no handler, so only warnings came out); OFF silences them;
+    unset, they go to the application's handlers only."""
+    code = "from pyccl._logging import logger; logger.info('hello from python'); logger.error('an error line')"
+    runs = {}
+    for level in ("INFO", "OFF", None):
+        env = {k: v for k, v in os.environ.items() if k != "PYCCL_LOG_LEVEL"}
+        if level:
+            env["PYCCL_LOG_LEVEL"] = level
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        runs[level] = out.stderr
+    assert "INFO" in runs["INFO"] and "hello from python" in runs["INFO"], runs["INFO"]
+    assert runs["INFO"].count("an error line") == 1 and "[pyccl " in runs["INFO"], runs["INFO"]
+    assert "hello" not in runs["OFF"] and "an error line" not in runs["OFF"], runs["OFF"]
+    assert "hello" not in runs[None] and "an error line" in runs[None], runs[None]
+
+
 def test_public_headers_are_found():
     inc = pyccl.get_include()
     for header in ("device_common.hpp", "semaphore_device.hpp"):
