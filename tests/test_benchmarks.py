@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -186,6 +187,18 @@ def test_bench_rejects_bad_arguments_before_it_looks_for_gpus(argv, needle, caps
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("world, needle", [(1, "needs a GPU, and this machine has none visible"),
+                                           (2, "needs at least 2 GPUs, and this machine has none visible")])
+def test_bench_without_gpus_says_what_it_needs(world, needle, monkeypatch, capsys):
+    """No contradiction: --world 1 needs one GPU, other runs two."""
+    from pyccl import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--world", str(world)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and ("--world 1 runs" in err) == (world != 1), err
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["-b", "4K", "-e", "1K"], "-b/-e/-f"), (["-f", "0"], "-b/-e/-f"), (["-e", "many"], "-b/-e/-f"),
     (["--world", "1"], "--world must be at least 2"), (["--trials", "0"], "--trials"),
@@ -253,7 +266,6 @@ def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_p
     """pyccl.bench_plot on a stand-in matplotlib (an optional dependency, not
     installed for the tests): one row of axes per collective, latency points
     up to 1 MiB and bandwidth from 1 MiB, and a title that says graph or eager."""
-    import json
     import types
 
     from pyccl import bench_plot
@@ -292,8 +304,13 @@ def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_p
     matplotlib.pyplot = pyplot
     monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
-    path = os.path.join(ROOT, "benchmarks", "2026-11-23l-h100-w1-eager-after-run1.json")
-    results = json.load(open(path))
+    # A run's JSON as pyccl.bench --eager --out writes it (the figures of one H100 run).
+    row = {"count": 512, "pyccl": 8.48, "pyccl_kernels": 7.35, "pyccl_sym": 9.47, "pyccl_algo": "1pa_ll",
+           "nccl": 16.37, "nccl_direct": 11.43, "pyccl_inplace": 7.98, "nccl_direct_inplace": 6.71,
+           "pyccl_pg": 10.19, "symm_one_shot": 8.64, "symm_two_shot": 6.18}
+    results = {"gpu": "NVIDIA H100 80GB HBM3", "world": 1, "dtype": "bfloat16", "date": "2026-11-23",
+               "mode": "eager", "iters": 20, "trials": 7, "symm_error": None,
+               "tables": {"all_reduce": [dict(row, bytes=n) for n in (1 << 10, 1 << 14, 1 << 18, 1 << 20)]}}
     bench_plot.plot(results, str(tmp_path / "eager.png"))
     assert drawn["saved"] == str(tmp_path / "eager.png") and "eager calls" in drawn["suptitle"]
     assert drawn["titles"][:2] == ["all_reduce: latency", "all_reduce: bus bandwidth"]

@@ -439,8 +439,12 @@ def main(argv=None) -> int:
             parser.error(f"--collectives: {c!r} is not one of {', '.join(_BUS_FACTOR)} (or all)")
     if args.world == 1 and "send_recv" in collectives:
         parser.error("--collectives send_recv: needs --world 2 or more (a rank sends to another)")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < (2 if args.world != 1 else 1):
-        print("pyccl.bench needs at least 2 GPUs (--world 1 checks that it runs on one)", file=sys.stderr)
+    needed = 2 if args.world != 1 else 1
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < needed:
+        print(f"pyccl.bench needs {'a GPU' if needed == 1 else 'at least 2 GPUs'}, and this machine has "
+              f"{visible or 'none'} visible" + ("" if needed == 1 else " (--world 1 runs every column on one GPU, "
+                                                 "to check that the benchmark runs)"), file=sys.stderr)
         return 2
     world = args.world or torch.cuda.device_count()
     bench_args.check_world_fits(parser, world, torch.cuda.device_count())
