@@ -48,6 +48,14 @@ def _destroy_seconds() -> float:
     return time.monotonic() - start
 
 
+def _all_reduces_until_failure(x: torch.Tensor, device: torch.device, world: int) -> None:
+    """All-reduces `x` again and again (scaled back each time) until one raises."""
+    while True:
+        dist.all_reduce(x)
+        _sync(device)
+        x.div_(world)
+
+
 def killed_rank(rank, world, store, on_gpu, timeout_s):
     """The last rank kills itself (SIGKILL) while every rank runs all-reduces."""
     device = _init(rank, world, store, _backend(on_gpu), on_gpu, timeout_s=timeout_s)
@@ -59,13 +67,7 @@ def killed_rank(rank, world, store, on_gpu, timeout_s):
     if rank == world - 1:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
 
-    def run_until_failure():
-        while True:
-            dist.all_reduce(x)
-            _sync(device)
-            x.div_(world)
-
-    first = _attempt(run_until_failure)
+    first = _attempt(lambda: _all_reduces_until_failure(x, device, world))
     # Broken now: the next call fails at once, and the group still goes away.
     again = _attempt(lambda: (dist.all_reduce(x), _sync(device)))
     return first, again, _destroy_seconds()
@@ -87,13 +89,7 @@ def stopped_rank(rank, world, store, on_gpu, timeout_s, stop_after_s):
     if rank == world - 1:
         threading.Timer(stop_after_s, lambda: os.kill(os.getpid(), signal.SIGSTOP)).start()
 
-    def run_until_failure():
-        while True:
-            dist.all_reduce(x)
-            _sync(device)
-            x.div_(world)
-
-    first = _attempt(run_until_failure)
+    first = _attempt(lambda: _all_reduces_until_failure(x, device, world))
     after_stop = time.monotonic() - stop_at
     store.set(f"survivor_failed_{rank}", "1")
     if rank == 0:
