@@ -1,6 +1,6 @@
 """Forced 1PA LL all-reduce, timed again and again on fresh communicators: how
 many CUDA-graph timings (20 calls, median of 5) fall into the slow state that
-benchmarks/RESULTS.md explains (hundreds of µs per call, where 9 µs is normal).
+the measurement history (docs/performance.md#history) explains (hundreds of µs per call, where 9 µs is normal).
 
 Each group times 1, 4, 16 and 64 KiB, then 256 KiB three times, 512 KiB,
 128 KiB and 256 KiB twice more, each on fresh random bf16 tensors, and checks

@@ -2,7 +2,7 @@
 between grow nothing. Load: two process groups driven from two threads (and
 two CUDA streams) at once, with random collectives, neither deadlock nor give
 a wrong result. PYCCL_LOAD_SECONDS sets the load's duration (20 s by default;
-benchmarks/RESULTS.md records a 10-minute run)."""
+the measurement history, docs/performance.md#history, records a 10-minute run)."""
 
 import os
 

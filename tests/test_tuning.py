@@ -89,7 +89,8 @@ def test_library_plans_compete_with_their_launch_shape():
     table = tuning.build_table(rows, gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
     tuning.check_table(table, "with plans")
     plan = {"algorithm": "plan", "plan": "allreduce_allpairs_hb", "instances": 32, "threads": 512}
-    assert table["collectives"]["all_reduce"][1:3] == [  # the fastest kernel of each size: what runs where the plan cannot
+    # Each plan entry names the fastest kernel of its size: what runs where the plan cannot.
+    assert table["collectives"]["all_reduce"][1:3] == [
         {"max_bytes": 2048, **plan, "kernel": "1pa_ll"}, {"max_bytes": 4096, **plan, "kernel": "2pa_hb"}]
     assert tuning.select(table, "all_reduce", 3000) == "plan"
     assert tuning.select_entry(table, "all_reduce", 8192)["algorithm"] == "nccl"
@@ -228,7 +229,7 @@ def test_shipped_table_is_found_for_its_gpu_and_world(monkeypatch):
     assert tuning.load_table("NVIDIA H200", 3) is None
     eight = tuning.load_table("NVIDIA H200", 8, "bfloat16")
     assert eight is not None and eight["world"] == 8
-    # On 8 GPUs the kernel beat NCCL at 16 MiB, not from 32 MiB (benchmarks/RESULTS.md).
+    # On 8 GPUs the kernel beat NCCL at 16 MiB, not from 32 MiB (docs/performance.md#history).
     assert tuning.select(eight, "all_reduce", 16 << 20) == "2pa_hb"
     assert _nccl_from(eight, "all_reduce", 8) == (16 << 20) + 1
     assert _nccl_from(eight, "broadcast", 8) == dispatch.NCCL_MIN_BYTES["broadcast"]  # not measured: the defaults

@@ -134,12 +134,12 @@ ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
 }
 
 CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int world) {
-  // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (benchmarks/RESULTS.md).
+  // 64: 5% faster than 32 at 512 KiB-1 MiB on 4 x H200, the same below (docs/performance.md#history).
   if (o.llBlocks == 0) o.llBlocks = host ? 2 : 64;
   if (o.hbBlocks == 0) o.hbBlocks = host ? 2 : 128;
   if (o.llMaxBytes == 0) o.llMaxBytes = host ? (64u << 10) : (1u << 20);
   if (o.hbPieceBytes == 0) o.hbPieceBytes = host ? (1u << 20) : (16u << 20);
-  // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (benchmarks/RESULTS.md).
+  // GPUs: where 1PA LL, 2PA LL and 2PA HB cross over on 4 x H200 (docs/performance.md#history).
   // A smaller ll_max_bytes lowers the default with it (1PA LL takes no more than the LL region).
   if (o.llThresholdBytes == 0) {
     o.llThresholdBytes = host ? o.llMaxBytes / 2 : std::min<uint64_t>(128u << 10, o.llMaxBytes);
@@ -147,33 +147,33 @@ CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int w
   const bool ll2Default = o.ll2ThresholdBytes == 0;
   if (ll2Default) o.ll2ThresholdBytes = host ? o.llMaxBytes : (1u << 20);
   if (o.zeroCopyThresholdBytes == 0) o.zeroCopyThresholdBytes = o.ll2ThresholdBytes;
-  // 2 x H200: 1PA HB beats 2PA LL and 2PA HB from 1 MiB to 8 MiB (benchmarks/RESULTS.md). With the 2PA
+  // 2 x H200: 1PA HB beats 2PA LL and 2PA HB from 1 MiB to 8 MiB (docs/performance.md#history). With the 2PA
   // LL threshold at 1PA LL's, it takes over from 1PA LL.
   if (o.onePhaseHBMaxBytes == 0 && !host && world == 2) {
     o.onePhaseHBMaxBytes = 8u << 20;
     if (ll2Default) o.ll2ThresholdBytes = o.llThresholdBytes;
   }
-  // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (benchmarks/RESULTS.md).
+  // Where the pushing 2PA HB overtakes zero-copy on 4 and 2 x H200 (docs/performance.md#history).
   if (o.zeroCopyMaxBytes == 0) o.zeroCopyMaxBytes = host ? UINT64_MAX : (8u << 20);
   // GPUs: two kernels above 128 KiB, where they beat the one-shot and the two-shot in a
   // tensor-parallel decode step on 4 x H200 (hidden 8192 bf16; 32 tokens and more); the one-shot
-  // up to there (benchmarks/RESULTS.md).
+  // up to there (docs/performance.md#history).
   if (o.fusedTwoKernelMinBytes == 0) {
     o.fusedTwoKernelMinBytes = host ? o.llMaxBytes + 1 : (128u << 10) + 1;
   }
   if (o.fusedTwoShotBytes == 0) o.fusedTwoShotBytes = host ? o.llMaxBytes / 2 : (256u << 10);
   // GPUs: up to 64 lanes of 2 slots of 64 KiB, 8 MiB per source rank: a transfer's rate grows with the bytes
-  // its lanes have in flight, and this matches NCCL's at 256 MiB on 2 x H200 (benchmarks/RESULTS.md).
+  // its lanes have in flight, and this matches NCCL's at 256 MiB on 2 x H200 (docs/performance.md#history).
   if (o.p2pBlocks == 0) o.p2pBlocks = host ? 2 : 64;
   if (o.p2pSliceBytes == 0) o.p2pSliceBytes = host ? (4u << 10) : (64u << 10);
   // GPUs: LL up to 256 KiB, where the exchanges' LL (which moves the same bytes over the same links) still beats
-  // their HB on 4 x H200, on lanes of one packet per thread (benchmarks/RESULTS.md).
+  // their HB on 4 x H200, on lanes of one packet per thread (docs/performance.md#history).
   if (o.p2pLLMaxBytes == CollectiveOptions::kP2PLLDefault) o.p2pLLMaxBytes = host ? 2048 : (256u << 10);
   if (o.p2pLLLaneBytes == 0) o.p2pLLLaneBytes = host ? 1024 : (o.p2pThreads - 1) * 8ull;
   for (int k = 0; k < 4; ++k) {
     uint64_t& threshold = o.exchangeLLThresholdBytes[k];
     const bool broadcast = k == static_cast<int>(ExchangeKind::kBroadcast);
-    // Where LL stops beating HB on 4 x H200 (benchmarks/RESULTS.md).
+    // Where LL stops beating HB on 4 x H200 (docs/performance.md#history).
     if (threshold == 0) threshold = host ? o.llMaxBytes / 2 : (broadcast ? (128u << 10) : (512u << 10));
   }
   // Each option by its row, then the rules between options.

@@ -286,7 +286,7 @@ PYCCL_HOST_DEVICE bool runOp(const PlanContext& c, const PlanOp& op, const Resol
   const OpOperands ops{c, op, resolved, call};
   // Packet ops start from the resolved addresses in the lean kernel only. In
   // the full kernel the same change made the HB ops 0.2-0.3 us slower (2 x
-  // H200, benchmarks/RESULTS.md): one function, whose code it changed.
+  // H200, docs/performance.md#history): one function, whose code it changed.
   const OpOperands packetOps{c, op, Lean ? resolved : nullptr, call};
   const int redOp = op.reduceOp >= 0 ? op.reduceOp : callOp;
   const uint64_t bytes = (op.numSrcs > 0 ? static_cast<uint64_t>(op.srcs[0].count) : 0) * c.chunkBytes;

@@ -42,7 +42,7 @@ LL_MAX_BYTES = 256 << 10
 #: from this size; smaller all-reduces send each part in one piece. Over
 #: sockets every piece costs the receiver a wait of its own: on 2 x 2 H200
 #: one piece was 1.4x faster at 4-16 KiB, two 1.1x faster at 256 KiB
-#: (benchmarks/RESULTS.md).
+#: (docs/performance.md#history).
 LL_PIPELINE_MIN_BYTES = 256 << 10
 #: Pieces for every 2PH LL all-reduce, overriding the size rule (None: by size).
 LL_PIPELINE: Optional[int] = None

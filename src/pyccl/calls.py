@@ -97,7 +97,7 @@ def all_reduce(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: tor
     if call.use_nccl:
         _check_placement("all_reduce", call, tensor, out)
         # Large messages: NCCL's ring is faster than the 2PA kernel here (see
-        # benchmarks/RESULTS.md), so hand them to NCCL: in place, the group's
+        # docs/performance.md#history), so hand them to NCCL: in place, the group's
         # backend; out of place, NCCL called directly (ProcessGroupNCCL would
         # need a copy first, 12% of the time at 256 MiB).
         in_place = out.data_ptr() == tensor.data_ptr()

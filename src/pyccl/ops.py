@@ -27,7 +27,7 @@ The ops are defined with ``torch.library.Library`` (schema, a CPU and a CUDA
 kernel, a fake implementation), not ``torch.library.custom_op``: the latter's
 Python autograd layer made an eager call of the op cost the host 78 µs, where
 this one costs 34 and ``pyccl.all_reduce`` itself 18 (one H100's host;
-benchmarks/RESULTS.md).
+docs/performance.md#history).
 They have no derivative: their Autograd kernel (csrc/torch/custom_ops.cpp)
 lets a call on tensors that require grad run, and a backward through its
 result raise, naming the op.
