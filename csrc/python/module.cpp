@@ -102,6 +102,19 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("cuda_built", &gpu::built, "Whether this build of pyccl includes CUDA.");
+  m.def("build_info", [] {
+    py::dict info;
+    info["git"] = PYCCL_BUILD_GIT;
+    info["torch"] = PYCCL_BUILD_TORCH;
+    info["cuda"] = PYCCL_BUILD_CUDA;  // "none": a CPU-only build
+    info["archs"] = PYCCL_BUILD_ARCHS;
+#ifdef PYCCL_WITH_IBVERBS
+    info["rdma"] = true;
+#else
+    info["rdma"] = false;
+#endif
+    return info;
+  }, "What this build was made from: git commit, torch and CUDA versions, CUDA architectures, RDMA transport.");
   m.def("device_count", &gpu::deviceCount, "Visible CUDA devices (0 without a driver or GPU).");
   m.def("set_log_level", [](const std::string& level) {
     setLogLevel(parseLogLevel(level, "level"));
