@@ -66,7 +66,8 @@ def test_autoload_never_breaks_torch_import(monkeypatch, caplog):
 
     monkeypatch.setitem(sys.modules, "pyccl.backend", None)  # makes the import fail
     pyccl_autoload.autoload()
-    assert "not registered" in caplog.text
+    assert "not registered" in caplog.text and "rebuild it against this torch" in caplog.text
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in caplog.text and caplog.text.count("\n") == 1, caplog.text
 
 
 def test_communicator_for_a_pyccl_group_is_the_groups_own():

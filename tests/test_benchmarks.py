@@ -270,7 +270,7 @@ def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_p
 
     from pyccl import bench_plot
 
-    drawn = {"titles": [], "points": 0, "saved": None}
+    drawn = {"titles": [], "points": 0, "saved": None, "ticks": []}
 
     class Axes:
         def plot(self, xs, ys, **kwargs):
@@ -280,6 +280,12 @@ def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_p
             drawn["titles"].append(kwargs.get("title"))
 
         def grid(self, *args, **kwargs):
+            pass
+
+        def set_xticks(self, ticks, labels, **kwargs):
+            drawn["ticks"].append(list(labels))
+
+        def minorticks_off(self):
             pass
 
         def legend(self, **kwargs):
@@ -315,9 +321,24 @@ def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_p
     assert drawn["saved"] == str(tmp_path / "eager.png") and "eager calls" in drawn["suptitle"]
     assert drawn["titles"][:2] == ["all_reduce: latency", "all_reduce: bus bandwidth"]
     assert drawn["points"] > 0
+    assert drawn["ticks"][:2] == [["1 KiB", "16 KiB", "256 KiB", "1 MiB"], ["1 MiB"]], drawn["ticks"]
     del results["mode"]  # a run from before the eager mode
     bench_plot.plot(results, str(tmp_path / "graph.png"))
     assert "CUDA graphs" in drawn["suptitle"]
+
+
+def test_bench_plot_labels_sizes_and_names_a_bad_file(tmp_path, capsys):
+    from pyccl import bench_plot
+
+    assert [bench_plot.size_tick(n) for n in (512, 1024, 3 << 20, 1 << 30, 1536)] == [
+        "512 B", "1 KiB", "3 MiB", "1 GiB", "1536 B"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    for argv, needle in (([], "required"), ([str(tmp_path / "missing.json"), "x.png"], "missing.json"),
+                         ([str(bad), "x.png"], "not a file python -m pyccl.bench --out wrote")):
+        with pytest.raises(SystemExit) as e:
+            bench_plot.main(argv)
+        assert e.value.code == 2 and needle in capsys.readouterr().err
 
 
 def _free_port() -> int:

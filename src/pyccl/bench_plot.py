@@ -9,6 +9,7 @@ needs matplotlib (``pip install matplotlib``; not a dependency of pyccl).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -16,6 +17,15 @@ from .bench_timing import BUS_FACTOR as _BUS_FACTOR
 
 _SERIES = ("pyccl", "pyccl_pg", "pyccl_sym", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
 _SPLIT = 1 << 20
+
+
+def size_tick(n: float, _position=None) -> str:
+    """A byte count as an axis label: 512 B, 4 KiB, 16 MiB, 1 GiB (powers of two; others as bytes)."""
+    n = int(round(n))
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
 
 
 def plot(results: dict, path: str) -> None:
@@ -41,10 +51,14 @@ def plot(results: dict, path: str) -> None:
             pts = [(r["bytes"], r["bytes"] * factor / (r[name] * 1e-6) / 1e9) for r in large if r.get(name) is not None]
             if pts:
                 row_axes[1].plot(*zip(*pts), marker="o", markersize=3, label=name)
-        row_axes[0].set(xscale="log", title=f"{collective}: latency", xlabel="bytes", ylabel="µs")
-        row_axes[1].set(xscale="log", title=f"{collective}: bus bandwidth", xlabel="bytes", ylabel="GB/s")
-        for ax in row_axes:
+        row_axes[0].set(xscale="log", title=f"{collective}: latency", xlabel="message size", ylabel="µs")
+        row_axes[1].set(xscale="log", title=f"{collective}: bus bandwidth", xlabel="message size", ylabel="GB/s")
+        for ax, part in zip(row_axes, (small, large)):
             ax.grid(True, which="both", alpha=0.3)
+            ticks = sorted({r["bytes"] for r in part})
+            if ticks:  # the measured sizes, labelled in KiB and MiB
+                ax.set_xticks(ticks, [size_tick(t) for t in ticks], rotation=45, fontsize=7)
+                ax.minorticks_off()
         row_axes[0].legend(fontsize=7)
     how = "eager calls" if results.get("mode") == "eager" else "CUDA graphs"  # runs before --eager: graphs
     fig.suptitle(f"pyccl, {world} x {results.get('gpu', '?')}, {results.get('dtype', '?')}, {how}, "
@@ -54,15 +68,22 @@ def plot(results: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    with open(args[0]) as f:
-        plot(json.load(f), args[1])
-    print(f"wrote {args[1]}")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", help="the JSON that python -m pyccl.bench --out wrote")
+    parser.add_argument("png", help="the picture to write")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.results) as f:
+            results = json.load(f)
+    except OSError as e:
+        parser.error(f"results {args.results!r}: {e.strerror}")
+    except ValueError as e:
+        parser.error(f"results {args.results!r}: not JSON ({e})")
+    if not isinstance(results, dict) or "tables" not in results or "world" not in results:
+        parser.error(f"results {args.results!r}: not a file python -m pyccl.bench --out wrote")
+    plot(results, args.png)
+    print(f"wrote {args.png}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

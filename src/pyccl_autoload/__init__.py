@@ -15,4 +15,10 @@ def autoload() -> None:
 
         register()
     except Exception as e:  # noqa: BLE001 - torch must stay importable
-        logging.getLogger("pyccl").warning("pyccl: the torch.distributed backend was not registered: %s", e)
+        import torch
+
+        logging.getLogger("pyccl").warning(
+            "pyccl: the torch.distributed backend was not registered (%s: %s). torch works without it; to use "
+            "pyccl, rebuild it against this torch (%s): bash scripts/setup.sh in its checkout, or pip install "
+            "--no-build-isolation <pyccl>. TORCH_DEVICE_BACKEND_AUTOLOAD=0 stops torch from loading it.",
+            type(e).__name__, e, getattr(torch, "__version__", "?"))
