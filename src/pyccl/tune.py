@@ -30,6 +30,7 @@ import sys
 import torch
 
 from . import bench, bench_args, tuning
+from .errors import InvalidArgumentError
 
 
 def _choice(entry: dict) -> str:
@@ -39,7 +40,14 @@ def _choice(entry: dict) -> str:
     return entry["algorithm"]
 
 
-def _print_table(table: dict, out: str) -> None:
+def _default_out(gpu: str, world: int, dtype: str) -> str:
+    return f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{dtype}.json"
+
+
+def _write_table(table: dict, out: str) -> None:
+    """Checks `table`, writes it to `out` and prints its choices."""
+    tuning.check_table(table, "(new)")
+    bench_args.write_atomically(out, json.dumps(table, indent=1))
     for collective, entries in table["collectives"].items():
         ranges = ", ".join(f"{_choice(e)} to {e['max_bytes']} B" if e["max_bytes"] is not None
                            else f"{_choice(e)} above" for e in entries)
@@ -60,13 +68,10 @@ def _from_rows(parser: argparse.ArgumentParser, args, command: str) -> int:
         parser.error(f"--from-rows {args.from_rows!r}: {e.strerror}")
     except (ValueError, KeyError, TypeError) as e:
         parser.error(f"--from-rows {args.from_rows!r}: not a file pyccl.tune wrote ({e!r})")
-    out = args.out or f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{dtype}.json"
+    out = args.out or _default_out(gpu, world, dtype)
     bench_args.check_output(parser, "--out", out)
-    table = tuning.build_table(tables, gpu=gpu, world=world, dtype=dtype, date=rows.get("date", ""),
-                               command=f"{rows.get('command', '?')}; then {command}", margin=args.margin)
-    tuning.check_table(table, "(new)")
-    bench_args.write_atomically(out, json.dumps(table, indent=1))
-    _print_table(table, out)
+    _write_table(tuning.build_table(tables, gpu=gpu, world=world, dtype=dtype, date=rows.get("date", ""),
+                                    command=f"{rows.get('command', '?')}; then {command}", margin=args.margin), out)
     return 0
 
 
@@ -89,8 +94,10 @@ def main(argv=None) -> int:
     parser.add_argument("--from-rows", default=None,
                         help="build the table from a --rows file instead of measuring (no GPUs needed)")
     args = parser.parse_args(argv)
-    if not 0 <= args.margin < 1:
-        parser.error(f"--margin must be in [0, 1), got {args.margin}")
+    try:  # before the run, not after minutes of measuring
+        tuning.check_margin(args.margin)
+    except InvalidArgumentError as e:
+        parser.error(f"--{e}")
     command = "python -m pyccl.tune " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     if args.from_rows:
         return _from_rows(parser, args, command)
@@ -112,7 +119,7 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(0)
     out = args.out
     if out is None:  # the default name, checked as a given one was above
-        out = f"pyccl_tuning_{gpu.replace(' ', '_')}_w{world}_{args.dtype}.json"
+        out = _default_out(gpu, world, args.dtype)
         bench_args.check_output(parser, "--out", out)
     rows_out = args.rows or _rows_path(out)
     bench_args.check_output(parser, "--rows", rows_out)
@@ -127,11 +134,10 @@ def main(argv=None) -> int:
          "trials": args.trials, "tables": res["tables"]}, indent=1))
     table = tuning.build_table(res["tables"], gpu=gpu, world=world, dtype=args.dtype, date=date, command=command,
                                margin=args.margin)
-    tuning.check_table(table, "(new)")
-    bench_args.write_atomically(out, json.dumps(table, indent=1))
-    _print_table(table, out)
+    _write_table(table, out)
     print(f"wrote the measurements to {rows_out} (python -m pyccl.tune --from-rows {rows_out} builds again)")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

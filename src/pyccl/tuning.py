@@ -111,38 +111,29 @@ def _same_choice(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != "max_bytes"} == {k: v for k, v in b.items() if k != "max_bytes"}
 
 
-def _plans_of_one_size_out(entries: List[dict], won: List[tuple]) -> List[dict]:
-    """`entries` with every plan that won one measured size alone (its entries
-    in a row, at one launch shape, whatever their kernels) replaced by the
-    choice that size had without plans: a lead at one size is within the
-    sweep's scatter, so a plan must win at two sizes in a row. Neighbours with
-    the same choice merge again."""
-    without = dict(won)
+def _plan_shape(entry: dict) -> Optional[tuple]:
+    return (entry["plan"], entry["instances"], entry["threads"]) if entry["algorithm"] == "plan" else None
 
-    def shape(e: dict) -> Optional[tuple]:
-        return (e["plan"], e["instances"], e["threads"]) if e["algorithm"] == "plan" else None
 
-    sizes, lower = [], 0  # the measured sizes a plan won that each entry covers
-    for e in entries:
-        sizes.append([n for n in without if lower < n and (e["max_bytes"] is None or n <= e["max_bytes"])])
-        lower = e["max_bytes"] if e["max_bytes"] is not None else lower
-    out: List[dict] = []
-    i = 0
-    while i < len(entries):
-        j = i + 1
-        while shape(entries[i]) is not None and j < len(entries) and shape(entries[j]) == shape(entries[i]):
-            j += 1
-        group = [dict(e) for e in entries[i:j]]
-        won_at = [n for k in range(i, j) for n in sizes[k]]
-        if shape(entries[i]) is not None and len(won_at) == 1 and without[won_at[0]] is not None:
-            group = [{"max_bytes": entries[i]["max_bytes"], **without[won_at[0]]}]
-        for e in group:
-            if out and _same_choice(out[-1], e):
-                out[-1]["max_bytes"] = e["max_bytes"]
-            else:
-                out.append(e)
-        i = j
+def _lone_plans_out(winners: List[tuple]) -> List[tuple]:
+    """(bytes, entry) per measured size, from (bytes, entry, the entry
+    without plans): a plan that wins a size while neither neighbour has it at
+    the same launch shape gives way to the choice without plans. A lead at one
+    size is within the sweep's scatter, so a plan must win two sizes in a row."""
+    out = []
+    for i, (n, best, without) in enumerate(winners):
+        shape = _plan_shape(best)
+        if shape is not None and without is not None and all(
+                _plan_shape(winners[j][1]) != shape for j in (i - 1, i + 1) if 0 <= j < len(winners)):
+            best = without
+        out.append((n, best))
     return out
+
+
+def check_margin(margin: float) -> None:
+    """Raises InvalidArgumentError unless `margin` (see DEFAULT_MARGIN) is in [0, 1)."""
+    if not 0 <= margin < 1:
+        raise InvalidArgumentError(f"margin must be in [0, 1), got {margin!r}")
 
 
 def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: str, date: str,
@@ -151,11 +142,11 @@ def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: s
     algorithms): at each measured size the fastest candidate wins, library
     plans (``plan:<name>`` columns) included, unless the choice of the size
     below is within `margin` of it (plans must beat the kernels by more than
-    `margin`, at two measured sizes in a row: see :func:`_winner_entry`); runs
-    of the same winner merge into one entry. All-reduce rows with a zero-copy column (``pyccl_sym_2pa_hb``)
-    also give the ``all_reduce_symmetric`` entries (kernels and NCCL only)."""
-    if not 0 <= margin < 1:
-        raise InvalidArgumentError(f"margin must be in [0, 1), got {margin!r}")
+    `margin`, at two measured sizes in a row: see :func:`_winner_entry` and
+    :func:`_lone_plans_out`); runs of the same winner merge into one entry.
+    All-reduce rows with a zero-copy column (``pyccl_sym_2pa_hb``) also give
+    the ``all_reduce_symmetric`` entries (kernels and NCCL only)."""
+    check_margin(margin)
     tables = dict(tables)
     if any("pyccl_sym_2pa_hb" in r for r in tables.get("all_reduce", ())):
         tables["all_reduce_symmetric"] = tables["all_reduce"]
@@ -163,8 +154,7 @@ def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: s
     for collective, rows in tables.items():
         if collective not in CANDIDATES:
             continue  # e.g. send_recv: nothing to choose
-        entries: List[dict] = []
-        runs: List[tuple] = []  # (bytes, the entry without plans) of each size a plan won
+        winners: List[tuple] = []  # (bytes, entry, entry without plans) per measured size
         for row in sorted(rows, key=lambda r: r["bytes"]):
             kernels, plans = {}, {}
             for algo in CANDIDATES[collective]:
@@ -179,16 +169,15 @@ def build_table(tables: Dict[str, List[dict]], *, gpu: str, world: int, dtype: s
                     t = row.get(plan_column(name))
                     if t is not None:
                         plans[plan_column(name)] = t
-            best, without_plans = _winner_entry(row, kernels, plans, entries[-1] if entries else None, margin)
-            if best is None:
-                continue
-            if best["algorithm"] == "plan" and without_plans is not None:
-                runs.append((row["bytes"], without_plans))
+            best, without_plans = _winner_entry(row, kernels, plans, winners[-1][1] if winners else None, margin)
+            if best is not None:
+                winners.append((row["bytes"], best, without_plans))
+        entries: List[dict] = []
+        for n, best in _lone_plans_out(winners):
             if entries and _same_choice(entries[-1], best):
-                entries[-1]["max_bytes"] = row["bytes"]
+                entries[-1]["max_bytes"] = n
             else:
-                entries.append({"max_bytes": row["bytes"], **best})
-        entries = _plans_of_one_size_out(entries, runs)
+                entries.append({"max_bytes": n, **best})
         if entries:
             entries[-1]["max_bytes"] = None  # the largest winner goes on beyond the measured range
             collectives[collective] = entries
