@@ -329,8 +329,9 @@ def test_bench_plot_draws_every_collective_and_names_the_mode(monkeypatch, tmp_p
 
 def test_bench_plot_labels_sizes_and_names_a_bad_file(tmp_path, capsys):
     from pyccl import bench_plot
+    from pyccl.bench_timing import size_label
 
-    assert [bench_plot.size_tick(n) for n in (512, 1024, 3 << 20, 1 << 30, 1536)] == [
+    assert [size_label(n) for n in (512, 1024, 3 << 20, 1 << 30, 1536)] == [
         "512 B", "1 KiB", "3 MiB", "1 GiB", "1536 B"]
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")

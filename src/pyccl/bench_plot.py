@@ -13,19 +13,10 @@ import argparse
 import json
 import sys
 
-from .bench_timing import BUS_FACTOR as _BUS_FACTOR
+from .bench_timing import BUS_FACTOR as _BUS_FACTOR, size_label
 
 _SERIES = ("pyccl", "pyccl_pg", "pyccl_sym", "nccl_direct", "nccl", "symm_one_shot", "symm_two_shot")
 _SPLIT = 1 << 20
-
-
-def size_tick(n: float, _position=None) -> str:
-    """A byte count as an axis label: 512 B, 4 KiB, 16 MiB, 1 GiB (powers of two; others as bytes)."""
-    n = int(round(n))
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 def plot(results: dict, path: str) -> None:
@@ -57,7 +48,7 @@ def plot(results: dict, path: str) -> None:
             ax.grid(True, which="both", alpha=0.3)
             ticks = sorted({r["bytes"] for r in part})
             if ticks:  # the measured sizes, labelled in KiB and MiB
-                ax.set_xticks(ticks, [size_tick(t) for t in ticks], rotation=45, fontsize=7)
+                ax.set_xticks(ticks, [size_label(t) for t in ticks], rotation=45, fontsize=7)
                 ax.minorticks_off()
         row_axes[0].legend(fontsize=7)
     how = "eager calls" if results.get("mode") == "eager" else "CUDA graphs"  # runs before --eager: graphs

@@ -154,5 +154,9 @@ def doubling_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list:
 
 
 def size_label(n: int) -> str:
-    """`n` bytes as "512 B" / "4 KiB" / "16 MiB" (powers of two)."""
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
+    """`n` bytes as "512 B" / "4 KiB" / "16 MiB" / "1 GiB": the largest unit
+    that divides it (other sizes in bytes, so no label rounds)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
