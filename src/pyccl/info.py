@@ -22,12 +22,11 @@ from typing import Optional
 
 import torch
 
-from . import _C, __version__, tuning
+from . import _C, __version__, dispatch
 from .errors import PycclError
 
 
-def _rdma() -> dict:
-    built = bool(_C.build_info()["rdma"])
+def _rdma(built: bool) -> dict:
     if not built:
         return {"built": False, "devices": [], "note": "built without rdma-core's headers (libibverbs-dev)"}
     try:
@@ -62,13 +61,14 @@ def _topology() -> Optional[str]:
 
 
 def _tables(gpus: list) -> dict:
-    """The tuning table each world size from 2 to the GPUs here would take (or None)."""
+    """The bf16 tuning table a communicator on GPU 0 takes at each world size
+    from 2 to the GPUs here (or None), as the dispatcher looks it up."""
     if len(gpus) < 2:
         return {}
     tables = {}
     for world in range(2, len(gpus) + 1):
         try:
-            table = tuning.load_table(gpus[0]["name"], world, "bfloat16")
+            table = dispatch.table_for(torch.device("cuda", 0), world, torch.bfloat16)
         except PycclError as e:  # a bad PYCCL_TUNING_FILE
             tables[world] = f"error: {e}"
             continue
@@ -89,7 +89,7 @@ def collect() -> dict:
                     "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
                     "platform": platform.platform()},
         "torch_matches_build": torch.__version__ == build["torch"],
-        "rdma": _rdma(),
+        "rdma": _rdma(bool(build["rdma"])),
         "gpus": gpus,
         "topology": _topology() if gpus else None,
         "tuning_tables": _tables(gpus),
