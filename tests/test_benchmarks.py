@@ -342,22 +342,16 @@ def test_bench_plot_labels_sizes_and_names_a_bad_file(tmp_path, capsys):
         assert e.value.code == 2 and needle in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_host_parts_bench_runs_in_host_mode(tmp_path):
     """Every part is timed; the ops' calls go to the engine, but for the first
     one, which sets the group's communicator up through Python."""
     import json
 
+    from pyccl._spawn import free_port
+
     out_json = tmp_path / "parts.json"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "host_parts.py"), "--calls", "3", "--trials", "2",
-           "--port", str(_free_port()), "--out", str(out_json)]
+           "--port", str(free_port()), "--out", str(out_json)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # host mode wherever it runs
     assert proc.returncode == 0, proc.stderr[-3000:]

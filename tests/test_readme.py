@@ -3,11 +3,12 @@ world sizes in host mode (one process per rank, as torchrun starts them)."""
 
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from pyccl._spawn import free_port
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
@@ -21,19 +22,13 @@ def _block_under(heading: str) -> str:
     return match.group(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_the_runtime_example_runs_at_any_world_size(world):
     """Every rank stores into the next rank's buffer and signals it; each
     pair makes its semaphore on both sides (the example once made only one
     side's, which hangs from 3 ranks on)."""
     code = _block_under("## Using the runtime from Python")
-    port = str(_free_port())
+    port = str(free_port())
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
            "CUDA_VISIBLE_DEVICES": ""}  # host mode on any machine
     procs = [subprocess.Popen([sys.executable, "-c", code], env={**env, "RANK": str(rank)},
