@@ -235,6 +235,18 @@ def test_shipped_table_is_found_for_its_gpu_and_world(monkeypatch):
     assert _nccl_from(eight, "broadcast", 8) == dispatch.NCCL_MIN_BYTES["broadcast"]  # not measured: the defaults
 
 
+def test_h100_tables_are_found_for_the_sxm_card_only(monkeypatch):
+    monkeypatch.delenv("PYCCL_TUNING_FILE", raising=False)
+    for world in (2, 4):
+        table = tuning.load_table("NVIDIA H100 80GB HBM3", world, "bfloat16")
+        assert table is not None and table["world"] == world and "H100" in table["gpu"], table
+        # On H100 NVLink the kernels beat NCCL at every all-reduce size (docs/performance.md).
+        assert tuning.select(table, "all_reduce", 1 << 30) == "2pa_hb"
+    # Measured over NVLink between SXM cards: neither a PCIe H100 nor an H200 takes them.
+    assert tuning.load_table("NVIDIA H100 PCIe", 2) is None
+    assert "H100" not in tuning.load_table("NVIDIA H200", 2)["gpu"]
+
+
 def test_tuning_file_overrides(monkeypatch, tmp_path):
     path = tmp_path / "t.json"
     table = tuning.build_table(_rows(), gpu="X", world=2, dtype="float32", date="d", command="c")

@@ -31,8 +31,10 @@ ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tunin
 #: The dtypes the reducing collectives take (data movement takes any dtype).
 REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-#: From these sizes (bytes of the whole buffer) NCCL through the torch group is at least as fast as pyccl's
-#: kernels on 4 x H200 NVLink (docs/performance.md), where no tuning table decides. Read when a selector is made.
+#: Where no tuning table decides: from these sizes (bytes of the whole buffer) the torch group's NCCL runs. They
+#: follow where NCCL caught up with pyccl's kernels on 8 x H200 NVLink, the largest world measured; at 2 and 4
+#: ranks on H100 and H200 the kernels lead at every all-reduce size, and those tables never pick NCCL for it
+#: (docs/performance.md). Read when a selector is made.
 NCCL_MIN_BYTES = {
     "all_reduce": 16 << 20,
     "all_gather": 64 << 20,
