@@ -336,9 +336,10 @@ def group_timeout_reaches_pyccl_calls(rank, world, store, timeout_s):
 
 def fused_rows_differ(rank, world, store, on_gpu, timeout_s):
     """pyccl.fused_all_reduce_rmsnorm through a torch group made with
-    `timeout_s`, rank q with 3 + 2q rows, then an all-reduce of ones: the
-    first call's outcome, the second's, and the first call's outputs
-    untouched (call checks refuse it before anything runs)."""
+    `timeout_s`, rank q with 3 + 2q rows, then two all-reduces of ones: the
+    three calls' outcomes (the all-reduces' value: whether the sum is right),
+    and the first call's outputs untouched (call checks refuse it before
+    anything runs)."""
     device = _init(rank, world, store, "nccl" if on_gpu else "gloo", on_gpu, timeout_s=timeout_s)
     rows, hidden = 3 + 2 * rank, 64
     x, residual = torch.rand(rows, hidden, device=device), torch.rand(rows, hidden, device=device)
@@ -347,8 +348,15 @@ def fused_rows_differ(rank, world, store, on_gpu, timeout_s):
     first = _attempt(lambda: (pyccl.fused_all_reduce_rmsnorm(x, residual, weight, out=out), _sync(device))[1])[:3]
     untouched = bool((out == -1.0).all())
     ones = torch.ones(16, device=device)
-    second = _attempt(lambda: (pyccl.all_reduce(ones, out=ones), _sync(device), bool((ones == world).all()))[2])
-    return first, second[:3], untouched, _destroy_seconds()
+    def all_reduce_ones() -> bool:
+        ones.fill_(1.0)
+        pyccl.all_reduce(ones, out=ones)
+        _sync(device)
+        return bool((ones == world).all())
+
+    second = _attempt(all_reduce_ones)[:3]
+    third = _attempt(all_reduce_ones)[:3]
+    return first, second, third, untouched, _destroy_seconds()
 
 
 def missing_call_under_call_checks(rank, world, store, timeout_s):
