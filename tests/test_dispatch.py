@@ -36,9 +36,9 @@ def _route(selector, nbytes, count=None, algorithm=None, nccl=False, plans=True,
     return route, algo, source, plan, entry
 
 
-TABLE = {"float32": {"all_reduce": [(4096, "kernel", "1pa_hb", 0, 0, 1),
-                                    (1 << 20, "plan", "allreduce_ring", 8, 256, 4),
-                                    (None, "nccl", "nccl", 0, 0, 1)]}}
+TABLE = {"float32": {"all_reduce": [(4096, "kernel", "1pa_hb", 0, 0, 1, None),
+                                    (1 << 20, "plan", "allreduce_ring", 8, 256, 4, None),
+                                    (None, "nccl", "nccl", 0, 0, 1, None)]}}
 
 
 def test_the_table_of_the_calls_dtype_then_the_defaults():
@@ -56,6 +56,26 @@ def test_the_table_of_the_calls_dtype_then_the_defaults():
     # Another dtype has no table here: the defaults, NCCL from its threshold where the caller has it.
     assert _route(selector, 1 << 16, nccl=True, dtype=torch.bfloat16)[:3] == ("nccl", "nccl", "default")
     assert _route(selector, (1 << 16) - 2, nccl=True, dtype=torch.bfloat16)[0:3:2] == ("kernel", "default")
+
+
+def test_a_plan_entry_that_cannot_run_takes_its_fallback_from_the_calls_dtype_table():
+    tables = {"float32": {"all_reduce": [(1 << 20, "plan", "allreduce_ring", 8, 256, 4, "2pa_ll"),
+                                         (None, "plan", "allreduce_ring", 8, 256, 4, "nccl")]},
+              "bfloat16": {"all_reduce": [(None, "kernel", "1pa_hb", 0, 0, 1, None)]}}
+    selector = _selector(tables)
+    assert _route(selector, 8192)[:3] == ("plan", "allreduce_ring", "table")
+    # Not whole chunks, or a caller without plans: the kernel measured fastest there, not the defaults' (nor the
+    # bfloat16 table's, which the engine's own choice follows).
+    assert _route(selector, 8192, count=2047)[:3] == ("kernel", "2pa_ll", "table")
+    assert _route(selector, 8192, plans=False)[:3] == ("kernel", "2pa_ll", "table")
+    # A fallback of NCCL where the caller has it; the defaults' kernel where it has not.
+    assert _route(selector, 4 << 20, plans=False, nccl=True)[:3] == ("nccl", "nccl", "table")
+    assert _route(selector, 4 << 20, plans=False)[0:3:2] == ("kernel", "default")
+    bad = {"float32": {"all_gather": [(None, "plan", "allgather_ring", 8, 256, 4, "2pa_ll")]}}
+    with pytest.raises(InvalidArgumentError, match="fallback '2pa_ll' is not an algorithm of all_gather"):
+        _selector(bad)
+    with pytest.raises(InvalidArgumentError, match="input_chunks, fallback"):
+        _selector({"float32": {"all_reduce": [(None, "kernel", "1pa_hb", 0, 0, 1)]}})
 
 
 def test_the_defaults_kernel_is_the_engines(monkeypatch):

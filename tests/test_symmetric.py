@@ -37,8 +37,8 @@ def test_symmetric_choice_follows_the_table(monkeypatch, nccl_here):
 
     monkeypatch.delenv("PYCCL_NCCL_MIN_BYTES", raising=False)
     monkeypatch.delenv("PYCCL_ALGO", raising=False)
-    symmetric = [(1024, "kernel", "1pa_ll", 0, 0, 1), (1 << 20, "kernel", "2pa_hb", 0, 0, 1),
-                 (None, "nccl", "nccl", 0, 0, 1)]
+    symmetric = [(1024, "kernel", "1pa_ll", 0, 0, 1, None), (1 << 20, "kernel", "2pa_hb", 0, 0, 1, None),
+                 (None, "nccl", "nccl", 0, 0, 1, None)]
 
     def choose(selector, nbytes):
         route, algorithm, chosen, *_ = selector.select("all_reduce", torch.float32, nbytes, nbytes // 4, None,

@@ -263,6 +263,11 @@ Choice Selector::byTableOrDefault(Collective c, TableDtype dtype, uint64_t bytes
   }
   if (e->route == Route::kKernel) return routed(Route::kKernel, e->algorithm, ChoiceSource::kTable);
   if (e->route == Route::kNccl && nccl) return routed(Route::kNccl, "nccl", ChoiceSource::kTable);
+  if (e->route == Route::kPlan && !e->fallback.empty()) {
+    // The kernel measured fastest at the plan's sizes, from the call's own dtype's table.
+    if (e->fallback != "nccl") return routed(Route::kKernel, e->fallback, ChoiceSource::kTable);
+    if (nccl) return routed(Route::kNccl, "nccl", ChoiceSource::kTable);
+  }
   // A table's NCCL entry where the caller has none, or a plan that cannot take it: the defaults' kernel.
   return routed(Route::kKernel, defaultKernel_(c, bytes, false), ChoiceSource::kDefault);
 }

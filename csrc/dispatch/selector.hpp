@@ -11,7 +11,8 @@
 //   3. on ranks that span nodes (all-reduce, all-gather, reduce-scatter): NCCL
 //      from its threshold where the caller has it, else across nodes;
 //   4. the tuning table of the call's dtype (kernel, NCCL or library plan
-//      entries), unless PYCCL_NCCL_MIN_BYTES turns tables off;
+//      entries; where a plan cannot take the call, its entry's fallback),
+//      unless PYCCL_NCCL_MIN_BYTES turns tables off;
 //   5. the defaults: NCCL from the collective's threshold where the caller
 //      has it, else the engine's kernel by size (collective_options.cpp).
 //
@@ -62,6 +63,9 @@ struct RouteEntry {
   uint32_t instances = 0;        ///< kPlan: thread blocks per plan block
   uint32_t threads = 0;          ///< kPlan: threads per block
   uint64_t inputChunks = 1;      ///< kPlan: chunks its input splits into (the element count must divide)
+  /// kPlan: what runs its sizes where the plan cannot (a caller without plans, an input of broken chunks): the
+  /// fastest kernel the tuner measured there, or "nccl"; "" for the defaults'.
+  std::string fallback;
 };
 
 /// What a selector is made from, besides the environment.

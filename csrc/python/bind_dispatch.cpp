@@ -2,6 +2,8 @@
 // registry of plans, and the config a Python dict describes.
 #include <torch/extension.h>
 
+#include <algorithm>
+
 #include "collectives/collective_engine.hpp"
 #include "dispatch/selector.hpp"
 #include "python/bindings.hpp"
@@ -27,13 +29,13 @@ Route routeNamed(const std::string& name) {
   throw InvalidArgument(strCat("invalid argument 'config': route '", name, "' (expected kernel, nccl or plan)"));
 }
 
-/// [(max_bytes or None, route, algorithm, instances, threads, input_chunks), ...]
-std::vector<RouteEntry> entriesFrom(const py::handle& list) {
+/// [(max_bytes or None, route, algorithm, instances, threads, input_chunks, fallback), ...]
+std::vector<RouteEntry> entriesFrom(const py::handle& list, Collective c) {
   std::vector<RouteEntry> out;
   for (const py::handle item : list) {
     const auto t = item.cast<py::tuple>();
-    PYCCL_CHECK_ARG(t.size() == 6, "config", "a table entry is (max_bytes, route, algorithm, instances, threads, "
-                    "input_chunks)");
+    PYCCL_CHECK_ARG(t.size() == 7, "config", "a table entry is (max_bytes, route, algorithm, instances, threads, "
+                    "input_chunks, fallback)");
     RouteEntry e;
     e.maxBytes = t[0].is_none() ? UINT64_MAX : t[0].cast<uint64_t>();
     e.route = routeNamed(t[1].cast<std::string>());
@@ -41,7 +43,12 @@ std::vector<RouteEntry> entriesFrom(const py::handle& list) {
     e.instances = t[3].cast<uint32_t>();
     e.threads = t[4].cast<uint32_t>();
     e.inputChunks = t[5].cast<uint64_t>();
+    e.fallback = t[6].is_none() ? std::string() : t[6].cast<std::string>();
     PYCCL_CHECK_ARG(e.inputChunks >= 1, "config", "a plan entry's input_chunks must be at least 1");
+    const auto& names = algorithmsOf(c);
+    PYCCL_CHECK_ARG(e.fallback.empty() || std::find(names.begin(), names.end(), e.fallback) != names.end(),
+                    "config", "a plan entry's fallback '", e.fallback, "' is not an algorithm of ",
+                    collectiveName(c));
     out.push_back(std::move(e));
   }
   return out;
@@ -77,9 +84,10 @@ SelectorConfig selectorConfigFrom(const py::dict& d) {
       for (const auto& [name, entries] : collectives.cast<py::dict>()) {
         const std::string collective = name.cast<std::string>();
         if (collective == "all_reduce_symmetric") {
-          c.allReduceSymmetric[dt] = entriesFrom(entries);
+          c.allReduceSymmetric[dt] = entriesFrom(entries, Collective::kAllReduce);
         } else {
-          c.tables[dt][static_cast<int>(parseCollective(collective, "config"))] = entriesFrom(entries);
+          const Collective parsed = parseCollective(collective, "config");
+          c.tables[dt][static_cast<int>(parsed)] = entriesFrom(entries, parsed);
         }
       }
     }

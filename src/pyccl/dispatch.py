@@ -93,14 +93,15 @@ OTHER_DTYPE = len(_TABLE_DTYPES) - 1
 
 
 def _route_entry(entry: dict, world: int) -> tuple:
-    """A table entry as the selector takes it: (max_bytes, route, algorithm, instances, threads, input_chunks)."""
+    """A table entry as the selector takes it: (max_bytes, route, algorithm, instances, threads, input_chunks,
+    fallback): a plan entry's fallback is the kernel (or "nccl") the tuner measured fastest at its sizes."""
     algorithm = entry["algorithm"]
     if algorithm == "plan":
         # The selector gives a library plan only the inputs it splits into whole chunks.
         plan = registry.library_plan(entry["plan"], world, entry["instances"])
         return (entry["max_bytes"], "plan", entry["plan"], entry["instances"], entry["threads"],
-                plan.buffers["input"])
-    return (entry["max_bytes"], "nccl" if algorithm == "nccl" else "kernel", algorithm, 0, 0, 1)
+                plan.buffers["input"], entry.get("kernel"))
+    return (entry["max_bytes"], "nccl" if algorithm == "nccl" else "kernel", algorithm, 0, 0, 1, None)
 
 
 def selector_config(device: torch.device, world: int, across: bool = False) -> dict:

@@ -19,8 +19,10 @@ interpreter, named with its launch shape::
      "kernel": "1pa_ll"}
 
 A plan entry's ``"kernel"`` (optional) is the fastest kernel at its sizes: what
-runs there where no plan can (the process group's engine, a plan that cannot
-take the input), instead of the next kernel entry's.
+runs there where the plan cannot (a caller that runs no plans, an input the
+plan does not split into whole chunks, the engine's own choice by size),
+instead of the defaults' kernel. The selector takes it from the table of the
+call's dtype.
 
 Tables ship in ``pyccl/tuning_tables/``; ``PYCCL_TUNING_FILE`` points at
 another (e.g. one ``pyccl.tune`` wrote for this machine).
