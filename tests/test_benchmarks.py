@@ -366,3 +366,54 @@ def test_host_parts_bench_runs_in_host_mode(tmp_path):
     for op in ("all_gather", "reduce_scatter", "fused_all_reduce_rmsnorm"):
         assert calls[op] == {"engine": 26, "python": 0}, (op, calls)
     assert all(len(t) == 2 and min(t) > 0 for t in result["loops_us"].values())
+
+
+def test_bench_report_prints_each_row_as_it_comes_and_keeps_the_rows_so_far(tmp_path, capsys):
+    """pyccl.bench's rank 0 prints a row as soon as it is timed, and with --out rewrites the JSON after each row,
+    marked incomplete until the run ends: a run stopped partway keeps what it measured."""
+    import json
+
+    from pyccl import bench
+
+    out = tmp_path / "bench.json"
+    about = {"world": 2, "dtype": "bfloat16", "date": "2026-11-28", "mode": "graph", "iters": 20, "trials": 15}
+    report = bench.Report(about, str(out))
+    report.about["gpu"] = "GPU X"
+    report.note("torch symmetric memory unavailable: RuntimeError: none here")
+    first = {"bytes": 1024, "count": 512, "pyccl": 3.0, "pyccl_kernels": 3.1, "nccl_direct": 9.0, "nccl": 9.5,
+             "symm_two_shot": None, "pyccl_algo": "1pa_ll"}
+    report.row("all_reduce", first)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# torch symmetric memory unavailable: RuntimeError: none here"
+    assert lines[1].startswith("# pyccl all_reduce, 2 x GPU X, bfloat16, CUDA graph (20 calls/graph")
+    assert lines[2].split()[:5] == ["bytes", "pyccl", "us", "pyccl_kernels", "us"] and "symm_two_shot us" in lines[2]
+    assert lines[3].split()[:3] == ["1024", "3.00", "3.10"] and lines[3].split()[5:7] == ["-", "1pa_ll"]  # no two-shot figure
+    kept = json.loads(out.read_text())
+    assert kept["complete"] is False and kept["gpu"] == "GPU X" and kept["tables"]["all_reduce"] == [first]
+    assert kept["notes"] == ["torch symmetric memory unavailable: RuntimeError: none here"]
+
+    second = dict(first, bytes=4096, count=2048, pyccl=3.5)
+    report.row("all_reduce", second)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].split()[:2] == ["4096", "3.50"]  # the header once per collective
+    assert json.loads(out.read_text())["tables"]["all_reduce"] == [first, second]
+    report.row("all_gather", dict(first, pyccl_algo="ll"))
+    assert capsys.readouterr().out.startswith("# pyccl all_gather")
+    report.write(complete=True)
+    assert json.loads(out.read_text())["complete"] is True
+
+
+def test_bench_stopped_partway_says_so_and_where_the_rows_are(tmp_path, monkeypatch, capsys):
+    from pyccl import _spawn, bench
+
+    def stopped(*args, **kwargs):
+        raise _spawn.RankFailure("rank(s) [1] hung past the 5 s timeout")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(_spawn, "run_ranks", stopped)
+    out = tmp_path / "b.json"
+    assert bench.main(["--world", "2", "--timeout", "5", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "pyccl.bench stopped: rank(s) [1] hung past the 5 s timeout" in err
+    assert f"The rows above were measured before it stopped; they are in {out}" in err

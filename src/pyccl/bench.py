@@ -46,6 +46,10 @@ out of place and in place, and the best other implementation's time by
 pyccl's. ``--world 1`` runs every column on one GPU: a check that the
 benchmark runs, not a measure of any collective.
 
+Rank 0 prints each row as soon as it is timed. With ``--out``, the JSON of
+the rows so far is rewritten after each row (``"complete": false`` until the
+run ends), so a run stopped by ``--timeout`` or a failing rank keeps them.
+
 ``--eager`` launches the ``--iters`` calls of a trial one by one instead of
 replaying a graph (nccl-tests without ``-G``), and leaves out the
 ``pyccl_graph`` columns. Where a call's launch takes the host longer than the
@@ -69,7 +73,10 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
+from typing import Dict, List, Optional  # noqa: E402
+
 from . import bench_args  # noqa: E402
+from ._spawn import RankFailure  # noqa: E402
 from .bench_timing import BUS_FACTOR as _BUS_FACTOR  # noqa: E402
 from .bench_timing import align_trials, align_trials_with, time_eager, time_graph  # noqa: E402
 
@@ -202,8 +209,64 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
+def _header(collective: str, about: dict, cols: List[str]) -> str:
+    how = (f"eager ({about['iters']} calls in a row, median of {about['trials']} trials)" if about["mode"] == "eager"
+           else f"CUDA graph ({about['iters']} calls/graph, median of {about['trials']} replays)")
+    return (f"# pyccl {collective}, {about['world']} x {about['gpu']}, {about['dtype']}, {how}, {about['date']}\n"
+            f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
+            + f" {'algo':>7} {'busbw GB/s':>10} {'NCCLd/pyccl':>11} {'in place':>8} {'best other/pyccl':>16}")
+
+
+def _row_line(r: dict, cols: List[str], factor: float) -> str:
+    vals = " ".join(f"{r[c]:>15.2f}" if r.get(c) is not None else f"{'-':>15}" for c in cols)
+    others = [r[c] for c in ("nccl_direct", "nccl", "symm_one_shot", "symm_two_shot") if r.get(c) is not None]
+    busbw = r["bytes"] * factor / (r["pyccl"] * 1e-6) / 1e9
+    in_place = (f"{r['nccl_direct_inplace'] / r['pyccl_inplace']:>8.2f}"
+                if r.get("nccl_direct_inplace") and r.get("pyccl_inplace") else f"{'-':>8}")
+    best_other = f"{min(others) / r['pyccl']:>16.2f}" if others else f"{'-':>16}"
+    return (f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {busbw:>10.1f} "
+            f"{r['nccl_direct'] / r['pyccl']:>11.2f} {in_place} {best_other}")
+
+
+class Report:
+    """What rank 0 reports as it measures: each row printed as soon as it is
+    timed (a table per collective, nccl-tests style), and, with `out`, the
+    JSON of the rows so far rewritten after each (``"complete": false`` until
+    the run ends), so that a run stopped partway keeps what it measured.
+    `about` describes the run (world, dtype, date, mode, iters, trials); rank
+    0 adds the GPU's name."""
+
+    def __init__(self, about: dict, out: Optional[str] = None) -> None:
+        self.about = dict(about)
+        self.out = out
+        self.tables: Dict[str, List[dict]] = {}
+        self.notes: List[str] = []
+        self._cols: Dict[str, List[str]] = {}
+
+    def note(self, line: str) -> None:
+        """A "# ..." line before the tables (kept in the JSON as "notes")."""
+        self.notes.append(line)
+        print(f"# {line}", flush=True)
+
+    def row(self, collective: str, row: dict) -> None:
+        rows = self.tables.setdefault(collective, [])
+        if not rows:  # the first row's timing columns head the table
+            self._cols[collective] = [c for c in _COLUMNS if c in row]
+            print(_header(collective, self.about, self._cols[collective]), flush=True)
+        rows.append(row)
+        print(_row_line(row, self._cols[collective], _BUS_FACTOR[collective](self.about["world"])), flush=True)
+        if self.out:
+            self.write(complete=False)
+
+    def write(self, complete: bool, extra: Optional[dict] = None) -> None:
+        """The JSON at `out`: the run's description, its rows so far, whether it ended."""
+        bench_args.write_atomically(self.out, json.dumps(
+            {**self.about, "complete": complete, "notes": self.notes, "tables": self.tables, **(extra or {})},
+            indent=1))
+
+
 def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos, progress=False,
-                engine_options=None, plans=False, eager=False):
+                engine_options=None, plans=False, eager=False, report: Optional[Report] = None):
     import torch.distributed as dist
 
     import pyccl
@@ -236,6 +299,12 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
         symm_error = f"{type(e).__name__}: {e}"
     else:
         symm_error = None
+    if rank != 0:
+        report = None
+    if report is not None:
+        report.about["gpu"] = torch.cuda.get_device_name(device)
+        if symm_error:
+            report.note(f"torch symmetric memory unavailable: {symm_error}")
     sym_in = sym_out = None
     if "all_reduce" in collectives:
         sym_in = pyccl.symmetric_empty(max(sizes), dtype=torch.uint8, comm=comm)
@@ -340,6 +409,8 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
                         row[label] = None
                         row[label + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)
+            if report is not None:
+                report.row(collective, row)
             if progress and rank == 0:
                 _progress(len(tables) * len(sizes) + len(rows), len(collectives) * len(sizes),
                           f"{collective} {whole} B")
@@ -448,28 +519,20 @@ def main(argv=None) -> int:
         return 2
     world = args.world or torch.cuda.device_count()
     bench_args.check_world_fits(parser, world, torch.cuda.device_count())
-    res = run_ranks(_bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials,
-                                              args.all_algos, False, engine_options, args.plans, args.eager),
-                     timeout=args.timeout)[0]
-    gpu = torch.cuda.get_device_name(0)
-    if res["symm_error"]:
-        print(f"# torch symmetric memory unavailable: {res['symm_error']}")
+    about = {"gpu": "?", "world": world, "dtype": args.dtype, "date": str(datetime.date.today()),
+             "mode": "eager" if args.eager else "graph", "iters": args.iters, "trials": args.trials}
+    # Rank 0 prints each row as it is timed, and keeps the JSON of the rows so far at --out.
+    try:
+        res = run_ranks(_bench_rank, world, args=(collectives, sizes, args.dtype, args.iters, args.trials,
+                                                  args.all_algos, False, engine_options, args.plans, args.eager,
+                                                  Report(about, args.out)),
+                        timeout=args.timeout)[0]
+    except RankFailure as e:
+        kept = f"; they are in {args.out} (\"complete\": false)" if args.out else ""
+        print(f"pyccl.bench stopped: {e}\nThe rows above were measured before it stopped{kept}.", file=sys.stderr)
+        return 1
+    about["gpu"] = torch.cuda.get_device_name(0)
     for collective, rows in res["tables"].items():
-        how = (f"eager ({args.iters} calls in a row, median of {args.trials} trials)" if args.eager
-               else f"CUDA graph ({args.iters} calls/graph, median of {args.trials} replays)")
-        print(f"# pyccl {collective}, {world} x {gpu}, {args.dtype}, {how}, {datetime.date.today()}")
-        cols = [c for c in _COLUMNS if any(r.get(c) is not None for r in rows)]
-        factor = _BUS_FACTOR[collective](world)
-        print(f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
-              + f" {'algo':>7} {'busbw GB/s':>10} {'NCCLd/pyccl':>11} {'in place':>8} {'best other/pyccl':>16}")
-        for r in rows:
-            vals = " ".join(f"{r[c]:>15.2f}" if r.get(c) is not None else f"{'-':>15}" for c in cols)
-            others = [r[c] for c in ("nccl_direct", "nccl", "symm_one_shot", "symm_two_shot") if r.get(c) is not None]
-            busbw = r["bytes"] * factor / (r["pyccl"] * 1e-6) / 1e9
-            in_place = (f"{r['nccl_direct_inplace'] / r['pyccl_inplace']:>8.2f}"
-                        if r.get("nccl_direct_inplace") and r.get("pyccl_inplace") else f"{'-':>8}")
-            print(f"{r['bytes']:>11} {vals} {r['pyccl_algo']:>7} {busbw:>10.1f} "
-                  f"{r['nccl_direct'] / r['pyccl']:>11.2f} {in_place} {min(others) / r['pyccl']:>16.2f}")
         for c in _plan_columns(rows):
             cells = ", ".join(f"{r['bytes']}: {r[c]:.2f} ({r[c + ':shape'][0]} x {r[c + ':shape'][1]})"
                               for r in rows if r.get(c) is not None)
@@ -477,11 +540,9 @@ def main(argv=None) -> int:
         errors = {k: v for r in rows for k, v in r.items() if k.endswith("_error")}
         for k, v in errors.items():
             print(f"# {k}: {v}")
-    about = {"gpu": gpu, "world": world, "dtype": args.dtype, "date": str(datetime.date.today()),
-             "mode": "eager" if args.eager else "graph", "iters": args.iters, "trials": args.trials}
     # The JSON first: the plot can be drawn again from it (python -m pyccl.bench_plot).
     if args.out:
-        bench_args.write_atomically(args.out, json.dumps({**about, **res}, indent=1))
+        bench_args.write_atomically(args.out, json.dumps({**about, "complete": True, **res}, indent=1))
     if args.csv:
         _write_csv(args.csv, res["tables"], world, args.dtype)
     if args.plot:
