@@ -496,3 +496,153 @@ def special_values(rank, world, store, on_gpu):
         dist.destroy_process_group()
     comm.close()
     return bad
+
+
+#: The dtypes all-reduce and reduce-scatter reduce by gathering (csrc/torch/gathered_reductions.cpp), with their
+#: width in bits (integers) and signedness.
+GATHERED_DTYPES = {torch.float64: None, torch.int8: (8, True), torch.uint8: (8, False), torch.int32: (32, True),
+                   torch.uint32: (32, False), torch.int64: (64, True), torch.uint64: (64, False), torch.bool: None}
+
+
+def gathered_input(seed: int, rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank `rank`'s input: fresh random values over the whole range of an integer dtype (so sums and
+    products wrap), float64 with a NaN and signed zeros in places, bool at random."""
+    gen = torch.Generator().manual_seed(seed * 7919 + rank)
+    if dtype == torch.float64:
+        x = torch.randn(count, generator=gen, dtype=torch.float64) * 1e3
+        x[0] = float("nan") if rank == 0 else 1.5  # NaN loses to any number
+        x[1] = float("nan")  # ... unless every rank holds NaN
+        x[2] = -0.0 if rank % 2 == 0 else 0.0  # ties keep the earlier rank's zero
+        return x
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (count,), generator=gen).bool()
+    bits, _signed = GATHERED_DTYPES[dtype]
+    raw = torch.randint(-(1 << 62), 1 << 62, (count,), generator=gen, dtype=torch.int64) * 2 + 1  # odd, all bits
+    raw[:4] = torch.tensor([-1, 0, 1, (1 << 62) - 1]) * (rank + 1)
+    narrow = {8: torch.int8, 32: torch.int32, 64: torch.int64}[bits]
+    return raw.to(narrow).view(dtype)  # truncation keeps the low bits: every value of the width occurs
+
+
+def _as_int(v, bits: int, signed: bool) -> int:
+    v %= 1 << bits
+    return v - (1 << bits) if signed and v >= 1 << (bits - 1) else v
+
+
+def gathered_reference(inputs, op: str, dtype: torch.dtype) -> list:
+    """NCCL's result, element by element, in Python numbers: integers wrap in their width; avg truncates the
+    wrapped sum; float64 in rank order, min/max ignoring NaN unless all are NaN; bool sum/max any, prod/min all."""
+    columns = list(zip(*[t.tolist() for t in inputs]))
+    world = len(inputs)
+    out = []
+    for col in columns:
+        if dtype == torch.bool:
+            out.append(any(col) if op in ("sum", "max") else all(col))
+        elif dtype == torch.float64:
+            acc = col[0]
+            for x in col[1:]:
+                if op in ("sum", "avg"):
+                    acc = acc + x
+                elif op == "prod":
+                    acc = acc * x
+                elif op == "min":
+                    acc = x if (x < acc or acc != acc) else acc
+                else:
+                    acc = x if (x > acc or acc != acc) else acc
+            out.append(acc / world if op == "avg" else acc)
+        else:
+            bits, signed = GATHERED_DTYPES[dtype]
+            if op in ("sum", "avg"):
+                acc = _as_int(sum(col), bits, signed)
+                if op == "avg":
+                    acc = abs(acc) // world * (1 if acc >= 0 else -1)
+            elif op == "prod":
+                acc = 1
+                for x in col:
+                    acc *= x
+                acc = _as_int(acc, bits, signed)
+            else:
+                acc = min(col) if op == "min" else max(col)
+            out.append(acc)
+    return out
+
+
+def _same(got: list, want: list) -> bool:
+    """Equal element by element, NaN equal to NaN and -0.0 told from 0.0 (bitwise for float64)."""
+    import math
+
+    for g, w in zip(got, want):
+        if isinstance(w, float):
+            if not (g == w and math.copysign(1, g) == math.copysign(1, w)) and not (g != g and w != w):
+                return False
+        elif g != w:
+            return False
+    return len(got) == len(want)
+
+
+def gathered_reductions(rank, world, store, seed, count, through_group, on_gpu=False):
+    """Every dtype reduced by gathering, every op, all-reduce (in and out of place) and reduce-scatter, on a
+    communicator of its own (host mode, or `on_gpu`) or (`through_group`) through dist on a "cpu:pyccl" group;
+    the cases that differ from NCCL's results, and the messages of the refused ones (avg of bool, int16)."""
+    import torch.distributed as dist
+
+    device = "cpu"
+    if through_group:
+        dist.init_process_group("cpu:pyccl", store=store, rank=rank, world_size=world)
+        comm = None
+    else:
+        comm, device = _setup(store, rank, world, on_gpu)
+    bad, refused = [], []
+    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+           "prod": dist.ReduceOp.PRODUCT}
+    try:
+        for case, dtype in enumerate(GATHERED_DTYPES):
+            inputs = [gathered_input(seed + case, r, count, dtype) for r in range(world)]
+            for op in ops:
+                if dtype == torch.bool and op == "avg":
+                    continue
+                want = gathered_reference(inputs, op, dtype)
+                x = inputs[rank].to(device, copy=True)  # the inputs stay for the reference
+                if through_group:
+                    dist.all_reduce(x, op=ops[op])
+                    got = x
+                else:
+                    got = pyccl.all_reduce(x, op, comm=comm)
+                    pyccl.all_reduce(x, op, out=x, comm=comm)  # in place
+                    if not _same(x.tolist(), want):
+                        bad.append(f"all_reduce {dtype} {op} in place")
+                if not _same(got.tolist(), want):
+                    bad.append(f"all_reduce {dtype} {op}")
+                # Reduce-scatter: rank r's part of the reduced whole.
+                part = count // world
+                whole = inputs[rank][:part * world].to(device, copy=True)
+                out = torch.empty(part, dtype=dtype, device=device)
+                if through_group:
+                    dist.reduce_scatter_tensor(out, whole, op=ops[op])
+                else:
+                    pyccl.reduce_scatter(whole, op, out=out, comm=comm)
+                want_rs = gathered_reference([t[:part * world] for t in inputs], op, dtype)
+                if not _same(out.tolist(), want_rs[rank * part:(rank + 1) * part]):
+                    bad.append(f"reduce_scatter {dtype} {op}")
+        for dtype, op, what in ((torch.bool, "avg", "op"), (torch.int16, "sum", "tensor")):
+            x = torch.ones(8, dtype=dtype, device=device)
+            try:
+                if through_group:
+                    dist.all_reduce(x, op=ops[op])
+                else:
+                    pyccl.all_reduce(x, op, comm=comm)
+                refused.append((str(dtype), op, "accepted"))
+            except Exception as e:  # noqa: BLE001 - the type and message are what the test checks
+                refused.append((str(dtype), op, type(e).__name__, str(e)))
+        # Still usable after the refusals.
+        y = torch.full((16,), rank + 1, dtype=torch.int32, device=device)
+        if through_group:
+            dist.all_reduce(y)
+        else:
+            y = pyccl.all_reduce(y, comm=comm)
+        usable = bool((y == world * (world + 1) // 2).all())
+    finally:
+        if through_group:
+            dist.destroy_process_group()
+        else:
+            comm.close()
+    return bad, refused, usable

@@ -61,11 +61,14 @@ def call_runtime(rank, world, store, seed):
         everyone = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(everyone, x)  # over gloo: the reference owes nothing to what is tested
         total = sum(t.double() for t in everyone)
+        ints = [(t * 1000).int() for t in everyone]  # every rank's x, as int32
         before = comm._selector.trace()
         ran = {
             "all_reduce, new output": (runtime.all_reduce(x, None, "sum", None, False), total),
             "all_reduce, into out": (runtime.all_reduce(x, torch.empty_like(x), "SUM", "2pa_ll", False), total),
             "all_gather": (runtime.all_gather(x, None, None, False), torch.cat([t.double() for t in everyone])),
+            "all_reduce of int32 (gathered)": (runtime.all_reduce(ints[rank], None, "sum", None, False),
+                                               sum(t.double() for t in ints)),
             "reduce_scatter": (runtime.reduce_scatter(x, None, "max", None, False),
                                torch.stack([t.double() for t in everyone]).amax(0).chunk(world)[rank]),
         }
@@ -79,7 +82,7 @@ def call_runtime(rank, world, store, seed):
         handed_back = {
             "a torch ReduceOp": runtime.all_reduce(x, None, dist.ReduceOp.SUM, None, False),
             "not contiguous": runtime.all_reduce(x.t(), None, "sum", None, False),
-            "an int tensor": runtime.all_reduce(x.int(), None, "sum", None, False),
+            "an int16 tensor": runtime.all_reduce(x.short(), None, "sum", None, False),
             "forced NCCL without NCCL": runtime.all_reduce(x, None, "sum", "nccl", False),
             "an unknown algorithm": runtime.all_reduce(x, None, "sum", "fastest", False),
             "an unknown op": runtime.all_reduce(x, None, "mean", None, False),

@@ -40,7 +40,7 @@ def test_functional_collectives_eager_and_compiled():
 
 def test_backend_rejects_bad_input_with_clear_errors():
     for out in run_ranks(rb.bad_input, 2, timeout=120):
-        assert out["dtype"][0] == "TypeError" and "int32" in out["dtype"][1]
+        assert out["dtype"][0] == "TypeError" and "int16" in out["dtype"][1]
         assert out["op"][0] == "TypeError" and "BAND" in out["op"][1]
         assert out["contiguous"][0] == "ValueError" and "contiguous" in out["contiguous"][1]
         assert out["out_size"][0] == "ValueError" and "'out'" in out["out_size"][1]

@@ -242,3 +242,20 @@ def test_destroyed_groups_give_up_their_communicators():
     for seen in run_ranks(rch.communicators_of_destroyed_groups, 2, timeout=120):
         assert seen == {"first": True, "world kept": True, "second": True, "new communicator": True,
                         "destroyed closed": True, "after close": True, "another communicator": True}
+
+
+@pytest.mark.parametrize("world, through_group", [(2, False), (3, False), (3, True)])
+def test_float64_integer_and_bool_reductions_give_nccls_results(world, through_group):
+    """float64, int8, uint8, int32, uint32, int64, uint64 and bool, every op, all-reduce (in and out of place)
+    and reduce-scatter: NCCL's results (integers wrap in their width, avg truncates, unsigned compare as
+    unsigned; float64 in rank order, NaN losing to numbers) on fresh random inputs over each type's whole
+    range. avg of bool and int16 are refused naming the argument, and the communicator stays usable."""
+    seed = random.randrange(1 << 20)
+    for bad, refused, usable in run_ranks(rcol.gathered_reductions, world, args=(seed, 96, through_group),
+                                          timeout=240):
+        assert bad == [], f"seed {seed}: {bad}"
+        (bool_avg, int16) = refused
+        assert bool_avg[2] in ("InvalidArgumentError", "ValueError") and "'op'" in bool_avg[3], bool_avg
+        assert "avg does not apply to bool" in bool_avg[3], bool_avg
+        assert int16[2] in ("PycclTypeError", "TypeError") and "torch.int16" in int16[3], int16
+        assert usable

@@ -78,6 +78,32 @@ def test_a_plan_entry_that_cannot_run_takes_its_fallback_from_the_calls_dtype_ta
         _selector({"float32": {"all_reduce": [(None, "kernel", "1pa_hb", 0, 0, 1)]}})
 
 
+def test_reductions_the_kernels_do_not_do_go_to_nccl_else_to_the_engine():
+    """float64, integers and bool (the "other" table dtype): an all-reduce or reduce-scatter goes to the caller's
+    NCCL at any size, tables and registered plans aside (plans reduce floats only); without NCCL, the engine
+    (which reduces them after gathering). Data movement of those dtypes is chosen as any other."""
+    tables = {"other": {"all_reduce": [(None, "kernel", "1pa_ll", 0, 0, 1, None)]}}
+    plan = pyccl.register_algorithm(algorithms.allreduce_ring(WORLD), "all_reduce", 0, 1 << 30, WORLD)
+    try:
+        selector = _selector(tables)
+        for dtype in (torch.float64, torch.int32, torch.bool):
+            for collective in ("all_reduce", "reduce_scatter"):
+                assert _route(selector, 1024, nccl=True, dtype=dtype, collective=collective)[:3] == (
+                    "nccl", "nccl", "default")
+                assert _route(selector, 1024, dtype=dtype, collective=collective)[0:3:2] == ("kernel", "default")
+            assert _route(selector, 1024, dtype=dtype, collective="all_gather")[0:3:2] == ("kernel", "default")
+        # A forced algorithm still comes first; across nodes without NCCL, the collectives run across nodes.
+        assert _route(selector, 1024, algorithm="2pa_hb", dtype=torch.int64)[:3] == ("kernel", "2pa_hb", "argument")
+        far = _selector(tables, across=True)
+        assert _route(far, 1024, dtype=torch.int64)[0] == "across_nodes"
+        assert _route(far, 1024, nccl=True, dtype=torch.int64)[0] == "nccl"
+        # float32 takes the plan registered for its sizes.
+        assert _route(selector, 1 << 12, dtype=torch.float32, count=plan.plan.buffers["input"] * 8)[2] == (
+            "registered plan")
+    finally:
+        pyccl.unregister_algorithm(plan)
+
+
 def test_the_defaults_kernel_is_the_engines(monkeypatch):
     comm = pyccl.Communicator(torch.distributed.HashStore(), 0, 1, device="cpu")
     try:

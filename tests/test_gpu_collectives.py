@@ -142,3 +142,14 @@ def test_engine_options_must_agree_on_every_rank_on_gpus():
     assert "'ll_max_bytes'" in errors["scalar"] and f"rank {world - 1} has 8192" in errors["scalar"]
     assert "'all_reduce_by_size'" in errors["table_length"]
     assert all("every rank" in e for e in errors.values()), errors
+
+
+@requires_gpus(2)
+def test_float64_integer_and_bool_reductions_on_gpus_give_nccls_results():
+    """As tests/test_collectives.py's host-mode test, on a GPU communicator without NCCL: the engine gathers,
+    ATen reduces on the same stream."""
+    seed = random.randrange(1 << 20)
+    for bad, refused, usable in run_ranks(rcol.gathered_reductions, 2, args=(seed, 96, False, True), timeout=240):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert [r[2] for r in refused] == ["InvalidArgumentError", "PycclTypeError"], refused
+        assert usable

@@ -224,6 +224,14 @@ Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t
     return named(forced, nccl, ChoiceSource::kArgument);
   }
   if (!forcedByEnv_[ci].empty()) return named(forcedByEnv_[ci], nccl, ChoiceSource::kEnvironment);
+  // A reduction of a dtype the kernels and plans do not reduce (float64, integers, bool): the caller's NCCL;
+  // else, on one node, the engine, which reduces them after gathering (gathered_reductions.cpp); across nodes,
+  // the collectives run across nodes (which refuse them).
+  if (dtype == TableDtype::kOther && (c == Collective::kAllReduce || c == Collective::kReduceScatter)) {
+    if (nccl) return routed(Route::kNccl, "nccl", ChoiceSource::kDefault);
+    if (config_.acrossNodes) return routed(Route::kAcrossNodes, "", ChoiceSource::kAcrossNodes);
+    return routed(Route::kKernel, defaultKernel_(c, bytes, false), ChoiceSource::kDefault);
+  }
   // 2. A registered plan.
   PlanRegistry& r = registry();
   if (plans && r.size.load(std::memory_order_relaxed) != 0) {

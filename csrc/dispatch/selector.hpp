@@ -4,7 +4,10 @@
 // across nodes. It is made here and nowhere else, for every entry point
 // (pyccl.*, torch.ops.pyccl.*, the "pyccl" process group), in this order:
 //
-//   1. a forced algorithm: the call's own argument, else PYCCL_ALGO;
+//   1. a forced algorithm: the call's own argument, else PYCCL_ALGO; then,
+//      for an all-reduce or reduce-scatter of a dtype the kernels do not
+//      reduce (kOther: float64, integers, bool), NCCL where the caller has
+//      it, else (on one node) the engine, which reduces it after gathering;
 //   2. a plan registered with pyccl.register_algorithm (process-wide
 //      registry below) for the collective, world size and byte range, whose
 //      chunks divide the input;

@@ -61,7 +61,7 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
   uint64_t bytes = input.nbytes();
   switch (kind) {
     case KernelCall::kAllReduce:
-      if (!op || !reducesDtype(input.scalar_type())) return std::nullopt;
+      if (!op || !reduces(input.scalar_type())) return std::nullopt;
       break;
     case KernelCall::kAllGather:
       c = Collective::kAllGather;
@@ -69,7 +69,7 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
       break;
     case KernelCall::kReduceScatter:
       c = Collective::kReduceScatter;
-      if (!op || !reducesDtype(input.scalar_type()) || input.dim() == 0 || input.size(0) % world != 0) {
+      if (!op || !reduces(input.scalar_type()) || input.dim() == 0 || input.size(0) % world != 0) {
         return std::nullopt;
       }
       break;

@@ -73,9 +73,6 @@ bool PycclBackend::delegated(Collective c, const at::Tensor& t, uint64_t wholeBy
   if (onGpu) {
     gpuLaneFor(t.device().index(), "tensor");
     if (delegate_ && gpu_->acrossNodes) return true;  // what reaches here is not among the collectives run across nodes
-    // Reductions pyccl does not do (integers, float64) go to NCCL.
-    const bool reduction = c == Collective::kAllReduce || c == Collective::kReduceScatter;
-    if (delegate_ && reduction && !reducesDtype(t.scalar_type())) return true;
   }
   Lane& lane = onGpu ? *gpu_ : laneFor(t, collectiveName(c));
   if (lane.selector == nullptr) return false;  // laneFor refused it already

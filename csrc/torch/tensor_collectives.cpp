@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/errors.hpp"
+#include "torch/gathered_reductions.hpp"
 
 namespace pyccl {
 namespace {
@@ -71,14 +72,17 @@ std::string dtypeName(at::ScalarType t) {
   }
 }
 
+bool reduces(at::ScalarType st) { return reducesDtype(st) || reducesByGathering(st); }
+
 DataType reductionTypeOf(const at::Tensor& t, const char* arg) {
   switch (t.scalar_type()) {
     case at::kFloat: return DataType::kFloat32;
     case at::kHalf: return DataType::kFloat16;
     case at::kBFloat16: return DataType::kBFloat16;
     default:
-      throw TypeError(strCat("invalid argument '", arg, "': reductions support float32, float16 and bfloat16, got ",
-                             dtypeName(t.scalar_type())));
+      throw TypeError(strCat("invalid argument '", arg, "': pyccl's kernels reduce float32, float16 and bfloat16 "
+                             "(all_reduce and reduce_scatter also take float64, int8, uint8, int32, uint32, int64, "
+                             "uint64 and bool), got ", dtypeName(t.scalar_type())));
   }
 }
 
@@ -117,6 +121,10 @@ void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
   PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
                   input.numel());
   checkOutPlacement(OutPlacement::kSameOrApart, input, output, comm.rank());
+  if (reducesByGathering(input.scalar_type())) {
+    allReduceByGathering(e, input, output, op, comm.worldSize(), currentStream(comm));
+    return;
+  }
   const DataType dtype = reductionTypeOf(input, "tensor");
   e.allReduce(input.data_ptr(), output.data_ptr(), static_cast<uint64_t>(input.numel()), dtype, op, algorithm,
               currentStream(comm), symmetricAlgorithm);
@@ -142,6 +150,10 @@ void reduceScatterTensor(CollectiveEngine& e, const Communicator& comm, const at
                   input.numel() / comm.worldSize(),
                   input.numel() % comm.worldSize() ? " (and the input must divide evenly)" : "");
   checkOutPlacement(OutPlacement::kOutputAtRankChunk, input, output, comm.rank());
+  if (reducesByGathering(input.scalar_type())) {
+    reduceScatterByGathering(e, input, output, op, comm.worldSize(), currentStream(comm));
+    return;
+  }
   const DataType dtype = reductionTypeOf(input, "tensor");
   const uint64_t chunk = output.nbytes();
   runExchange(e, comm, ExchangeKind::kReduceScatter, input, chunk, output, 0, chunk, 0, dtype, op, protocol);

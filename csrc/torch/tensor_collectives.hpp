@@ -17,9 +17,13 @@ namespace pyccl {
 
 /// torch's name of a dtype ("torch.int32", not c10's "Int").
 std::string dtypeName(at::ScalarType t);
-/// Whether pyccl reduces tensors of `st` (its kernels and plans: float32, float16, bfloat16).
+/// Whether pyccl's kernels and plans reduce tensors of `st` (float32, float16, bfloat16). The all-reduce and
+/// reduce-scatter below take float64, the integers and bool too (gathered_reductions.hpp).
 inline bool reducesDtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
-/// The reduction dtype of `t`; TypeError naming `arg` and the dtype otherwise.
+/// Whether allReduceTensor and reduceScatterTensor reduce tensors of `st`: the kernels' dtypes, and those
+/// reduced by gathering.
+bool reduces(at::ScalarType st);
+/// The kernels' reduction dtype of `t`; TypeError naming `arg` and the dtype otherwise.
 DataType reductionTypeOf(const at::Tensor& t, const char* arg);
 /// "sum", "avg", "min", "max", "prod"; InvalidArgument otherwise.
 ReduceOp reduceOpOf(const std::string& op);
@@ -46,7 +50,8 @@ std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice);
 /// The protocol of a data-movement or reduce-scatter kernel choice.
 std::optional<Protocol> protocolOf(const Choice& choice);
 
-/// `symmetricAlgorithm`: as CollectiveEngine::allReduce takes it.
+/// `symmetricAlgorithm`: as CollectiveEngine::allReduce takes it. float64, the integers and bool are reduced
+/// by gathering (gathered_reductions.hpp), whatever the algorithm; so are they by reduceScatterTensor.
 void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                      const at::Tensor& output, ReduceOp op, std::optional<AllReduceAlgorithm> algorithm,
                      std::optional<AllReduceAlgorithm> symmetricAlgorithm = std::nullopt);

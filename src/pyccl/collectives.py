@@ -14,8 +14,11 @@ scratch buffers.
     g = pyccl.all_gather(x)               # any dtype; shape (world * x.shape[0], ...)
 
 Tensors must be contiguous (a non-contiguous tensor raises; pass
-``x.contiguous()``). Reductions take float32, float16 and bfloat16 (16-bit
-values are reduced in fp32); data movement takes every dtype.
+``x.contiguous()``). The kernels reduce float32, float16 and bfloat16 (16-bit
+values are reduced in fp32); all-reduce and reduce-scatter also take float64,
+the integers NCCL reduces and bool (through the caller's NCCL where it has
+one, else gathered and reduced over the ranks: docs/collectives.md); data
+movement takes every dtype.
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     """All-reduces ``tensor`` over the ranks of ``group`` (or of ``comm``).
 
     Args:
-        tensor: contiguous float32, float16 or bfloat16, on the communicator's device.
+        tensor: contiguous, on the communicator's device: float32, float16 or bfloat16 (the kernels), or
+            float64, int8, uint8, int32, uint32, int64, uint64 or bool (NCCL's semantics; the caller's NCCL
+            where it has one, else gathered and reduced over the ranks).
         op: "sum", "avg", "min", "max", "prod", or a ``torch.distributed.ReduceOp``.
         group: a torch process group (default: the world).
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.
@@ -96,7 +101,7 @@ def reduce_scatter(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessG
     world_size equal parts (as ``torch.distributed.reduce_scatter_tensor``).
 
     Args:
-        tensor: contiguous float32, float16 or bfloat16; numel a multiple of world_size.
+        tensor: contiguous, a dtype all_reduce takes; numel a multiple of world_size.
         op: "sum", "avg", "min", "max", "prod", or a ``torch.distributed.ReduceOp``.
         out: tensor.numel() / world_size elements of the same dtype, or None for a new tensor
             (shape (tensor.shape[0] / world_size, ...) when dim 0 divides, else flat).

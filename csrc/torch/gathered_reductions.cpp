@@ -1,0 +1,163 @@
+// Reductions of the dtypes pyccl's kernels do not reduce: float64 and the
+// integers NCCL reduces (int8, uint8, int32, uint32, int64, uint64), and bool
+// as ProcessGroupNCCL reduces it.
+//
+// The kernels carry float32, float16 and bfloat16 only (reduce_types.hpp:
+// fp32 accumulators). For the other dtypes a reduction is two steps on the
+// caller's stream: the engine's all-gather (all-reduce) or all-to-all
+// (reduce-scatter), which move any bytes, puts every rank's contribution in
+// a [world, n] tensor; then ATen reduces over the ranks. Every rank reduces
+// the same rows in the same order, so the results agree bit for bit. The
+// traffic is world times an all-reduce's, which suits the small tensors
+// these dtypes carry in practice (DDP's map of unused parameters, counters,
+// float64 statistics); on GPUs the "pyccl" process group hands them to its
+// NCCL delegate where it has one.
+//
+// The results are NCCL's:
+//   - integers wrap in their width (sum and product are taken in int64 and
+//     truncated, which gives the same bits); min and max compare as the
+//     type does (unsigned as unsigned);
+//   - avg of integers is the wrapped sum divided by the world size,
+//     truncated (NCCL's SumPostDiv);
+//   - float64 sums and multiplies in rank order, avg is that sum divided by
+//     the world size, as pyccl's float kernels do; min and max follow those
+//     kernels' Reducer: NaN loses to any number, ties keep the earlier rank's;
+//   - bool: sum and max are "any", prod and min "all" (ProcessGroupNCCL's
+//     mapping); avg is refused, as there.
+#include "torch/gathered_reductions.hpp"
+
+#include <cstdint>
+#include <limits>
+
+#include "core/errors.hpp"
+
+namespace pyccl {
+namespace {
+
+/// Integers other than uint64: computed in int64, where every value is exact, then truncated to `st`.
+at::Tensor reduceIntegers(const at::Tensor& rows, ReduceOp op, int world, at::ScalarType st) {
+  const at::Tensor wide = rows.to(at::kLong);
+  switch (op) {
+    case ReduceOp::kSum: return wide.sum(0, false, at::kLong).to(st);
+    case ReduceOp::kProd: return wide.prod(0, false, at::kLong).to(st);
+    case ReduceOp::kMin: return std::get<0>(wide.min(0)).to(st);
+    case ReduceOp::kMax: return std::get<0>(wide.max(0)).to(st);
+    case ReduceOp::kAvg: {
+      // The sum wrapped in the type's width, read back as the type reads it, then divided.
+      const at::Tensor wrapped = wide.sum(0, false, at::kLong).to(st).to(at::kLong);
+      return at::div(wrapped, world, "trunc").to(st);
+    }
+  }
+  return {};
+}
+
+/// uint64, on its bits as int64: sum and product wrap alike; flipping the sign bit orders them as unsigned.
+at::Tensor reduceUInt64(const at::Tensor& rows, ReduceOp op, int world) {
+  const at::Tensor bits = rows.view(at::kLong);
+  const int64_t sign = std::numeric_limits<int64_t>::min();
+  at::Tensor r;
+  switch (op) {
+    case ReduceOp::kSum: r = bits.sum(0, false, at::kLong); break;
+    case ReduceOp::kProd: r = bits.prod(0, false, at::kLong); break;
+    case ReduceOp::kMin: r = std::get<0>(bits.bitwise_xor(sign).min(0)).bitwise_xor(sign); break;
+    case ReduceOp::kMax: r = std::get<0>(bits.bitwise_xor(sign).max(0)).bitwise_xor(sign); break;
+    case ReduceOp::kAvg: {
+      // u / w for u up to 2^64 - 1: with h = u >> 1 (logical) and b = u & 1, u = 2h + b, and
+      // u / w = 2 (h / w) + (2 (h % w) + b) / w, every term within int64 but the first product, which wraps as
+      // unsigned does.
+      const at::Tensor s = bits.sum(0, false, at::kLong);
+      const at::Tensor h = s.bitwise_right_shift(1).bitwise_and(std::numeric_limits<int64_t>::max());
+      const at::Tensor b = s.bitwise_and(1);
+      const at::Tensor q = at::div(h, world, "trunc");
+      r = q * 2 + at::div((h - q * world) * 2 + b, world, "trunc");
+      break;
+    }
+  }
+  return r.view(at::kUInt64);
+}
+
+/// float64 in rank order, as the float kernels' Reducer takes it.
+at::Tensor reduceDoubles(const at::Tensor& rows, ReduceOp op, int world) {
+  at::Tensor acc = rows[0].clone();
+  for (int q = 1; q < world; ++q) {
+    const at::Tensor x = rows[q];
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: acc.add_(x); break;
+      case ReduceOp::kProd: acc.mul_(x); break;
+      // NaN loses to any number; on ties the earlier rank's value stays (so -0 and +0 resolve alike everywhere).
+      case ReduceOp::kMin: acc = at::where(x.lt(acc).logical_or(acc.isnan()), x, acc); break;
+      case ReduceOp::kMax: acc = at::where(x.gt(acc).logical_or(acc.isnan()), x, acc); break;
+    }
+  }
+  if (op == ReduceOp::kAvg) acc.div_(static_cast<double>(world));
+  return acc;
+}
+
+at::Tensor reduceBools(const at::Tensor& rows, ReduceOp op) {
+  const at::Tensor bytes = rows.to(at::kByte);
+  const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
+  return std::get<0>(any ? bytes.max(0) : bytes.min(0)).to(at::kBool);
+}
+
+/// The reduction over the first dimension of `rows` (one row per rank) into `output` (flat, any shape).
+void reduceRows(const at::Tensor& rows, const at::Tensor& output, ReduceOp op, int world) {
+  const at::ScalarType st = rows.scalar_type();
+  at::Tensor r;
+  if (st == at::kBool) {
+    r = reduceBools(rows, op);
+  } else if (st == at::kDouble) {
+    r = reduceDoubles(rows, op, world);
+  } else if (st == at::kUInt64) {
+    r = reduceUInt64(rows, op, world);
+  } else {
+    r = reduceIntegers(rows, op, world, st);
+  }
+  output.view({-1}).copy_(r);
+}
+
+}  // namespace
+
+bool reducesByGathering(at::ScalarType st) {
+  switch (st) {
+    case at::kDouble:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kUInt32:
+    case at::kLong:
+    case at::kUInt64:
+    case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void checkGatheredReduction(at::ScalarType st, ReduceOp op) {
+  PYCCL_CHECK_ARG(st != at::kBool || op != ReduceOp::kAvg, "op",
+                  "avg does not apply to bool tensors (sum and max give any, prod and min give all)");
+}
+
+void allReduceByGathering(CollectiveEngine& e, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                          int world, void* stream) {
+  checkGatheredReduction(input.scalar_type(), op);
+  const at::Tensor rows = at::empty({world, input.numel()}, input.options());
+  const uint64_t chunk = input.nbytes();
+  e.exchange(ExchangeKind::kAllGather, input.data_ptr(), 0, rows.data_ptr(), chunk, chunk, 0, DataType::kFloat32,
+             ReduceOp::kSum, std::nullopt, stream);
+  reduceRows(rows, output, op, world);
+}
+
+void reduceScatterByGathering(CollectiveEngine& e, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                              int world, void* stream) {
+  checkGatheredReduction(input.scalar_type(), op);
+  const at::Tensor rows = at::empty({world, output.numel()}, input.options());
+  const uint64_t chunk = output.nbytes();
+  // Rank q's chunk of every rank's input, row by row.
+  e.exchange(ExchangeKind::kAllToAll, input.data_ptr(), chunk, rows.data_ptr(), chunk, chunk, 0, DataType::kFloat32,
+             ReduceOp::kSum, std::nullopt, stream);
+  reduceRows(rows, output, op, world);
+}
+
+}  // namespace pyccl
