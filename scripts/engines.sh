@@ -25,7 +25,8 @@ engine_env() {  # $1: pin (name==version)
   # addsitedir (not a plain path) so that .venv's own .pth files (the editable
   # pyccl, the base torch) are processed too.
   echo "import site; site.addsitedir('$base_site')" > "$site/_pyccl_base_env.pth"
-  if ! "$dir/bin/python" -m pip install -q --disable-pip-version-check "$pin"; then
+  if ! with_progress "installing $pin" "$dir/pip.log" "$dir/bin/python" -m pip install --disable-pip-version-check "$pin"; then
+    tail -n 20 "$dir/pip.log" >&2
     log "could not install $pin (no network?); PYCCL_NO_ENGINES=1 runs the tests without the engine checks"
     return 1
   fi

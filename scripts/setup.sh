@@ -13,6 +13,30 @@ TORCH_PIN="2.11.0"
 
 log() { echo "[setup] $*" >&2; }
 
+# Runs "$@" with its output in $log_file, printing a line a minute while it runs: the minutes so far and,
+# where the output has them, ninja's "[k/n]" steps (the build). Returns the command's status.
+with_progress() {  # $1: label, $2: log file, then the command
+  local label="$1" log_file="$2" start pid step
+  shift 2
+  start=$(date +%s)
+  "$@" > "$log_file" 2>&1 &
+  pid=$!
+  while ! wait_for "$pid" 60; do
+    step="$(grep -oE '\[[0-9]+/[0-9]+\]' "$log_file" 2>/dev/null | tail -n 1 || true)"
+    log "$label: $(( ($(date +%s) - start) / 60 )) min${step:+, step ${step//[\[\]]/}}"
+  done
+  wait "$pid"
+}
+
+wait_for() {  # $1: pid, $2: seconds; succeeds once the process has ended
+  local i
+  for (( i = 0; i < $2; i++ )); do
+    kill -0 "$1" 2>/dev/null || return 0
+    sleep 1
+  done
+  ! kill -0 "$1" 2>/dev/null
+}
+
 has_torch() {  # $1: python; succeeds for torch >= 2.6
   "$1" - <<'PY' 2>/dev/null
 import sys, torch
@@ -110,8 +134,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! TORCH_DEVICE_BAC
   log "building pyccl (log: $VENV/pyccl-build.log)"
   start=$(date +%s)
   # The build imports torch, which would import the half-built pyccl through its backend entry point.
-  if ! (cd "$PYCCL_ROOT" && TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -m pip install --no-build-isolation --no-deps -v -e . \
-          > "$VENV/pyccl-build.log" 2>&1); then
+  if ! (cd "$PYCCL_ROOT" && with_progress "building pyccl" "$VENV/pyccl-build.log" \
+          env TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -m pip install --no-build-isolation --no-deps -v -e .); then
     tail -n 60 "$VENV/pyccl-build.log" >&2
     log "build failed; full log in $VENV/pyccl-build.log"
     exit 1
