@@ -156,7 +156,7 @@ def exchange_bad_arguments(rank, world, store):
     x = torch.randn(16)
     out = {}
     for label, call in [
-        ("rs_dtype", lambda: pyccl.reduce_scatter(torch.ones(4 * world, dtype=torch.int32), comm=comm)),
+        ("rs_dtype", lambda: pyccl.reduce_scatter(torch.ones(4 * world, dtype=torch.int16), comm=comm)),
         ("rs_split", lambda: pyccl.reduce_scatter(torch.randn(4 * world + 1), comm=comm)),
         ("rs_out", lambda: pyccl.reduce_scatter(x.repeat(world), out=torch.empty(3), comm=comm)),
         ("ag_out", lambda: pyccl.all_gather(x, out=torch.empty(16), comm=comm)),

@@ -29,7 +29,7 @@ def test_all_reduce_rejects_bad_arguments():
     out = run_ranks(rcol.bad_arguments, 2, timeout=120)
     for messages in out:
         assert "'op'" in messages["op"]
-        assert "'tensor'" in messages["dtype"] and "float32" in messages["dtype"]
+        assert "'tensor'" in messages["dtype"] and "float32" in messages["dtype"] and "int16" in messages["dtype"]
         assert "'out'" in messages["out_size"]
         assert "'algorithm'" in messages["algorithm"]
         assert "'tensor'" in messages["contiguous"]
@@ -90,7 +90,7 @@ def test_exchanges_and_all_reduce_back_to_back():
 def test_exchanges_reject_bad_arguments():
     for messages in run_ranks(rex.exchange_bad_arguments, 2, timeout=120):
         kind, text = messages["rs_dtype"]
-        assert kind == "PycclTypeError" and "int32" in text and "'tensor'" in text
+        assert kind == "PycclTypeError" and "int16" in text and "'tensor'" in text
         assert "'tensor'" in messages["rs_split"][1] and "equal parts" in messages["rs_split"][1]
         assert "'out'" in messages["rs_out"][1]
         assert "'out'" in messages["ag_out"][1]
