@@ -1,7 +1,7 @@
 #include <chrono>
 
 #include "core/gpu_runtime.hpp"
-#include "kernels/channel_ops.hpp"
+#include "diagnostics/channel_ops.hpp"
 
 namespace pyccl {
 namespace {

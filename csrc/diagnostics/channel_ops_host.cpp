@@ -2,7 +2,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/channel_ops.hpp"
+#include "diagnostics/channel_ops.hpp"
 
 namespace pyccl {
 

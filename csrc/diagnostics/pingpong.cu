@@ -1,5 +1,5 @@
 #include "core/gpu_runtime.hpp"
-#include "kernels/pingpong.hpp"
+#include "diagnostics/pingpong.hpp"
 
 namespace pyccl {
 namespace {

@@ -1,4 +1,4 @@
-#include "kernels/pingpong.hpp"
+#include "diagnostics/pingpong.hpp"
 
 namespace pyccl {
 

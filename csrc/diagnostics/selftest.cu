@@ -1,5 +1,5 @@
 #include "core/gpu_runtime.hpp"
-#include "kernels/selftest.hpp"
+#include "diagnostics/selftest.hpp"
 
 namespace pyccl {
 namespace {

@@ -1,7 +1,7 @@
 #include <atomic>
 #include <thread>
 
-#include "kernels/selftest.hpp"
+#include "diagnostics/selftest.hpp"
 
 namespace pyccl {
 

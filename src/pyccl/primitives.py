@@ -120,7 +120,7 @@ def run(comm, ops: Sequence[Op], memory: Sequence = (), port: Sequence = (), rep
     return RunResult(int(failures), int(elapsed), float(wall))
 
 
-#: Ping-pong modes (see ``csrc/kernels/pingpong.hpp``).
+#: Ping-pong modes (see ``csrc/diagnostics/pingpong.hpp``).
 PINGPONG_MODES = {"signal": 0, "relaxed_signal": 1, "ll8": 2, "ll16": 3, "port_signal": 4}
 
 
