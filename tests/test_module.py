@@ -17,6 +17,22 @@ def test_cuda_build_matches_torch():
     assert isinstance(pyccl.cuda_available(), bool)
 
 
+def test_the_build_records_its_torch_and_another_torch_is_refused_at_import():
+    """pyccl records the torch it was built against (pyccl/_build.py, written by the build) and refuses to load
+    into another, naming both versions, before the C++ extension could fail with an undefined symbol."""
+    assert pyccl._BUILT_FOR == torch.__version__
+    with pytest.raises(ImportError, match=r"built for torch 2\.10\.0\+cu128, and this process has torch "
+                                          r"2\.11\.0\+cu130.*torch==2\.10\.0"):
+        pyccl._check_torch("2.10.0+cu128", "2.11.0+cu130")
+    pyccl._check_torch(torch.__version__, torch.__version__)
+    pyccl._check_torch(None, torch.__version__)  # a tree not built yet: importing _C says so
+    run = subprocess.run([sys.executable, "-c", "import torch; torch.__version__ = '9.9.9'; import pyccl"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert run.returncode != 0
+    assert f"pyccl was built for torch {torch.__version__}, and this process has torch 9.9.9" in run.stderr
+
+
 def test_exception_hierarchy():
     assert issubclass(pyccl.InvalidArgumentError, ValueError)
     assert issubclass(pyccl.PycclTimeoutError, TimeoutError)

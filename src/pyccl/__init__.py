@@ -15,7 +15,28 @@ import os
 
 import torch  # noqa: F401  (loads libtorch and the CUDA runtime that _C links against)
 
-from . import _C
+
+def _check_torch(built: "str | None", running: str) -> None:
+    """ImportError naming both versions unless this process's torch is the one
+    pyccl was built against: the C++ extension links libtorch's C++ symbols,
+    which change between torch releases and builds, and another torch fails
+    with "undefined symbol" or worse. `built` is None in a tree not built yet
+    (the import of _C says so)."""
+    if built is not None and built != running:
+        raise ImportError(
+            f"pyccl was built for torch {built}, and this process has torch {running}: pyccl's C++ extension "
+            f"loads only into the torch it was built against. Install torch=={built.split('+')[0]} (the "
+            f"{built} build), or rebuild pyccl for this torch: bash scripts/setup.sh in its checkout, or "
+            "pip install --no-build-isolation <pyccl source>.")
+
+
+try:
+    from ._build import TORCH_VERSION as _BUILT_FOR  # written by the build, beside _C
+except ImportError:
+    _BUILT_FOR = None
+_check_torch(_BUILT_FOR, torch.__version__)
+
+from . import _C  # noqa: E402
 from ._logging import logger
 from .collectives import all_gather, all_reduce, all_to_all, broadcast, communicator_for, reduce_scatter
 from .communicator import Communicator
