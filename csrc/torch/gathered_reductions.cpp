@@ -4,9 +4,10 @@
 //
 // The kernels carry float32, float16 and bfloat16 only (reduce_types.hpp:
 // fp32 accumulators). For the other dtypes a reduction is two steps on the
-// caller's stream: the engine's all-gather (all-reduce) or all-to-all
-// (reduce-scatter), which move any bytes, puts every rank's contribution in
-// a [world, n] tensor; then ATen reduces over the ranks. Every rank reduces
+// caller's stream: an all-gather (all-reduce) or all-to-all (reduce-scatter)
+// of the engine, which move any bytes, puts every rank's contribution in a
+// [world, n] tensor (tensor_collectives.cpp); then the reduction here, in
+// ATen, over the ranks. Every rank reduces
 // the same rows in the same order, so the results agree bit for bit. The
 // traffic is world times an all-reduce's, which suits the small tensors
 // these dtypes carry in practice (DDP's map of unused parameters, counters,
@@ -100,23 +101,16 @@ at::Tensor reduceBools(const at::Tensor& rows, ReduceOp op) {
   return std::get<0>(any ? bytes.max(0) : bytes.min(0)).to(at::kBool);
 }
 
-/// The reduction over the first dimension of `rows` (one row per rank) into `output` (flat, any shape).
-void reduceRows(const at::Tensor& rows, const at::Tensor& output, ReduceOp op, int world) {
-  const at::ScalarType st = rows.scalar_type();
-  at::Tensor r;
-  if (st == at::kBool) {
-    r = reduceBools(rows, op);
-  } else if (st == at::kDouble) {
-    r = reduceDoubles(rows, op, world);
-  } else if (st == at::kUInt64) {
-    r = reduceUInt64(rows, op, world);
-  } else {
-    r = reduceIntegers(rows, op, world, st);
-  }
-  output.view({-1}).copy_(r);
-}
-
 }  // namespace
+
+at::Tensor reduceOverRanks(const at::Tensor& rows, ReduceOp op) {
+  const at::ScalarType st = rows.scalar_type();
+  const int world = static_cast<int>(rows.size(0));
+  if (st == at::kBool) return reduceBools(rows, op);
+  if (st == at::kDouble) return reduceDoubles(rows, op, world);
+  if (st == at::kUInt64) return reduceUInt64(rows, op, world);
+  return reduceIntegers(rows, op, world, st);
+}
 
 bool reducesByGathering(at::ScalarType st) {
   switch (st) {
@@ -137,27 +131,6 @@ bool reducesByGathering(at::ScalarType st) {
 void checkGatheredReduction(at::ScalarType st, ReduceOp op) {
   PYCCL_CHECK_ARG(st != at::kBool || op != ReduceOp::kAvg, "op",
                   "avg does not apply to bool tensors (sum and max give any, prod and min give all)");
-}
-
-void allReduceByGathering(CollectiveEngine& e, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
-                          int world, void* stream) {
-  checkGatheredReduction(input.scalar_type(), op);
-  const at::Tensor rows = at::empty({world, input.numel()}, input.options());
-  const uint64_t chunk = input.nbytes();
-  e.exchange(ExchangeKind::kAllGather, input.data_ptr(), 0, rows.data_ptr(), chunk, chunk, 0, DataType::kFloat32,
-             ReduceOp::kSum, std::nullopt, stream);
-  reduceRows(rows, output, op, world);
-}
-
-void reduceScatterByGathering(CollectiveEngine& e, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
-                              int world, void* stream) {
-  checkGatheredReduction(input.scalar_type(), op);
-  const at::Tensor rows = at::empty({world, output.numel()}, input.options());
-  const uint64_t chunk = output.nbytes();
-  // Rank q's chunk of every rank's input, row by row.
-  e.exchange(ExchangeKind::kAllToAll, input.data_ptr(), chunk, rows.data_ptr(), chunk, chunk, 0, DataType::kFloat32,
-             ReduceOp::kSum, std::nullopt, stream);
-  reduceRows(rows, output, op, world);
 }
 
 }  // namespace pyccl

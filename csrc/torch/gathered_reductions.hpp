@@ -1,12 +1,13 @@
 // Reductions of the dtypes pyccl's kernels do not reduce (float64, the
-// integers NCCL reduces, bool): an all-gather or all-to-all of the engine,
-// then ATen over the ranks, on the caller's stream. The semantics, NCCL's,
-// are at the top of gathered_reductions.cpp.
+// integers NCCL reduces, bool), over one row per rank that an all-gather or
+// all-to-all of the engine brought together (tensor_collectives.cpp), in
+// ATen on the current stream. The semantics, NCCL's, are at the top of
+// gathered_reductions.cpp.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include "collectives/collective_engine.hpp"
+#include "collectives/reduce_types.hpp"
 
 namespace pyccl {
 
@@ -14,11 +15,7 @@ namespace pyccl {
 bool reducesByGathering(at::ScalarType st);
 /// InvalidArgument naming 'op' where `op` does not apply to `st` (avg of bool), before anything runs.
 void checkGatheredReduction(at::ScalarType st, ReduceOp op);
-/// All-reduce of `input` into `output` (same numel and dtype; may be `input`) over `world` ranks on `stream`.
-void allReduceByGathering(CollectiveEngine& e, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
-                          int world, void* stream);
-/// Reduce-scatter of `input` (world * output.numel() elements) into `output` over `world` ranks on `stream`.
-void reduceScatterByGathering(CollectiveEngine& e, const at::Tensor& input, const at::Tensor& output, ReduceOp op,
-                              int world, void* stream);
+/// The reduction of `rows` ([world, n], one row per rank in rank order) over its first dimension: n elements.
+at::Tensor reduceOverRanks(const at::Tensor& rows, ReduceOp op);
 
 }  // namespace pyccl

@@ -122,7 +122,10 @@ void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
                   input.numel());
   checkOutPlacement(OutPlacement::kSameOrApart, input, output, comm.rank());
   if (reducesByGathering(input.scalar_type())) {
-    allReduceByGathering(e, input, output, op, comm.worldSize(), currentStream(comm));
+    checkGatheredReduction(input.scalar_type(), op);
+    const at::Tensor rows = at::empty({comm.worldSize(), input.numel()}, input.options());
+    allGatherTensor(e, comm, input, rows, std::nullopt);
+    output.view({-1}).copy_(reduceOverRanks(rows, op));
     return;
   }
   const DataType dtype = reductionTypeOf(input, "tensor");
@@ -151,7 +154,11 @@ void reduceScatterTensor(CollectiveEngine& e, const Communicator& comm, const at
                   input.numel() % comm.worldSize() ? " (and the input must divide evenly)" : "");
   checkOutPlacement(OutPlacement::kOutputAtRankChunk, input, output, comm.rank());
   if (reducesByGathering(input.scalar_type())) {
-    reduceScatterByGathering(e, input, output, op, comm.worldSize(), currentStream(comm));
+    checkGatheredReduction(input.scalar_type(), op);
+    // Row q: rank q's chunk of the input meant for this rank.
+    const at::Tensor rows = at::empty({comm.worldSize(), output.numel()}, input.options());
+    allToAllTensor(e, comm, input, rows, std::nullopt);
+    output.view({-1}).copy_(reduceOverRanks(rows, op));
     return;
   }
   const DataType dtype = reductionTypeOf(input, "tensor");
