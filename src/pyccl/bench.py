@@ -228,6 +228,11 @@ def _row_line(r: dict, cols: List[str], factor: float) -> str:
             f"{r['nccl_direct'] / r['pyccl']:>11.2f} {in_place} {best_other}")
 
 
+def _write_results(path: str, about: dict, complete: bool, tables: Dict[str, List[dict]], **more) -> None:
+    """The results JSON at `path`: the run's description, whether it ended, its rows, and `more`."""
+    bench_args.write_atomically(path, json.dumps({**about, "complete": complete, **more, "tables": tables}, indent=1))
+
+
 class Report:
     """What rank 0 reports as it measures: each row printed as soon as it is
     timed (a table per collective, nccl-tests style), and, with `out`, the
@@ -258,11 +263,9 @@ class Report:
         if self.out:
             self.write(complete=False)
 
-    def write(self, complete: bool, extra: Optional[dict] = None) -> None:
+    def write(self, complete: bool) -> None:
         """The JSON at `out`: the run's description, its rows so far, whether it ended."""
-        bench_args.write_atomically(self.out, json.dumps(
-            {**self.about, "complete": complete, "notes": self.notes, "tables": self.tables, **(extra or {})},
-            indent=1))
+        _write_results(self.out, self.about, complete, self.tables, notes=self.notes)
 
 
 def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trials, all_algos, progress=False,
@@ -542,7 +545,7 @@ def main(argv=None) -> int:
             print(f"# {k}: {v}")
     # The JSON first: the plot can be drawn again from it (python -m pyccl.bench_plot).
     if args.out:
-        bench_args.write_atomically(args.out, json.dumps({**about, "complete": True, **res}, indent=1))
+        _write_results(args.out, about, True, res["tables"], symm_error=res["symm_error"])
     if args.csv:
         _write_csv(args.csv, res["tables"], world, args.dtype)
     if args.plot:
