@@ -309,10 +309,12 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     PYCCL_CHECK_ARG(bytes <= options_.llMaxBytes, "algorithm", "1pa_ll takes at most ", options_.llMaxBytes,
                     " bytes per call in this communicator, the message has ", bytes);
   }
-  const uint64_t tag = comm_.beginCall(CallOp::kAllReduce, stream,
-                                 comm_.callChecks() ? strCat("all_reduce ", dataTypeName(dtype), " x ", count, " ",
-                                                             reduceOpName(op))
-                                                    : std::string());
+  const Communicator::CallStart started =
+      comm_.beginCall(CallOp::kAllReduce, stream,
+                      comm_.callChecks() ? strCat("all_reduce ", dataTypeName(dtype), " x ", count, " ", reduceOpName(op))
+                                         : std::string(),
+                      CallFacts{bytes, dataTypeName(dtype), allReduceAlgorithmName(algo)});
+  const uint64_t tag = started.tag;
   const bool zeroCopy = algo == AllReduceAlgorithm::kTwoPhaseHB && (symOut != nullptr || graphCall) &&
                         bytes <= options_.zeroCopyMaxBytes;
   // The same on every rank: as many slots are taken everywhere, so either all get one or none does.
@@ -408,9 +410,14 @@ void CollectiveEngine::exchange(ExchangeKind kind, const void* input, uint64_t i
     if (kind == ExchangeKind::kReduceScatter) signature += strCat(" of ", dataTypeName(dtype), " ", reduceOpName(op));
     if (kind == ExchangeKind::kBroadcast) signature += strCat(" from rank ", root);
   }
-  const uint64_t tag = comm_.beginCall(callOpOf(kind), stream, signature);
   const uint64_t wholeBytes = kind == ExchangeKind::kBroadcast ? chunkBytes : chunkBytes * comm_.worldSize();
   const Protocol proto = protocol ? *protocol : selectExchange(kind, wholeBytes);
+  // Data movement sees bytes, not elements: its record names no dtype.
+  const Communicator::CallStart started =
+      comm_.beginCall(callOpOf(kind), stream, signature,
+                      CallFacts{wholeBytes, kind == ExchangeKind::kReduceScatter ? dataTypeName(dtype) : "",
+                                protocolName(proto)});
+  const uint64_t tag = started.tag;
   // Pieces of whole 16-byte units, so that every piece but the last keeps the
   // LL/HB layout full. An HB kernel runs all the rounds of its piece.
   uint64_t piece = options_.llMaxBytes / 16 * 16;
@@ -471,6 +478,10 @@ void CollectiveEngine::sendRecv(const std::vector<PeerTransfer>& transfers, void
     CollectiveContext ctx = context_;
     const bool captured = !comm_.hostMode() && gpu::isCapturing(stream);
     ctx.abort.call = makeCallTag(CallOp::kSendRecv, ++sendRecvCalls_, captured);
+    uint64_t launchBytes = 0;
+    for (uint32_t i = 0; i < args.count; ++i) launchBytes += args.transfers[i].bytes;
+    const CallLabel label = comm_.noteCall(CallOp::kSendRecv, sendRecvCalls_, captured,
+                                           CallFacts{launchBytes, "", "p2p"});
 #ifdef PYCCL_WITH_CUDA
     if (!comm_.hostMode()) {
       sendRecvDevice(ctx, args, stream, {options_.p2pThreads, options_.programmaticLaunch});

@@ -76,10 +76,12 @@ void CollectiveEngine::allReduceRMSNorm(const void* input, const void* residual,
                   " bytes");
   PYCCL_CHECK_ARG(algo != FusedNormAlgorithm::kTwoShot || rows >= static_cast<uint64_t>(world), "algorithm",
                   "two_shot needs at least one row per rank (", world, "), the call has ", rows);
-  const uint64_t tag = comm_.beginCall(CallOp::kAllReduceRMSNorm, stream,
-                                       comm_.callChecks() ? strCat(kName, " ", dataTypeName(dtype), " ", rows, " x ",
-                                                                   hidden)
-                                                          : std::string());
+  const Communicator::CallStart started =
+      comm_.beginCall(CallOp::kAllReduceRMSNorm, stream,
+                      comm_.callChecks() ? strCat(kName, " ", dataTypeName(dtype), " ", rows, " x ", hidden)
+                                         : std::string(),
+                      CallFacts{rows * rowBytes, dataTypeName(dtype), fusedNormAlgorithmName(algo)});
+  const uint64_t tag = started.tag;
   const uint64_t groupsMost = options_.llBlocks / segments;
   const uint64_t oneShotPerCall = groupsMost * rowsPerBlock;
   const uint64_t perCall = (algo == FusedNormAlgorithm::kOneShot ? 1 : world) * oneShotPerCall;

@@ -61,6 +61,16 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int worldSize
                                                  [this] { raiseAbortFlag(); }, errorRecordHost_,
                                                  /*watch=*/!hostMode());
   callChecks_ = callChecksFromEnv();
+  history_ = std::make_unique<CallHistory>(historySizeFromEnv());
+  health_->setOnBroken([this](ErrorCode code) {
+    const std::string dump = strCat("communicator '", options_.name, "' (rank ", rank_, "): ",
+                                    describeHistory(history_->snapshot(), failedCallTag(), history_->total()));
+    if (code == ErrorCode::kAborted) {
+      PYCCL_LOG(Warn, dump);
+    } else {
+      PYCCL_LOG(Error, dump);
+    }
+  });
 
   try {
     bootstrap_->claimNamespace();
@@ -317,11 +327,26 @@ void Communicator::checkUsable(const char* op) const {
   health_->check(op, /*refusing=*/true);
 }
 
-uint64_t Communicator::beginCall(CallOp op, void* stream, const std::string& signature) {
+Communicator::CallStart Communicator::beginCall(CallOp op, void* stream, const std::string& signature,
+                                               const CallFacts& facts) {
   const uint64_t seq = health_->nextSequence();
   if (callChecks_) checkCallMatches(callOpName(op), seq, signature);
   const bool captured = !hostMode() && gpu::isCapturing(stream);
-  return makeCallTag(op, seq, captured);
+  return CallStart{makeCallTag(op, seq, captured), noteCall(op, seq, captured, facts)};
+}
+
+CallLabel Communicator::noteCall(CallOp op, uint64_t seq, bool captured, const CallFacts& facts) {
+  if (history_->capacity() != 0) {
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    history_->add(CallRecord{seq, op, facts.bytes, facts.dtype, facts.algorithm, captured,
+                             static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(now).count())});
+  }
+  return CallLabel(op, seq, facts);
+}
+
+uint64_t Communicator::failedCallTag() const {
+  const DeviceErrorRecord rec = deviceError();
+  return rec.status != 0 ? rec.call : 0;
 }
 
 void Communicator::checkCallMatches(const char* op, uint64_t seq, const std::string& signature) {

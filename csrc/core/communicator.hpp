@@ -15,6 +15,7 @@
 
 #include "channels/device_common.hpp"
 #include "core/bootstrap.hpp"
+#include "core/call_history.hpp"
 #include "core/fd_passing.hpp"
 #include "core/channels.hpp"
 #include "core/health.hpp"
@@ -144,10 +145,23 @@ class Communicator {
   /// Whether every call checks op, dtype, count and sequence number across
   /// ranks first (PYCCL_DEBUG=1 or TORCH_DISTRIBUTED_DEBUG=DETAIL, read at creation).
   bool callChecks() const { return callChecks_; }
+  /// A call begun: the tag its kernels record on failure, and its labels while its host part runs.
+  struct CallStart {
+    uint64_t tag;
+    CallLabel label;
+  };
   /// Starts a call of `op` on `stream` (ignored in host mode): takes its
   /// sequence number, checks it across ranks when callChecks() (`signature`
-  /// describes the call), and returns the tag its kernels record on failure.
-  uint64_t beginCall(CallOp op, void* stream, const std::string& signature);
+  /// describes the call), records it in the flight recorder with `facts`,
+  /// and opens its labels (call_history.hpp). Keep the result until the call is enqueued.
+  CallStart beginCall(CallOp op, void* stream, const std::string& signature, const CallFacts& facts);
+  /// Records call `seq` of `op`, numbered by its caller (send_recv), and returns its labels.
+  CallLabel noteCall(CallOp op, uint64_t seq, bool captured, const CallFacts& facts);
+  /// The flight recorder: the last calls, oldest first; how many were made; and the tag of the call whose wait
+  /// gave up (0: none).
+  std::vector<CallRecord> history() const { return history_->snapshot(); }
+  uint64_t historyTotal() const { return history_->total(); }
+  uint64_t failedCallTag() const;
   /// Marks a host-mode "kernel" (CPU threads using this communicator's
   /// channels) as running; close() waits for them after raising the abort flag.
   class HostKernelScope {
@@ -210,6 +224,8 @@ class Communicator {
   /// The abort flag's copy in GPU memory, which kernels poll (see AbortState).
   uint32_t* abortFlagGpu_ = nullptr;
   void* errorRecordDevice_ = nullptr;
+  /// Before health_: its watchdog, which may dump the history, stops first.
+  std::unique_ptr<CallHistory> history_;
   std::unique_ptr<CommunicatorHealth> health_;
   /// This rank's verdicts to its peers and theirs to it (worlds of 2 and more).
   std::unique_ptr<VerdictBoard> verdicts_;

@@ -1,5 +1,6 @@
 #include "core/env_settings.hpp"
 
+#include "core/call_history.hpp"
 #include "core/debug_options.hpp"
 
 #include <algorithm>
@@ -86,13 +87,14 @@ int ibGidIndex() {
 void checkEnvironment() {
   static const char* const kFlags[] = {"PYCCL_PDL", "PYCCL_PLAN_GENERIC_PACKETS", "PYCCL_RDMA_LOOPBACK",
                                        "PYCCL_ENABLE_NVLS", "PYCCL_PRELOAD_KERNELS", "PYCCL_ALLOW_SHARED_GPU",
-                                       "PYCCL_DEBUG", "PYCCL_BLOCKING_WAIT"};
+                                       "PYCCL_DEBUG", "PYCCL_BLOCKING_WAIT", "PYCCL_NVTX"};
   for (const char* name : kFlags) (void)envFlag(name, false);
   (void)proxySpinMicroseconds(true);
   (void)planTransport();
   (void)debugOptions();
   (void)ibTimeout();
   (void)ibGidIndex();
+  (void)historySizeFromEnv();
 }
 
 }  // namespace pyccl

@@ -52,6 +52,10 @@ uint64_t makeCallTag(CallOp op, uint64_t seq, bool captured) {
   return (seq << 8) | (captured ? kCapturedBit : 0) | static_cast<uint64_t>(op);
 }
 
+CallOp callTagOp(uint64_t tag) { return static_cast<CallOp>(tag & kOpMask); }
+
+uint64_t callTagSequence(uint64_t tag) { return tag >> 8; }
+
 std::string describeCallTag(uint64_t tag) {
   const auto op = static_cast<CallOp>(tag & kOpMask);
   if (op == CallOp::kNone) return callOpName(op);
@@ -123,6 +127,7 @@ void CommunicatorHealth::fail(ErrorCode code, const std::string& message, bool f
   } else {
     PYCCL_LOG(Error, "communicator '" << commName_ << "' is broken: " << message);
   }
+  if (onBroken_) onBroken_(code);
 }
 
 bool CommunicatorHealth::absorbRecord() {

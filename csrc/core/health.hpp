@@ -47,6 +47,9 @@ const char* callOpName(CallOp op);
 /// The tag of call `seq` doing `op`: what a failed wait records (AbortState::call).
 /// `captured`: enqueued into a CUDA graph being captured (the failure happens on a replay).
 uint64_t makeCallTag(CallOp op, uint64_t seq, bool captured);
+/// The op and sequence number a tag holds.
+CallOp callTagOp(uint64_t tag);
+uint64_t callTagSequence(uint64_t tag);
 /// The ranks whose bits are set in `mask` (bit q: rank q), ascending.
 std::vector<int> ranksInMask(uint32_t mask);
 /// "0, 2, 3": `ranks` for a message.
@@ -95,6 +98,9 @@ class CommunicatorHealth {
   void fail(ErrorCode code, const std::string& message, bool fromPeer = false);
   /// Where this rank's own failures are published; set once, before any call.
   void setPublisher(std::function<void(ErrorCode, const std::string&)> publish) { publish_ = std::move(publish); }
+  /// Called once, after the communicator broke and said why (the flight recorder's dump); set once, before
+  /// any call. It gets the failure's code.
+  void setOnBroken(std::function<void(ErrorCode)> onBroken) { onBroken_ = std::move(onBroken); }
   /// Whether the communicator is broken.
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   /// The first failure, if any (what check() would throw), after reading the record.
@@ -114,6 +120,7 @@ class CommunicatorHealth {
   std::chrono::milliseconds timeout_;
   std::function<void()> raiseAbortFlag_;
   std::function<void(ErrorCode, const std::string&)> publish_;
+  std::function<void(ErrorCode)> onBroken_;
   DeviceErrorRecord* record_;
   AsyncErrorHandling handling_;
 

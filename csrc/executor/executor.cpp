@@ -295,7 +295,7 @@ void PlanExecutor::close() {
 }
 
 void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uint64_t outputBytes, DataType dtype,
-                       uint64_t elementSize, ReduceOp op, void* stream) {
+                       uint64_t elementSize, ReduceOp op, void* stream, bool reduces) {
   if (closed_) throw ClosedError(strCat("plan: communicator '", comm_.name(), "' is closed"));
   comm_.checkUsable("plan");
   PYCCL_CHECK_ARG(op != ReduceOp::kAvg, "op", "avg is not supported by plans (use sum and divide)");
@@ -320,11 +320,13 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
     PYCCL_CHECK_ARG(!overlap || in == out, "out", "partly overlaps the input tensor; pass the same tensor or a "
                     "separate one");
   }
-  const uint64_t tag = comm_.beginCall(
+  const Communicator::CallStart started = comm_.beginCall(
       CallOp::kPlan, stream,
       comm_.callChecks() ? strCat("plan of ", program_.ops.size(), " ops, ", inputBytes, " bytes in, ", outputBytes,
                                   " bytes out, ", dataTypeName(dtype), " ", reduceOpName(op))
-                         : std::string());
+                         : std::string(),
+      CallFacts{inputBytes, reduces ? dataTypeName(dtype) : "", program_.name.c_str()});
+  const uint64_t tag = started.tag;
   PlanContext ctx = context_;
   ctx.abort.call = tag;
   ctx.inputStaged = program_.stageInput || (!program_.inPlace && overlap);

@@ -38,6 +38,8 @@ struct PlanProgram {
   /// The ranks meet at the start of every call; false where every rank waits
   /// on every peer it reaches within a call, which orders buffer reuse.
   bool entryBarrier = true;
+  /// What the flight recorder and the labels call it: "plan <name>".
+  std::string name = "plan";
 };
 
 class PlanExecutor {
@@ -51,10 +53,11 @@ class PlanExecutor {
   /// Runs the plan on `inputBytes` of `input` (a whole number of chunks per
   /// input chunk count) into `output` (outputChunks chunks of the same size);
   /// elements of `elementSize` bytes; `dtype` and `op` reduce where the plan
-  /// reduces (`op` where the plan names no reduction). Enqueued on `stream`
+  /// reduces (`op` where the plan names no reduction); `reduces` false: the
+  /// plan moves data and `dtype` means nothing. Enqueued on `stream`
   /// (host mode: returns when done, raising if a wait gave up).
   void run(const void* input, uint64_t inputBytes, void* output, uint64_t outputBytes, DataType dtype,
-           uint64_t elementSize, ReduceOp op, void* stream);
+           uint64_t elementSize, ReduceOp op, void* stream, bool reduces = true);
   uint64_t maxChunkBytes() const { return maxChunkBytes_; }
   /// Threads per block that a GPU call with `inputBytes` of input runs on
   /// (plan_threads.hpp: whole warps for its largest op, at most the

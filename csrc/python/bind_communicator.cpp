@@ -209,6 +209,24 @@ void bindCommunicator(py::module_& m) {
         d["peers"] = ranksInMask(rec.peerMask);
         return d;
       })
+      .def("history", [](const Communicator& c) {
+        const uint64_t failed = c.failedCallTag();
+        py::list out;
+        for (const CallRecord& r : c.history()) {
+          py::dict d;
+          d["seq"] = r.seq;
+          d["op"] = callOpName(r.op);
+          d["bytes"] = r.bytes;
+          d["dtype"] = r.dtype.empty() ? py::object(py::none()) : py::object(py::str(r.dtype));
+          d["algorithm"] = r.algorithm;
+          d["captured"] = r.captured;
+          d["enqueued_us"] = r.enqueuedUs;
+          d["state"] = callState(r, failed);
+          out.append(std::move(d));
+        }
+        return out;
+      })
+      .def_property_readonly("history_total", &Communicator::historyTotal)
       .def("create_memory_channel", [](Communicator& c, int peer, const RegisteredMemory& local,
                                        std::optional<RegisteredMemory> packets) {
         py::gil_scoped_release release;

@@ -17,7 +17,7 @@ void bindExecutor(py::module_& m) {
                        std::vector<int32_t> channelSrc, std::vector<int32_t> channelDst,
                        std::vector<int32_t> signalsPerCall, int32_t inputChunks, int32_t outputChunks,
                        int32_t scratchChunks, bool inPlace, bool stageInput, bool stageOutput, bool entryBarrier,
-                       uint64_t maxChunkBytes, uint32_t threads) {
+                       uint64_t maxChunkBytes, uint32_t threads, const std::string& name) {
              constexpr int64_t kWords = kPlanOpWords;
              PYCCL_CHECK_ARG(ops.device().is_cpu() && ops.scalar_type() == at::kInt && ops.is_contiguous() &&
                                  ops.dim() == 2 && ops.size(1) == kWords,
@@ -36,13 +36,14 @@ void bindExecutor(py::module_& m) {
              p.stageInput = stageInput;
              p.stageOutput = stageOutput;
              p.entryBarrier = entryBarrier;
+             p.name = "plan " + name;
              py::gil_scoped_release release;
              return std::make_shared<PlanExecutor>(comm, std::move(p), maxChunkBytes, threads);
            }),
            py::arg("comm"), py::arg("ops"), py::arg("tb_offsets"), py::arg("channel_src"), py::arg("channel_dst"),
            py::arg("signals_per_call"), py::arg("input_chunks"), py::arg("output_chunks"), py::arg("scratch_chunks"),
            py::arg("in_place"), py::arg("stage_input"), py::arg("stage_output"),
-           py::arg("entry_barrier"), py::arg("max_chunk_bytes"), py::arg("threads") = 512,
+           py::arg("entry_barrier"), py::arg("max_chunk_bytes"), py::arg("threads") = 512, py::arg("name") = "",
            py::keep_alive<1, 2>())
       .def("run",
            [](PlanExecutor& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
@@ -55,7 +56,7 @@ void bindExecutor(py::module_& m) {
              const ReduceOp rop = reduceOpOf(op);
              py::gil_scoped_release release;
              e.run(input.data_ptr(), input.nbytes(), output.data_ptr(), output.nbytes(), dtype,
-                   input.element_size(), rop, currentStream(comm));
+                   input.element_size(), rop, currentStream(comm), reduces);
            },
            py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum", py::arg("reduces") = true)
       .def_property_readonly("max_chunk_bytes", &PlanExecutor::maxChunkBytes)

@@ -10,6 +10,7 @@
 #include "core/logging.hpp"
 #include "python/bindings.hpp"
 #include "python/op_runtimes.hpp"
+#include "torch/profiler_labels.hpp"
 
 #ifdef PYCCL_WITH_CUDA
 #include "core/gpu_memory.hpp"
@@ -100,6 +101,8 @@ PYBIND11_MODULE(_C, m) {
       setPythonError(e);
     }
   });
+
+  installProfilerLabels();
 
   m.def("cuda_built", &gpu::built, "Whether this build of pyccl includes CUDA.");
   m.def("build_info", [] {

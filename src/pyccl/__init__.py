@@ -39,6 +39,7 @@ _check_torch(_BUILT_FOR, torch.__version__)
 from . import _C  # noqa: E402
 from ._logging import logger
 from .collectives import all_gather, all_reduce, all_to_all, broadcast, communicator_for, reduce_scatter
+from .group_communicators import dump_history
 from .communicator import Communicator
 from .memory import empty
 from .errors import (
@@ -89,6 +90,7 @@ __all__ = [
     "send",
     "send_recv",
     "cuda_available",
+    "dump_history",
     "empty",
     "fused_all_reduce_rmsnorm",
     "graph_capture",

@@ -6,7 +6,7 @@ import datetime
 import itertools
 import threading
 import weakref
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -295,6 +295,14 @@ class Communicator:
         "aborted"), peer, expected, observed, the call ("all_reduce call 12") and the list
         of peers waited on in vain."""
         return self._comm.device_error()
+
+    def history(self) -> List[dict]:
+        """The flight recorder: this communicator's last calls (``PYCCL_HISTORY_SIZE``, default 256),
+        oldest first, each a dict of seq, op, bytes, dtype (None where the call moves bytes), algorithm,
+        captured (into a CUDA graph), enqueued_us (system clock) and state: "enqueued", or, once a wait
+        gave up, "failed", "before the failure" or "after the failure". A communicator that breaks logs
+        the same list once."""
+        return self._comm.history()
 
     @property
     def failure(self) -> Optional[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import threading
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,7 @@ from .calls import group_store, made_count
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .errors import InvalidArgumentError
 
-__all__ = ["communicator_for"]
+__all__ = ["communicator_for", "dump_history"]
 
 _lock = threading.Lock()
 # (id(group), device) -> (a weak reference to the group, its communicator, whether the group has NCCL). The
@@ -53,6 +53,29 @@ def communicator_for(group: Optional[dist.ProcessGroup] = None, device: Optional
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return group_call(group, device)[0]
+
+
+def dump_history(group: Optional[dist.ProcessGroup] = None, *, comm: Optional[Communicator] = None) -> List[dict]:
+    """The flight recorder (:meth:`Communicator.history`) of `comm`, else of
+    every open communicator of `group` (default: the world), each record with
+    the communicator's ``name`` and ``rank``. It makes no communicator: a group
+    that has run nothing on pyccl gives an empty list. The records go to the
+    log too (``PYCCL_LOG_LEVEL=INFO``)."""
+    if comm is not None:
+        comms = [given_or_group_communicator(comm, group)]
+    else:
+        pg = group if group is not None else dist.group.WORLD
+        comms = [entry[1] for key, entry in list(_communicators.items())
+                 if key[0] == id(pg) and entry[0]() is pg and not entry[1]._comm.closed]
+    records = []
+    for c in comms:
+        mine = [dict(r, name=c.name, rank=c.rank) for r in c.history()]
+        for r in mine:
+            logger.info("%s rank %d: #%d %s %s %s %d B%s: %s", r["name"], r["rank"], r["seq"], r["op"],
+                        r["algorithm"], r["dtype"] or "", r["bytes"], " (captured)" if r["captured"] else "",
+                        r["state"])
+        records += mine
+    return records
 
 
 def group_call(group: Optional[dist.ProcessGroup], device: torch.device) -> Tuple[Communicator, bool]:

@@ -282,7 +282,8 @@ class PlanRunner:
         self._out_chunks = args["input_chunks"] if args["in_place"] else args["output_chunks"]
         self._in_chunks = args["input_chunks"]
         max_chunk = -(-max_bytes // args["input_chunks"])
-        self._executor = _C.PlanExecutor(comm._comm, max_chunk_bytes=max_chunk, threads=threads, **args)
+        self._executor = _C.PlanExecutor(comm._comm, max_chunk_bytes=max_chunk, threads=threads, name=plan.name,
+                                         **args)
         self.calls = 0  # calls made (for tests and logs)
 
     def __call__(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None, op: str = "sum") -> torch.Tensor:
