@@ -126,9 +126,25 @@ if [ ! -f "$verbs_h" ] && [ ! -f "$VENV/.pyccl-no-verbs" ] && [ "${PYCCL_NO_APT:
   fi
 fi
 
+# The distribution is "pyccl-gpu": "pyccl" on PyPI is another project (LSST DESC's Core Cosmology Library), which
+# also imports as pyccl. A "pyccl" of this checkout (the distribution's earlier name) gives way; another one stops
+# the set-up, as the two cannot share an environment.
+old_dist="$("$PY" -m pip show pyccl 2>/dev/null || true)"
+if [ -n "$old_dist" ]; then
+  if grep -qx "Editable project location: $PYCCL_ROOT" <<<"$old_dist"; then
+    log "replacing this checkout's install under its earlier name 'pyccl' with 'pyccl-gpu'"
+    "$PY" -m pip uninstall -q -y pyccl
+    rm -f "$VENV/.pyccl-build-stamp"
+  else
+    log "another distribution named 'pyccl' is installed in $VENV ($(grep -m1 '^Summary:' <<<"$old_dist")); it also"
+    log "imports as pyccl, so the two cannot share an environment: pip uninstall pyccl, or set PYCCL_VENV to another"
+    exit 1
+  fi
+fi
+
 # Rebuild only when a build input changed.
 stamp="$VENV/.pyccl-build-stamp"
-digest="$(cd "$PYCCL_ROOT" && find csrc CMakeLists.txt pyproject.toml scripts/torch_build_info.py -type f \
+digest="$(cd "$PYCCL_ROOT" && find csrc CMakeLists.txt pyproject.toml scripts/torch_build_info.py scripts/build_metadata.py -type f \
             -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${CXX:-}-$([ -f "$verbs_h" ] && echo verbs || true)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c "import pyccl._C" 2>/dev/null; then
   log "building pyccl (log: $VENV/pyccl-build.log)"

@@ -75,8 +75,8 @@ CollectiveEngine::CollectiveEngine(Communicator& comm, CollectiveOptions options
   // Before any check: with the same options on every rank, every rank fails the same check, or none does.
   agreeOnCollectiveOptions(comm, options_);
   options_ = resolveCollectiveOptions(std::move(options_), host, world);
-  // PYCCL_PDL=0 turns programmatic dependent launch off for every engine (e.g. the backend's).
-  if (!programmaticLaunchAllowed()) options_.programmaticLaunch = false;
+  // PYCCL_PDL=0, or a GPU before sm_90, turns programmatic dependent launch off for every engine (the backend's too).
+  if (!programmaticLaunchAllowed(comm.device())) options_.programmaticLaunch = false;
 #ifdef PYCCL_WITH_CUDA
   clusters_ = host || clusterLaunchSupported(comm.device());
 #else

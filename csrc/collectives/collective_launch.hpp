@@ -12,6 +12,7 @@
 #include "collectives/fused_norm_device.hpp"
 #include "collectives/p2p_device.hpp"
 #include "core/debug_options.hpp"
+#include "core/gpu_runtime.hpp"
 
 namespace pyccl {
 
@@ -78,9 +79,13 @@ struct KernelLaunch {
   uint32_t clusterBlocks = 1;
 };
 
-/// False where PYCCL_PDL=0 turns programmatic dependent launch off (for the
-/// collective engines and the plan executors alike).
-inline bool programmaticLaunchAllowed() { return debugOptions().programmaticLaunch; }
+/// Whether kernels on `device` launch with programmatic dependent launch: on
+/// sm_90 and newer (the kernels' griddepcontrol instructions are compiled for
+/// those only), unless PYCCL_PDL=0 turns it off; for the collective engines
+/// and the plan executors alike. Host mode (device < 0): as PYCCL_PDL says.
+inline bool programmaticLaunchAllowed(int device) {
+  return debugOptions().programmaticLaunch && (device < 0 || gpu::computeCapability(device) >= 90);
+}
 
 /// Runs one call on CPU threads and returns when it is done.
 void allReduceHost(const CollectiveContext& context, const AllReduceCall& call);

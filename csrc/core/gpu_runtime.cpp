@@ -73,6 +73,13 @@ std::string pciBusId(int device) {
   return buf;
 }
 
+int computeCapability(int device) {
+  int major = 0, minor = 0;
+  PYCCL_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PYCCL_CHECK_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return 10 * major + minor;
+}
+
 void* allocPinnedMapped(size_t size) {
   void* ptr = nullptr;
   PYCCL_CHECK_CUDA(cudaHostAlloc(&ptr, size, cudaHostAllocMapped | cudaHostAllocPortable));
@@ -264,6 +271,7 @@ DeviceGuard::DeviceGuard(int) { noCuda("DeviceGuard"); }
 DeviceGuard::~DeviceGuard() = default;
 std::string deviceUuid(int) { noCuda("deviceUuid"); }
 std::string pciBusId(int) { noCuda("pciBusId"); }
+int computeCapability(int) { noCuda("computeCapability"); }
 void* allocPinnedMapped(size_t) { noCuda("allocPinnedMapped"); }
 void freePinned(void*) {}
 void* devicePointerOf(void*) { noCuda("devicePointerOf"); }

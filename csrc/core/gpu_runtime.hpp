@@ -62,6 +62,8 @@ class OptionalDeviceGuard {
 /// The device's UUID as 32 hex digits, and its PCI bus id ("0000:18:00.0").
 std::string deviceUuid(int device);
 std::string pciBusId(int device);
+/// The device's compute capability as 10 * major + minor (90 for H100 and H200).
+int computeCapability(int device);
 
 /// Host memory, page-locked and mapped into the device's address space
 /// (zero-initialized). The device pointer of it comes from devicePointerOf.

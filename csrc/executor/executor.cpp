@@ -172,7 +172,7 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   context_.calls = reinterpret_cast<uint64_t*>(tables + offCalls);
   context_.rankBarriers = reinterpret_cast<uint64_t*>(tables + offBarriers);
   context_.failed = reinterpret_cast<uint64_t*>(tables + offFailed);
-  programmatic_ = programmaticLaunchAllowed();
+  programmatic_ = programmaticLaunchAllowed(comm.device());
   context_.abort = comm.abortState();
   context_.regionBase = static_cast<const char*>(region_.local.data());
   PYCCL_LOG(Info, "plan executor: " << p.ops.size() << " ops on " << numThreadBlocks() << " thread blocks, "
