@@ -153,6 +153,10 @@ def size_mismatch(rank, world, store, sent, received, on_gpu=False):
 def missing_sender(rank, world, store):
     """Rank 1 receives from rank 0, which never sends: a bounded wait that
     names the call and the peer."""
+    # The ranks meet first: the 2 s timeout also bounds the communicator's set-up, which a rank whose process
+    # started seconds later (a loaded machine) would miss.
+    store.set(f"missing_ready_{rank}", "1")
+    store.wait([f"missing_ready_{q}" for q in range(world)])
     comm, device = _setup(store, rank, world, False, timeout_s=2.0)
     out = None
     if rank == 1:
