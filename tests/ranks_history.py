@@ -36,6 +36,9 @@ def calls_recorded(rank, world, store):
 def a_failed_call_is_named(rank, world, store):
     """Rank 1 skips the second all-reduce: rank 0's times out. Rank 0 returns
     its recorder after the failure and what the communicator logged."""
+    # The ranks meet first: the 2 s timeout also bounds the communicator's set-up.
+    store.set(f"ready_{rank}", "1")
+    store.wait([f"ready_{q}" for q in range(world)])
     comm = _comm(rank, world, store, timeout_s=2)
     x = pyccl.empty(64, dtype=torch.float32)
     x.fill_(1.0)
