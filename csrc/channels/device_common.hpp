@@ -36,6 +36,17 @@ namespace pyccl {
 #define PYCCL_ON_DEVICE 0
 #endif
 
+/// `= {}` in host mode only, after an array that a loop fills and another reads
+/// under one runtime bound (e.g. the world size). GCC cannot follow that bound
+/// across the loops and warns that the rest may be read uninitialized
+/// (-Wmaybe-uninitialized); zeroing them costs a host thread nothing, while in
+/// a GPU kernel's loop it would be stores on the hot path: device code gets none.
+#if defined(__CUDA_ARCH__)
+#define PYCCL_HOST_ZEROED
+#else
+#define PYCCL_HOST_ZEROED = {}
+#endif
+
 /// Loads with acquire order: later reads see everything the releasing writer
 /// wrote before its matching release store.
 PYCCL_HOST_DEVICE uint64_t atomicLoadAcquire(const uint64_t* p) {

@@ -75,13 +75,13 @@ PYCCL_HOST_DEVICE void allReduceZeroCopy(const CollectiveContext& c, const Symme
   if (ok) {
     for (uint64_t v = first; v < vectors; v += stride) {
       const uint64_t at = offset + v * 16;
-      detail::Vec16 raw[kMaxCollectiveRanks];
+      detail::Vec16 raw[kMaxCollectiveRanks] PYCCL_HOST_ZEROED;
       // All loads first: `world` 16-byte requests in flight per thread.
       PYCCL_UNROLL
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q < world) raw[q] = *reinterpret_cast<const detail::Vec16*>(p.inputs[q] + at);
       }
-      float acc[kVec];
+      float acc[kVec] PYCCL_HOST_ZEROED;
       PYCCL_UNROLL
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q >= world) break;

@@ -34,6 +34,7 @@ struct HostRowGroup {
 
   template <int N>
   void sums(float (&values)[N], int used) {
+    used = used < N ? used : N;  // never more than the array (GCC cannot see that callers keep to it)
     float* slots = shared->partials.data() + static_cast<size_t>(parity) * segments * kMaxCollectiveRanks;
     for (int n = 0; n < used; ++n) slots[segment * kMaxCollectiveRanks + n] = values[n];
     shared->meet.arrive_and_wait();  // a parity is written again only after the next meeting

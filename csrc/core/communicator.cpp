@@ -262,15 +262,16 @@ std::shared_ptr<Semaphore> Communicator::createSemaphore(int peer) {
 
   // A peer's page holds many slots: map it once (the descriptor names owner and export).
   RegisteredMemory remotePage;
+  const std::string pageKey(pageDesc.begin(), pageDesc.end());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = importedPages_.find(pageDesc);
+    auto it = importedPages_.find(pageKey);
     if (it != importedPages_.end() && it->second.valid()) remotePage = it->second;
   }
   if (!remotePage.valid()) {
     remotePage = importMemory(pageDesc);
     std::lock_guard<std::mutex> lock(mu_);
-    importedPages_[pageDesc] = remotePage;
+    importedPages_[pageKey] = remotePage;
   }
   // Both sides have mapped each other's slot before either returns.
   bootstrap_->send(peer, kSemaphoreTag, Bytes{1});

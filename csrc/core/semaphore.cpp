@@ -50,7 +50,9 @@ void Semaphore::signal() {
                                  "its PortChannel instead"));
   }
   if (device_ < 0) {
-    SemaphoreDeviceHandle h{localSlot_, remoteInbound_, abort_, peer_};
+    // The host's signal stores the incremented count (remoteAtomics 0): only this rank writes the peer's
+    // inbound, so the two ways agree.
+    SemaphoreDeviceHandle h{localSlot_, remoteInbound_, abort_, peer_, /*remoteAtomics=*/0};
     h.signal();
     return;
   }
@@ -78,7 +80,7 @@ void Semaphore::wait(std::chrono::milliseconds timeout) {
   WaitStatus status;
   uint64_t expected = 0, observed = 0;
   if (device_ < 0) {
-    SemaphoreDeviceHandle h{localSlot_, remoteInbound_, abort, peer_};
+    SemaphoreDeviceHandle h{localSlot_, remoteInbound_, abort, peer_, /*remoteAtomics=*/0};  // waits only
     status = h.wait();
     expected = localSlot_->expected;
     observed = atomicLoadAcquire(&localSlot_->inbound);

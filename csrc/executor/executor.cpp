@@ -118,12 +118,15 @@ PlanExecutor::PlanExecutor(Communicator& comm, PlanProgram program, uint64_t max
   // Op and channel tables, then the per-thread-block call counters (zero),
   // where the interpreter reads them.
   const auto& p = program_;
-  std::vector<char> tablesImage(p.ops.size() * sizeof(PlanOp));
-  std::memcpy(tablesImage.data(), p.ops.data(), tablesImage.size());
+  const uint64_t opBytes = p.ops.size() * sizeof(PlanOp);
+  std::vector<char> tablesImage(
+      opBytes + 4 * (p.tbOffsets.size() + p.channelSrc.size() + p.channelDst.size() + p.signalsPerCall.size()));
+  std::memcpy(tablesImage.data(), p.ops.data(), opBytes);
+  uint64_t filled = opBytes;
   auto append = [&](const std::vector<int32_t>& v) {
-    const uint64_t start = tablesImage.size();
-    tablesImage.resize(start + v.size() * 4);
+    const uint64_t start = filled;
     std::memcpy(tablesImage.data() + start, v.data(), v.size() * 4);
+    filled += v.size() * 4;
     return start;
   };
   const uint64_t offTb = append(p.tbOffsets), offSrc = append(p.channelSrc), offDst = append(p.channelDst),

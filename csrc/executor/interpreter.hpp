@@ -52,7 +52,7 @@ PYCCL_HOST_DEVICE void reduceElements(const OpOperands& ops, Reduce reduce, bool
   // destination of the op), element by element after.
   const uint64_t vectors = ops.allAligned() ? n / kVec : 0;
   for (uint64_t v = tid; v < vectors; v += numThreads) {
-    float acc[kVec];
+    float acc[kVec] PYCCL_HOST_ZEROED;  // set by the first input (there is always one)
     // The inputs are mostly peers' memory: a batch of loads is issued before
     // any is used, so their latencies overlap (a loop that reduces as it
     // loads waits out one NVLink read per source).
