@@ -218,6 +218,50 @@ def check_table(table: dict, where: str) -> dict:
     return table
 
 
+def table_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of a tuning table, built from what
+    :func:`check_table` accepts (the collectives, each one's algorithms and
+    library plans, the launch shapes), so the two cannot drift; published as
+    ``pyccl/schemas/tuning-table.schema.json``. The order of the entries
+    (growing ``max_bytes``, only the last one unbounded) only
+    :func:`check_table` checks."""
+    max_bytes = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
+                 "description": "the largest message (whole buffer, bytes) the entry covers; null: no limit"}
+
+    def entries(collective: str) -> dict:
+        kernel = {"type": "object", "required": ["max_bytes", "algorithm"], "additionalProperties": False,
+                  "properties": {"max_bytes": max_bytes, "algorithm": {"enum": list(CANDIDATES[collective])}}}
+        choices = [kernel]
+        if collective in PLANS:
+            choices.append({
+                "type": "object", "required": ["max_bytes", "algorithm", "plan", "instances", "threads"],
+                "additionalProperties": False,
+                "properties": {"max_bytes": max_bytes, "algorithm": {"const": "plan"},
+                               "plan": {"enum": list(PLANS[collective])},
+                               "instances": {"type": "integer", "minimum": 1, "maximum": _MAX_INSTANCES},
+                               "threads": {"type": "integer", "minimum": 32, "maximum": 1024, "multipleOf": 32},
+                               "kernel": {"enum": [k for k in CANDIDATES[collective] if k != "nccl"]}}})
+        return {"type": "array", "items": {"oneOf": choices}}
+
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"urn:pyccl:tuning-table:{TABLE_VERSION}",
+        "title": f"pyccl tuning table, version {TABLE_VERSION} (pyccl/tuning.py)",
+        "type": "object",
+        "required": ["version", "collectives"],
+        "properties": {
+            "version": {"const": TABLE_VERSION},
+            "gpu": {"type": "string", "description": "matched as part of torch.cuda.get_device_name()"},
+            "world": {"type": "integer", "minimum": 0},
+            "dtype": {"type": "string"},
+            "date": {"type": "string"},
+            "command": {"type": "string", "description": "how the table was measured"},
+            "collectives": {"type": "object", "additionalProperties": False,
+                            "properties": {c: entries(c) for c in CANDIDATES}},
+        },
+    }
+
+
 def _check_plan_entry(e: dict, where: str, names: tuple) -> None:
     if e.get("plan") not in names:
         raise InvalidArgumentError(f"{where}: plan {e.get('plan')!r} is not a library plan of this collective "

@@ -125,6 +125,11 @@ class SendRecv(Collective):
 _BY_NAME = {c.name: c for c in (AllReduce, AllGather, ReduceScatter, AllToAll, SendRecv)}
 
 
+def collective_names() -> tuple:
+    """The collectives a plan's "collective" entry may name."""
+    return tuple(_BY_NAME)
+
+
 def collective_from(d: dict) -> Collective:
     """The collective a plan's "collective" entry describes."""
     name = d.get("name")

@@ -19,11 +19,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from .collectives import collective_from
+from .collectives import collective_from, collective_names
 from .plan_format import MAX_OPERANDS
 from .program import BUFFER_KINDS, PROTOCOLS, DSLError
 
-__all__ = ["OP_KINDS", "PACKET_READS", "PLAN_VERSION", "Plan", "PlanError", "load_plan"]
+__all__ = ["OP_KINDS", "PACKET_READS", "PLAN_VERSION", "Plan", "PlanError", "load_plan", "plan_schema"]
 
 PLAN_VERSION = 1
 # op kind -> (has dst, number of srcs (None: one or more), needs a channel)
@@ -61,6 +61,8 @@ OP_KINDS: Dict[str, tuple] = {
 # Op kinds whose sources are LL packets (in the scratch buffer)
 PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 CHANNEL_TYPES = ("memory", "port", "switch")
+# The keys of a plan file.
+_PLAN_KEYS = ("version", "name", "protocol", "instances", "collective", "buffers", "sizes", "channels", "ranks")
 
 
 class PlanError(DSLError):
@@ -145,6 +147,85 @@ def load_plan(path: str) -> Plan:
     return Plan.from_dict(data, where=f"plan {path!r}")
 
 
+def plan_schema() -> dict:
+    """The JSON Schema (draft 2020-12) of a plan file, built from the tables
+    the checks below read (op kinds, their fields, buffers, protocols, channel
+    types), so the two cannot drift; published as
+    ``pyccl/schemas/plan.schema.json``.
+
+    It states the shape: keys, types, ranges, each op kind's fields and source
+    count. What needs the whole plan (a chunk inside its buffer, a channel
+    used from its own side, ids in order) only :func:`load_plan` checks; it
+    names the rank, thread block and op."""
+    chunk = {"type": "array", "prefixItems": [{"type": "integer", "minimum": 0}, {"enum": list(BUFFER_KINDS)},
+                                              {"type": "integer", "minimum": 0}, {"type": "integer", "minimum": 1}],
+             "items": False, "minItems": 4, "description": "[rank, buffer, first chunk, chunk count]"}
+    chunks = {"type": "array", "items": {"$ref": "#/$defs/chunk"}}
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1, "uniqueItems": True}
+    field_schemas = {
+        "op": {"enum": sorted(OP_KINDS)}, "line": {"type": "string", "description": "the DSL source line"},
+        "reduce_op": {"enum": ["sum", "min", "max", "prod"]}, "srcs": chunks, "dst": {"$ref": "#/$defs/chunk"},
+        "dsts": {**chunks, "minItems": 1, "maxItems": MAX_OPERANDS}, "init": {"$ref": "#/$defs/chunk"},
+        "copy_to": {**chunks, "minItems": 1, "maxItems": MAX_OPERANDS - 1},
+        "channel": {"type": "integer", "minimum": 0}, "channels": ids, "tbs": {**ids, "minItems": 2},
+    }
+    ops = []
+    for kind, (has_dst, nsrcs, needs_channel) in sorted(OP_KINDS.items()):
+        fields = _fields_of(kind, has_dst, needs_channel)
+        srcs = {"minItems": 1} if nsrcs is None else {"minItems": nsrcs, "maxItems": nsrcs}
+        required = ["op"] + [f for f, needed in (("dst", has_dst), ("channel", needs_channel)) if needed]
+        required += ["srcs"] if nsrcs != 0 else []
+        required += [f for f in ("dsts", "tbs") if f in fields and kind != "reduce_put"]
+        required += ["channels"] if "channels" in fields and kind not in ("reduce_put",) else []
+        ops.append({"if": {"properties": {"op": {"const": kind}}, "required": ["op"]},
+                    "then": {"required": required, "properties": {"srcs": srcs},
+                             "propertyNames": {"enum": sorted(fields)}}})
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"urn:pyccl:plan:{PLAN_VERSION}",
+        "title": f"pyccl execution plan, version {PLAN_VERSION} (docs/plans.md)",
+        "type": "object",
+        "required": ["version", "name", "collective", "protocol", "instances", "buffers", "channels", "ranks"],
+        "propertyNames": {"enum": list(_PLAN_KEYS)},
+        "properties": {
+            "version": {"const": PLAN_VERSION},
+            "name": {"type": "string"},
+            "protocol": {"enum": list(PROTOCOLS)},
+            "instances": {"type": "integer", "minimum": 1, "maximum": (1 << 16) - 1},
+            "sizes": {"oneOf": [{"type": "null"},
+                                {"type": "array", "items": {"type": "integer", "minimum": 0},
+                                 "minItems": 2, "maxItems": 2, "description": "[min, max] message bytes"}]},
+            "collective": {"type": "object", "required": ["name", "num_ranks"],
+                           "properties": {"name": {"enum": list(collective_names())},
+                                          "num_ranks": {"type": "integer", "minimum": 1},
+                                          "chunks": {"type": "integer", "minimum": 1},
+                                          "in_place": {"type": "boolean"}, "shift": {"type": "integer"}}},
+            "buffers": {"type": "object", "required": list(BUFFER_KINDS), "additionalProperties": False,
+                        "properties": {k: {"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1}
+                                       for k in BUFFER_KINDS}},
+            "channels": {"type": "array", "items": {"$ref": "#/$defs/channel"}},
+            "ranks": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["rank", "threadblocks"], "additionalProperties": False,
+                "properties": {"rank": {"type": "integer", "minimum": 0}, "threadblocks": {
+                    "type": "array", "items": {
+                        "type": "object", "required": ["id", "ops"], "additionalProperties": False,
+                        "properties": {"id": {"type": "integer", "minimum": 0},
+                                       "ops": {"type": "array", "items": {"$ref": "#/$defs/op"}}}}}}}},
+        },
+        "$defs": {
+            "chunk": chunk,
+            "channel": {"type": "object", "required": ["id", "type"],
+                        "properties": {"id": {"type": "integer", "minimum": 0}, "type": {"enum": list(CHANNEL_TYPES)},
+                                       "src": {"type": "integer", "minimum": 0},
+                                       "dst": {"type": "integer", "minimum": 0},
+                                       "ranks": {**ids, "minItems": 2}, "buffer": {"enum": list(BUFFER_KINDS)}},
+                        "if": {"properties": {"type": {"const": "switch"}}},
+                        "then": {"required": ["ranks", "buffer"]}, "else": {"required": ["src", "dst"]}},
+            "op": {"type": "object", "required": ["op"], "properties": field_schemas, "allOf": ops},
+        },
+    }
+
+
 def _fail(where: str, what: str) -> None:
     raise PlanError(f"{where}: {what}")
 
@@ -187,6 +268,9 @@ def _validate(d: Any, where: str) -> None:
     for key in ("name", "collective", "protocol", "instances", "buffers", "channels", "ranks"):
         if key not in d:
             _fail(where, f"missing {key!r}")
+    unknown = set(d) - set(_PLAN_KEYS)
+    if unknown:  # a misspelt "sizes", say, would otherwise be dropped without a word
+        _fail(where, f"unknown key(s) {', '.join(sorted(map(str, unknown)))} (a plan has {', '.join(_PLAN_KEYS)})")
     sizes = d.get("sizes")
     if sizes is not None and (not isinstance(sizes, list) or len(sizes) != 2):
         _fail(where, f"sizes must be [min, max] bytes or null, got {sizes!r}")
@@ -236,11 +320,12 @@ def _validate(d: Any, where: str) -> None:
         _fail(where, f"ranks must list all {n} ranks")
     for r, entry in enumerate(ranks):
         w = f"{where}: rank {r}"
-        if not isinstance(entry, dict) or entry.get("rank") != r or not isinstance(entry.get("threadblocks"), list):
+        if not isinstance(entry, dict) or entry.get("rank") != r or not isinstance(entry.get("threadblocks"), list) \
+                or len(entry) != 2:
             _fail(w, "must be {'rank': r, 'threadblocks': [...]} in rank order")
         for t, tb in enumerate(entry["threadblocks"]):
             wt = f"{w} thread block {t}"
-            if not isinstance(tb, dict) or tb.get("id") != t or not isinstance(tb.get("ops"), list):
+            if not isinstance(tb, dict) or tb.get("id") != t or not isinstance(tb.get("ops"), list) or len(tb) != 2:
                 _fail(wt, "must be {'id': t, 'ops': [...]} in id order")
             for k, op in enumerate(tb["ops"]):
                 try:
