@@ -12,4 +12,5 @@ def dynamic_metadata(field: str, settings: dict) -> list:
         raise RuntimeError(f"scripts/build_metadata.py provides 'dependencies' without settings, not {field!r}")
     import torch
 
-    return [f"torch=={torch.__version__.split('+')[0]}", "numpy"]
+    # tqdm: pyccl.tune's progress bar (pyccl.bench runs without one where it is missing).
+    return [f"torch=={torch.__version__.split('+')[0]}", "numpy", "tqdm"]

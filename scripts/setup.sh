@@ -75,12 +75,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
   "$PY" -m pip install -q "${missing[@]}"
 fi
-# torch's own distributed test suite, run on pyccl by tests/torch_distributed_suite.py, imports torch's test
-# dependency expecttest. Optional: offline, that one test skips.
-if ! "$PY" -c "import expecttest" 2>/dev/null; then
-  "$PY" -m pip install -q --retries 1 --timeout 10 expecttest >/dev/null 2>&1 ||
-    log "expecttest not installed (offline?): tests/test_torch_suite.py will skip"
-fi
+# Installed where the network allows; offline (GPU machines), what needs them says so and goes on:
+# - tqdm, pyccl.tune's progress bar (a dependency of the package; the tune runs without the bar);
+# - jsonschema, for tests/test_schemas.py (the published schemas of plans and tuning tables);
+# - expecttest, which torch's own distributed test suite imports (tests/torch_distributed_suite.py).
+for module in tqdm jsonschema expecttest; do
+  if ! "$PY" -c "import $module" 2>/dev/null; then
+    "$PY" -m pip install -q --retries 1 --timeout 10 "$module" >/dev/null 2>&1 ||
+      log "$module not installed (offline?): the parts that use it skip or go without"
+  fi
+done
 
 # A Python extension must share libstdc++ with torch. A compiler (or wrapper
 # script) that links libstdc++ statically gives the module a second copy whose

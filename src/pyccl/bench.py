@@ -76,6 +76,7 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 from typing import Dict, List, Optional  # noqa: E402
 
 from . import bench_args  # noqa: E402
+from ._logging import logger as log  # noqa: E402
 from ._spawn import RankFailure  # noqa: E402
 from .bench_timing import BUS_FACTOR as _BUS_FACTOR  # noqa: E402
 from .bench_timing import align_trials, align_trials_with, time_eager, time_graph  # noqa: E402
@@ -199,14 +200,15 @@ def _check(collective: str, label: str, got: torch.Tensor, ref: torch.Tensor, nb
         raise AssertionError(f"{collective} {label}: wrong result at {nbytes} bytes")
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    """A one-line progress bar on stderr."""
-    width = 30
-    filled = width * done // max(total, 1)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<40}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def _progress_bar(total: int):
+    """A progress bar on stderr (tqdm), or None where tqdm is missing (an
+    install without pyccl's dependencies): the run goes on without one."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        log.info("no progress bar: tqdm is not installed (pip install tqdm)")
+        return None
+    return tqdm(total=total, unit="size", file=sys.stderr, dynamic_ncols=True)
 
 
 def _header(collective: str, about: dict, cols: List[str]) -> str:
@@ -313,6 +315,7 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
         sym_in = pyccl.symmetric_empty(max(sizes), dtype=torch.uint8, comm=comm)
         sym_out = pyccl.symmetric_empty(max(sizes), dtype=torch.uint8, comm=comm)
     tables = {}
+    bar = _progress_bar(len(collectives) * len(sizes)) if progress and rank == 0 else None
     for collective in collectives:
         rows = []
         for nbytes in sizes:
@@ -414,12 +417,14 @@ def _bench_rank(rank, world, store, collectives, sizes, dtype_name, iters, trial
             rows.append(row)
             if report is not None:
                 report.row(collective, row)
-            if progress and rank == 0:
-                _progress(len(tables) * len(sizes) + len(rows), len(collectives) * len(sizes),
-                          f"{collective} {whole} B")
+            if bar is not None:
+                bar.set_postfix_str(f"{collective} {whole} B", refresh=False)
+                bar.update(1)
         if plans and collective in pyccl.tuning.PLANS:
             _time_plans(comm, collective, rows, world, dtype, device, rank, timed)
         tables[collective] = rows
+    if bar is not None:
+        bar.close()
     align_trials(None)
     comm.close()
     nccl.close()
