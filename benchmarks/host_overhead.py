@@ -38,13 +38,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "src"))
 
 
 # A GPU sleep longer than the host takes to enqueue one timed loop (about 10 ms at the H100/H200 SM clock):
