@@ -1,6 +1,7 @@
 """Rank functions of test_call_history.py (importable by spawned ranks)."""
 
 import datetime
+import logging
 import os
 import tempfile
 
@@ -28,9 +29,20 @@ def calls_recorded(rank, world, store):
     pyccl.reduce_scatter(x, comm=comm)
     pyccl.all_reduce(x, comm=comm, algorithm="2pa_ll")
     history = comm.history()
-    dumped = pyccl.dump_history(comm=comm)
+    logged = []  # what dump_history logs, at INFO
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logger = logging.getLogger("pyccl")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        dumped = pyccl.dump_history(comm=comm)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     comm.close()
-    return labels, history, dumped
+    return labels, history, dumped, logged
 
 
 def a_failed_call_is_named(rank, world, store):

@@ -11,7 +11,7 @@ from pyccl._spawn import run_ranks
 
 
 def test_every_call_is_recorded_and_labelled():
-    for labels, history, dumped in run_ranks(rh.calls_recorded, 2, timeout=120):
+    for labels, history, dumped, logged in run_ranks(rh.calls_recorded, 2, timeout=120):
         assert labels == ["pyccl all_gather ll 1024 B #2", "pyccl all_reduce 1pa_ll bfloat16 512 B #1"], labels
         assert [(r["seq"], r["op"], r["algorithm"], r["dtype"], r["bytes"]) for r in history] == [
             (1, "all_reduce", "1pa_ll", "bfloat16", 512),
@@ -22,14 +22,18 @@ def test_every_call_is_recorded_and_labelled():
         assert all(r["state"] == "enqueued" and not r["captured"] for r in history), history
         assert [r["enqueued_us"] for r in history] == sorted(r["enqueued_us"] for r in history)
         assert [(r["name"], r["seq"]) for r in dumped] == [("history", s) for s in (1, 2, 3, 4)], dumped
+        # Logged in the format a breaking communicator logs (one formatter, C++'s).
+        assert len(logged) == 1 and "the last 4 of 4 calls" in logged[0], logged
+        assert "#1 all_reduce 1pa_ll bfloat16 512 B, enqueued" in logged[0], logged
+        assert "#4 all_reduce 2pa_ll bfloat16 512 B" in logged[0] and logged[0].endswith("UTC: enqueued"), logged
 
 
 def test_the_recorder_keeps_the_last_calls_it_is_sized_for():
     out = run_ranks(rh.calls_recorded, 2, timeout=120, env={"PYCCL_HISTORY_SIZE": "2"})
-    for _, history, _ in out:
+    for _, history, _, _ in out:
         assert [r["seq"] for r in history] == [3, 4], history
     out = run_ranks(rh.calls_recorded, 2, timeout=120, env={"PYCCL_HISTORY_SIZE": "0"})
-    for labels, history, _ in out:
+    for labels, history, _, _ in out:
         assert history == [] and len(labels) == 2, (history, labels)
 
 

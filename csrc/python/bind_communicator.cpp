@@ -227,6 +227,10 @@ void bindCommunicator(py::module_& m) {
         return out;
       })
       .def_property_readonly("history_total", &Communicator::historyTotal)
+      // The text a breaking communicator logs (describeHistory): one format for every dump of the recorder.
+      .def("describe_history", [](const Communicator& c) {
+        return describeHistory(c.history(), c.failedCallTag(), c.historyTotal());
+      })
       .def("create_memory_channel", [](Communicator& c, int peer, const RegisteredMemory& local,
                                        std::optional<RegisteredMemory> packets) {
         py::gil_scoped_release release;

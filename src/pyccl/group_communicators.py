@@ -69,12 +69,9 @@ def dump_history(group: Optional[dist.ProcessGroup] = None, *, comm: Optional[Co
                  if key[0] == id(pg) and entry[0]() is pg and not entry[1]._comm.closed]
     records = []
     for c in comms:
-        mine = [dict(r, name=c.name, rank=c.rank) for r in c.history()]
-        for r in mine:
-            logger.info("%s rank %d: #%d %s %s %s %d B%s: %s", r["name"], r["rank"], r["seq"], r["op"],
-                        r["algorithm"], r["dtype"] or "", r["bytes"], " (captured)" if r["captured"] else "",
-                        r["state"])
-        records += mine
+        records += [dict(r, name=c.name, rank=c.rank) for r in c.history()]
+        # The text a breaking communicator logs, in the same format.
+        logger.info("communicator %r rank %d: %s", c.name, c.rank, c._comm.describe_history())
     return records
 
 
