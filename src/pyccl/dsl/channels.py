@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence
 
-from .program import ChunkRange, DSLError, Op, _user_line, current_program
+from .program import OP_REDUCTIONS, ChunkRange, DSLError, Op, _user_line, current_program
 
 __all__ = ["MemoryChannel", "PortChannel", "SwitchChannel", "ThreadBlockGroup"]
 
@@ -83,7 +83,7 @@ class _PairChannel:
             if tb not in tb_group.tbs:
                 raise DSLError(f"{_user_line()}: tb {tb} is not in its tb_group {tb_group.tbs}")
             group = tb_group.tbs
-        if reduce_op is not None and reduce_op not in ("sum", "min", "max", "prod"):
+        if reduce_op is not None and reduce_op not in OP_REDUCTIONS:
             raise DSLError(f"{_user_line()}: reduce op {reduce_op!r} (expected sum, min, max or prod)")
         srcs = [src, *extra]
         return prog._record(Op(kind, self.src, prog._tb(tb), dst=dst, srcs=srcs, channel=self.id,

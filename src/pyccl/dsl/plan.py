@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from .collectives import collective_from, collective_names
 from .plan_format import MAX_OPERANDS
-from .program import BUFFER_KINDS, PROTOCOLS, DSLError
+from .program import BUFFER_KINDS, OP_REDUCTIONS, PROTOCOLS, DSLError
 
 __all__ = ["OP_KINDS", "PACKET_READS", "PLAN_VERSION", "Plan", "PlanError", "load_plan", "plan_schema"]
 
@@ -164,7 +164,7 @@ def plan_schema() -> dict:
     ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1, "uniqueItems": True}
     field_schemas = {
         "op": {"enum": sorted(OP_KINDS)}, "line": {"type": "string", "description": "the DSL source line"},
-        "reduce_op": {"enum": ["sum", "min", "max", "prod"]}, "srcs": chunks, "dst": {"$ref": "#/$defs/chunk"},
+        "reduce_op": {"enum": list(OP_REDUCTIONS)}, "srcs": chunks, "dst": {"$ref": "#/$defs/chunk"},
         "dsts": {**chunks, "minItems": 1, "maxItems": MAX_OPERANDS}, "init": {"$ref": "#/$defs/chunk"},
         "copy_to": {**chunks, "minItems": 1, "maxItems": MAX_OPERANDS - 1},
         "channel": {"type": "integer", "minimum": 0}, "channels": ids, "tbs": {**ids, "minItems": 2},
@@ -462,7 +462,7 @@ def _validate_op(op, where: str, buffers, num_ranks: int, channels: list, num_tb
         if tb not in tbs:
             _fail(where, f"barrier thread blocks {tbs} must include thread block {tb}")
     reduce_op = op.get("reduce_op")
-    if reduce_op is not None and (not isinstance(reduce_op, str) or reduce_op not in ("sum", "min", "max", "prod")):
+    if reduce_op is not None and (not isinstance(reduce_op, str) or reduce_op not in OP_REDUCTIONS):
         _fail(where, f"reduce_op must be sum, min, max or prod, got {reduce_op!r}")
     _validate_endpoints(op, where, channels, rank)
 

@@ -28,6 +28,8 @@ __all__ = ["Buffer", "ChunkRange", "DSLError", "Op", "Program", "current_program
 
 BUFFER_KINDS = ("input", "output", "scratch")
 PROTOCOLS = ("ll", "hb")
+#: The reductions an op of a program or a plan may name.
+OP_REDUCTIONS = ("sum", "min", "max", "prod")
 
 _state = threading.local()
 
@@ -254,7 +256,7 @@ class Program:
                                "reads only its own rank's buffers (use a channel for a peer's)")
             if s.count != dst.count:
                 raise DSLError(f"{_user_line()}: {kind} of {dst.count} chunks from {s} ({s.count} chunks)")
-        if reduce_op is not None and reduce_op not in ("sum", "min", "max", "prod"):
+        if reduce_op is not None and reduce_op not in OP_REDUCTIONS:
             raise DSLError(f"{_user_line()}: reduce op {reduce_op!r} (expected sum, min, max or prod)")
         self._record(Op(kind, dst.rank, self._tb(tb), dst=dst, srcs=srcs, reduce_op=reduce_op))
 
