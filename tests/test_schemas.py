@@ -92,12 +92,7 @@ def _set(path, value):
 
 def _edit_op(**fields):
     def change(d):
-        op = _first_op(d)
-        for k, v in fields.items():
-            if v is None:
-                op.pop(k, None)
-            else:
-                op[k] = v
+        _first_op(d).update(fields)
     return change
 
 

@@ -61,6 +61,8 @@ PLANS: Dict[str, tuple] = {
 }
 PLAN_SHAPES = tuple((instances, threads) for instances in (8, 32, 128) for threads in (256, 512))
 _MAX_INSTANCES = 1024
+# A plan entry's threads per block: whole warps, up to a block's limit.
+_MIN_THREADS, _MAX_THREADS = 32, 1024
 
 
 def plan_column(name: str) -> str:
@@ -239,7 +241,8 @@ def table_schema() -> dict:
                 "properties": {"max_bytes": max_bytes, "algorithm": {"const": "plan"},
                                "plan": {"enum": list(PLANS[collective])},
                                "instances": {"type": "integer", "minimum": 1, "maximum": _MAX_INSTANCES},
-                               "threads": {"type": "integer", "minimum": 32, "maximum": 1024, "multipleOf": 32},
+                               "threads": {"type": "integer", "minimum": _MIN_THREADS, "maximum": _MAX_THREADS,
+                                           "multipleOf": _MIN_THREADS},
                                "kernel": {"enum": [k for k in CANDIDATES[collective] if k != "nccl"]}}})
         return {"type": "array", "items": {"oneOf": choices}}
 
@@ -269,8 +272,9 @@ def _check_plan_entry(e: dict, where: str, names: tuple) -> None:
     instances, threads = e.get("instances"), e.get("threads")
     if not isinstance(instances, int) or not 1 <= instances <= _MAX_INSTANCES:
         raise InvalidArgumentError(f"{where}: 'instances' must be an integer in 1..{_MAX_INSTANCES}, got {instances!r}")
-    if not isinstance(threads, int) or not 32 <= threads <= 1024 or threads % 32:
-        raise InvalidArgumentError(f"{where}: 'threads' must be a multiple of 32 in 32..1024, got {threads!r}")
+    if not isinstance(threads, int) or not _MIN_THREADS <= threads <= _MAX_THREADS or threads % _MIN_THREADS:
+        raise InvalidArgumentError(f"{where}: 'threads' must be a multiple of {_MIN_THREADS} in "
+                                   f"{_MIN_THREADS}..{_MAX_THREADS}, got {threads!r}")
 
 
 def select_entry(table: Optional[dict], collective: str, nbytes: int) -> Optional[dict]:

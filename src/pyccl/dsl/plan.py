@@ -61,6 +61,10 @@ OP_KINDS: Dict[str, tuple] = {
 # Op kinds whose sources are LL packets (in the scratch buffer)
 PACKET_READS = ("unpack", "multi_unpack", "reduce_packets", "reduce_put_packets")
 CHANNEL_TYPES = ("memory", "port", "switch")
+# Exclusive upper bounds of a plan's instance count and of a buffer's chunk count (the interpreter's chunk
+# fields are int32), read by the checks and the schema.
+_INSTANCES_LIMIT = 1 << 16
+_CHUNKS_LIMIT = 1 << 31
 # The keys of a plan file.
 _PLAN_KEYS = ("version", "name", "protocol", "instances", "collective", "buffers", "sizes", "channels", "ranks")
 
@@ -175,8 +179,8 @@ def plan_schema() -> dict:
         srcs = {"minItems": 1} if nsrcs is None else {"minItems": nsrcs, "maxItems": nsrcs}
         required = ["op"] + [f for f, needed in (("dst", has_dst), ("channel", needs_channel)) if needed]
         required += ["srcs"] if nsrcs != 0 else []
-        required += [f for f in ("dsts", "tbs") if f in fields and kind != "reduce_put"]
-        required += ["channels"] if "channels" in fields and kind not in ("reduce_put",) else []
+        # reduce_put's dsts and channels are optional (more peers); every other op that takes them needs them.
+        required += [f for f in ("dsts", "channels", "tbs") if f in fields and kind != "reduce_put"]
         ops.append({"if": {"properties": {"op": {"const": kind}}, "required": ["op"]},
                     "then": {"required": required, "properties": {"srcs": srcs},
                              "propertyNames": {"enum": sorted(fields)}}})
@@ -191,7 +195,7 @@ def plan_schema() -> dict:
             "version": {"const": PLAN_VERSION},
             "name": {"type": "string"},
             "protocol": {"enum": list(PROTOCOLS)},
-            "instances": {"type": "integer", "minimum": 1, "maximum": (1 << 16) - 1},
+            "instances": {"type": "integer", "minimum": 1, "maximum": _INSTANCES_LIMIT - 1},
             "sizes": {"oneOf": [{"type": "null"},
                                 {"type": "array", "items": {"type": "integer", "minimum": 0},
                                  "minItems": 2, "maxItems": 2, "description": "[min, max] message bytes"}]},
@@ -201,7 +205,7 @@ def plan_schema() -> dict:
                                           "chunks": {"type": "integer", "minimum": 1},
                                           "in_place": {"type": "boolean"}, "shift": {"type": "integer"}}},
             "buffers": {"type": "object", "required": list(BUFFER_KINDS), "additionalProperties": False,
-                        "properties": {k: {"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1}
+                        "properties": {k: {"type": "integer", "minimum": 0, "maximum": _CHUNKS_LIMIT - 1}
                                        for k in BUFFER_KINDS}},
             "channels": {"type": "array", "items": {"$ref": "#/$defs/channel"}},
             "ranks": {"type": "array", "minItems": 1, "items": {
@@ -281,7 +285,7 @@ def _validate(d: Any, where: str) -> None:
         _fail(where, "name must be a string")
     if d["protocol"] not in PROTOCOLS:
         _fail(where, f"protocol must be one of {PROTOCOLS}, got {d['protocol']!r}")
-    _int(d["instances"], where, "instances", 1, 1 << 16)
+    _int(d["instances"], where, "instances", 1, _INSTANCES_LIMIT)
     if not isinstance(d["collective"], dict):
         _fail(where, "collective must be an object")
     try:
@@ -293,7 +297,7 @@ def _validate(d: Any, where: str) -> None:
     if not isinstance(buffers, dict) or set(buffers) != set(BUFFER_KINDS):
         _fail(where, f"buffers must give chunk counts for {BUFFER_KINDS}, got {buffers!r}")
     for k in BUFFER_KINDS:
-        _int(buffers[k], where, f"buffers.{k}", 0, 1 << 31)  # the interpreter's chunk fields are int32
+        _int(buffers[k], where, f"buffers.{k}", 0, _CHUNKS_LIMIT)
     k = d["instances"]
     if buffers["input"] < coll.input_chunks * k or buffers["output"] < coll.output_chunks * k:
         _fail(where, f"buffers {buffers} are smaller than the collective's ({coll.input_chunks * k} input and "
