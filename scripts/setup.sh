@@ -148,7 +148,7 @@ fi
 
 # Rebuild only when a build input changed.
 stamp="$VENV/.pyccl-build-stamp"
-digest="$(cd "$PYCCL_ROOT" && find csrc CMakeLists.txt pyproject.toml scripts/torch_build_info.py scripts/build_metadata.py -type f \
+digest="$(cd "$PYCCL_ROOT" && find csrc src/pyccl/tuning_tables CMakeLists.txt pyproject.toml scripts/torch_build_info.py scripts/build_metadata.py -type f \
             -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${CXX:-}-$([ -f "$verbs_h" ] && echo verbs || true)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c "import pyccl._C" 2>/dev/null; then
   log "building pyccl (log: $VENV/pyccl-build.log)"

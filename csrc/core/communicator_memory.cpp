@@ -39,6 +39,8 @@ RegisteredMemory Communicator::registerMemory(void* ptr, size_t size, std::share
   d.nodeKey = nodeKey_;
   d.fdServer = fdServer_->address();
   d.token = randomU64();
+  d.processKey = processKey();
+  d.address = reinterpret_cast<uintptr_t>(ptr);
 
   if (hostMode()) {
     int ownerDevice = -1;
@@ -115,6 +117,12 @@ RegisteredMemory Communicator::importMemoryFrom(const Bytes& descriptor, bool sa
                   "describes CUDA memory of rank ", d.ownerRank,
                   ", which a host-mode communicator cannot map");
   std::shared_ptr<ImportedDeviceMemory> imported;
+  if (d.kind == MemoryKind::kCudaIpc && d.processKey == processKey()) {
+    // The owner is a communicator of this process on another GPU: its address, reached by peer access.
+    if (d.device != device_) gpu::enablePeerAccess(device_, d.device);
+    impl->data = reinterpret_cast<void*>(static_cast<uintptr_t>(d.address));
+    return trackMemory(std::move(impl));
+  }
   if (d.kind == MemoryKind::kCudaIpc) {
     PYCCL_CHECK_ARG(d.ipcHandle.size() == sizeof(cudaIpcMemHandle_t), "descriptor",
                     "has a CUDA IPC handle of ", d.ipcHandle.size(), " bytes");

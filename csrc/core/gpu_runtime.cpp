@@ -55,6 +55,18 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
 }
 
+int currentDevice() {
+  int device = -1;
+  PYCCL_CHECK_CUDA(cudaGetDevice(&device));
+  return device;
+}
+
+std::string deviceName(int device) {
+  cudaDeviceProp prop{};
+  PYCCL_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 std::string deviceUuid(int device) {
   cudaDeviceProp prop{};
   PYCCL_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
@@ -149,6 +161,19 @@ void relaxCaptureModeOfThisThread() {
   // thread's first copy then reports): no throw from a thread's start.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) cudaGetLastError();
+}
+
+void enablePeerAccess(int device, int peer) {
+  int can = 0;
+  PYCCL_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, device, peer));
+  if (!can) throw UnsupportedError(strCat("cuda:", device, " cannot access cuda:", peer, " by P2P"));
+  DeviceGuard guard(device);
+  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();
+    return;
+  }
+  PYCCL_CHECK_CUDA(e);
 }
 
 bool isDevicePointer(const void* ptr, int* device) {
@@ -269,6 +294,8 @@ void checkDevice(int device, const char* arg) {
 }
 DeviceGuard::DeviceGuard(int) { noCuda("DeviceGuard"); }
 DeviceGuard::~DeviceGuard() = default;
+int currentDevice() { noCuda("currentDevice"); }
+std::string deviceName(int) { noCuda("deviceName"); }
 std::string deviceUuid(int) { noCuda("deviceUuid"); }
 std::string pciBusId(int) { noCuda("pciBusId"); }
 int computeCapability(int) { noCuda("computeCapability"); }
@@ -281,6 +308,7 @@ void copyToHost(int, void*, const void*, size_t) { noCuda("copyToHost"); }
 void copyToDevice(int, void*, const void*, size_t) { noCuda("copyToDevice"); }
 void raiseDeviceFlag(int, uint32_t*, const uint32_t*) { noCuda("raiseDeviceFlag"); }
 void relaxCaptureModeOfThisThread() {}
+void enablePeerAccess(int, int) { noCuda("enablePeerAccess"); }
 bool isDevicePointer(const void*, int*) { return false; }
 StreamEvent::StreamEvent(int, void*) : device_(-1) { noCuda("StreamEvent"); }
 StreamEvent::~StreamEvent() = default;

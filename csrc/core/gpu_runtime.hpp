@@ -59,6 +59,9 @@ class OptionalDeviceGuard {
   std::optional<DeviceGuard> guard_;
 };
 
+/// The calling thread's current CUDA device (cudaGetDevice), and a device's name ("NVIDIA H200").
+int currentDevice();
+std::string deviceName(int device);
 /// The device's UUID as 32 hex digits, and its PCI bus id ("0000:18:00.0").
 std::string deviceUuid(int device);
 std::string pciBusId(int device);
@@ -89,6 +92,10 @@ void raiseDeviceFlag(int device, uint32_t* flag, const uint32_t* value);
 /// a private stream and are never part of a capture, so it opts out of the
 /// global capture mode's refusal of them. Call once, at the thread's start; never throws.
 void relaxCaptureModeOfThisThread();
+
+/// Lets kernels on `device` reach `peer`'s memory by address (cudaDeviceEnablePeerAccess; already enabled is
+/// fine). UnsupportedError where the two GPUs have no P2P path.
+void enablePeerAccess(int device, int peer);
 
 /// Whether `ptr` is device memory (false for host or unknown pointers).
 bool isDevicePointer(const void* ptr, int* device);

@@ -1,13 +1,30 @@
 #include "core/registered_memory.hpp"
 
+#include <unistd.h>
+
+#include <mutex>
+#include <random>
+
 #include "core/errors.hpp"
 #include "core/fd_passing.hpp"
 
 namespace pyccl {
 namespace {
 constexpr uint32_t kDescriptorMagic = 0x50434d44;  // "PCMD"
-constexpr uint32_t kDescriptorVersion = 1;
+constexpr uint32_t kDescriptorVersion = 2;
 }  // namespace
+
+uint64_t processKey() {
+  static std::mutex mu;
+  static pid_t drawnIn = 0;
+  static uint64_t key = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (drawnIn != getpid()) {
+    drawnIn = getpid();
+    key = (std::random_device{}() | (uint64_t{std::random_device{}()} << 32)) ^ static_cast<uint64_t>(drawnIn);
+  }
+  return key;
+}
 
 const char* memoryKindName(MemoryKind kind) {
   switch (kind) {
@@ -27,7 +44,7 @@ Bytes MemoryDescriptor::serialize() const {
   w.putBytes(ipcHandle.data(), ipcHandle.size());
   w.put<uint64_t>(chunkOffsets.size());
   for (size_t i = 0; i < chunkOffsets.size(); ++i) w.put(chunkOffsets[i]).put(chunkSizes[i]);
-  w.put(granularity);
+  w.put(granularity).put(processKey).put(address);
   return w.take();
 }
 
@@ -60,6 +77,8 @@ MemoryDescriptor MemoryDescriptor::deserialize(const Bytes& bytes) {
     d.chunkSizes.push_back(r.get<uint64_t>());
   }
   d.granularity = r.get<uint64_t>();
+  d.processKey = r.get<uint64_t>();
+  d.address = r.get<uint64_t>();
   PYCCL_CHECK_ARG(r.atEnd(), "memory descriptor", "has trailing bytes");
   PYCCL_CHECK_ARG(d.size > 0, "memory descriptor", "has size 0");
   return d;

@@ -44,10 +44,19 @@ struct MemoryDescriptor {
   std::vector<uint64_t> chunkOffsets;
   std::vector<uint64_t> chunkSizes;
   uint64_t granularity = 0;
+  /// The owner's process (processKey()) and the range's address there. A peer in that same process (one
+  /// process driving several GPUs, as ncclCommInitAll does) maps kCudaIpc memory by this address, with peer
+  /// access enabled: CUDA IPC refuses to open a handle in the process that made it.
+  uint64_t processKey = 0;
+  uint64_t address = 0;
 
   Bytes serialize() const;
   static MemoryDescriptor deserialize(const Bytes& bytes);
 };
+
+/// This process's key in descriptors: its pid and a random number drawn once per process (a forked child
+/// draws its own).
+uint64_t processKey();
 
 class RegisteredMemory {
  public:

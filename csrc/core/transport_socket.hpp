@@ -39,6 +39,11 @@ class SocketListener {
   int port_ = 0;
 };
 
+/// Writes all of `data` to the stream socket `fd` (no SIGPIPE); false where the connection failed.
+bool sendAll(int fd, const void* data, size_t size);
+/// Reads exactly `size` bytes; false on EOF or error (the caller tells which from errno).
+bool recvAll(int fd, void* data, size_t size);
+
 /// Connects to "ip:port", retrying until `timeout`.
 UniqueFd connectTo(const std::string& address, std::chrono::milliseconds timeout);
 

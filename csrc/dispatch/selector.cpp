@@ -139,6 +139,26 @@ const std::vector<std::string>& algorithmsOf(Collective c) {
   return c == Collective::kAllReduce ? allReduce : exchange;
 }
 
+std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice) {
+  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
+  return parseAllReduceAlgorithm(choice.algorithm, "algorithm");
+}
+
+std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice) {
+  if (choice.symmetricAlgorithm.empty() || choice.symmetricAlgorithm == "nccl") return std::nullopt;
+  return parseAllReduceAlgorithm(choice.symmetricAlgorithm, "algorithm");
+}
+
+std::optional<Protocol> protocolOf(const Choice& choice) {
+  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
+  return parseProtocol(choice.algorithm, "algorithm");
+}
+
+std::array<uint64_t, kCollectives> defaultNcclMinBytes() {
+  // all_reduce, all_gather, reduce_scatter, all_to_all, broadcast
+  return {16ull << 20, 64ull << 20, 32ull << 20, 64ull << 20, 4ull << 20};
+}
+
 DefaultKernel engineDefaults(std::shared_ptr<CollectiveEngine> engine) {
   return [engine = std::move(engine)](Collective c, uint64_t bytes, bool symmetric) -> std::string {
     if (engine == nullptr) return "";

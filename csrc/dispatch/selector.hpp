@@ -2,7 +2,7 @@
 // engine, a DSL plan through the plan interpreter, the NCCL the caller has
 // (a torch group's, or the process group's delegate), or the collectives run
 // across nodes. It is made here and nowhere else, for every entry point
-// (pyccl.*, torch.ops.pyccl.*, the "pyccl" process group), in this order:
+// (pyccl.*, torch.ops.pyccl.*, the "pyccl" process group, NCCL's C API), in this order:
 //
 //   1. a forced algorithm: the call's own argument, else PYCCL_ALGO; then,
 //      for an all-reduce or reduce-scatter of a dtype the kernels do not
@@ -35,8 +35,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "collectives/collective_launch.hpp"
 
 namespace pyccl {
 
@@ -70,6 +73,12 @@ struct RouteEntry {
   /// fastest kernel the tuner measured there, or "nccl"; "" for the defaults'.
   std::string fallback;
 };
+
+/// Where no tuning table decides, NCCL runs a collective from this many bytes (of the whole buffer) for a caller
+/// that has it, per collective (Collective order). The sizes follow where NCCL caught up with pyccl's kernels on
+/// 8 x H200 NVLink, the largest world measured; at 2 and 4 ranks on H100 and H200 the kernels lead at every
+/// all-reduce size, and those tables never pick NCCL for it (docs/performance.md).
+std::array<uint64_t, kCollectives> defaultNcclMinBytes();
 
 /// What a selector is made from, besides the environment.
 struct SelectorConfig {
@@ -125,6 +134,13 @@ struct RegisteredPlan {
 int registerPlan(RegisteredPlan plan);
 /// Takes a plan out of the choice; InvalidArgument if `id` is not registered.
 void unregisterPlan(int id);
+
+/// What the engine takes from a choice: a kernel choice's all-reduce algorithm, its algorithm for symmetric
+/// buffers and graph buffers, and an exchange's protocol (nullopt where the choice is no kernel, or names none:
+/// the engine's own choice by size).
+std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice);
+std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice);
+std::optional<Protocol> protocolOf(const Choice& choice);
 
 class Selector {
  public:

@@ -26,25 +26,6 @@ std::optional<AllReduceAlgorithm> allReduceAlgorithmArg(const std::optional<std:
   return parseAllReduceAlgorithm(*name, arg);
 }
 
-void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices) {
-  for (const auto& [collective, entries] : choices) {
-    auto maxBytes = [](const std::optional<uint64_t>& m) { return m ? *m : UINT64_MAX; };
-    if (collective == "all_reduce" || collective == "all_reduce_symmetric") {
-      const bool symmetric = collective == "all_reduce_symmetric";
-      auto& table = symmetric ? o.allReduceSymmetricBySize : o.allReduceBySize;
-      table.clear();
-      for (const auto& [m, name] : entries) {
-        table.push_back({maxBytes(m), parseAllReduceAlgorithm(name, symmetric ? "all_reduce_symmetric_by_size"
-                                                                              : "all_reduce_by_size")});
-      }
-      continue;
-    }
-    auto& table = o.exchangeBySize[static_cast<int>(parseExchangeKind(collective, "exchange_by_size"))];
-    table.clear();
-    for (const auto& [m, name] : entries) table.push_back({maxBytes(m), parseProtocol(name, "exchange_by_size")});
-  }
-}
-
 namespace {
 
 /// CollectiveEngine's keywords: every row of PYCCL_COLLECTIVE_OPTIONS by its Python name (None: the default), and

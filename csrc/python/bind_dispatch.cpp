@@ -132,6 +132,9 @@ void bindDispatch(py::module_& m) {
            "(2**64 - 1: none): PYCCL_NCCL_MIN_BYTES, else the table's, else NCCL_MIN_BYTES's.")
       .def("trace", &Selector::trace, "Choices made so far, per 'collective route algorithm (source)'.")
       .def("settings", &Selector::settings);
+  m.def("default_nccl_min_bytes", [] { return defaultNcclMinBytes(); },
+        "The sizes from which NCCL runs each collective where no table decides (all_reduce, all_gather, "
+        "reduce_scatter, all_to_all, broadcast).");
   m.def("algorithms_of", [](const std::string& c) { return algorithmsOf(parseCollective(c, "collective")); },
         py::arg("collective"), "The algorithms a collective can be forced or tuned to: its kernels, then nccl.");
   m.def(

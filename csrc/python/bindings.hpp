@@ -11,13 +11,10 @@
 #include "collectives/collective_engine.hpp"
 #include "core/errors.hpp"
 #include "dispatch/selector.hpp"
+#include "dispatch/tuning_tables.hpp"
 
 namespace pyccl {
 
-/// A tuning table's kernel entries per collective ("all_reduce", "all_gather", ...): (max bytes or None, name).
-using KernelChoices = std::map<std::string, std::vector<std::pair<std::optional<uint64_t>, std::string>>>;
-/// Sets `o`'s allReduceBySize and exchangeBySize from `choices`; names an unknown collective or algorithm.
-void applyKernelChoices(CollectiveOptions& o, const KernelChoices& choices);
 /// An all-reduce algorithm given by name (None or "": the engine's choice); `arg` names the argument in errors.
 std::optional<AllReduceAlgorithm> allReduceAlgorithmArg(const std::optional<std::string>& name, const char* arg);
 

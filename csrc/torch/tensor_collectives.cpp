@@ -257,19 +257,5 @@ TableDtype tableDtypeOf(const at::Tensor& t) {
   }
 }
 
-std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice) {
-  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
-  return parseAllReduceAlgorithm(choice.algorithm, "algorithm");
-}
-
-std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice) {
-  if (choice.symmetricAlgorithm.empty() || choice.symmetricAlgorithm == "nccl") return std::nullopt;
-  return parseAllReduceAlgorithm(choice.symmetricAlgorithm, "algorithm");
-}
-
-std::optional<Protocol> protocolOf(const Choice& choice) {
-  if (choice.route != Route::kKernel || choice.algorithm.empty()) return std::nullopt;
-  return parseProtocol(choice.algorithm, "algorithm");
-}
 
 }  // namespace pyccl

@@ -43,12 +43,6 @@ void* currentStream(const Communicator& comm);
 
 /// The selector's table dtype of `t` (dispatch/selector.hpp).
 TableDtype tableDtypeOf(const at::Tensor& t);
-/// The engine's arguments for a selector's kernel choice (nullopt: the engine's own choice, or not a kernel).
-std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice);
-/// An all-reduce choice's kernel for symmetric and graph buffers (nullopt where NCCL or none was chosen).
-std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice);
-/// The protocol of a data-movement or reduce-scatter kernel choice.
-std::optional<Protocol> protocolOf(const Choice& choice);
 
 /// `symmetricAlgorithm`: as CollectiveEngine::allReduce takes it. float64, the integers and bool are reduced
 /// by gathering (gathered_reductions.hpp), whatever the algorithm; so are they by reduceScatterTensor.

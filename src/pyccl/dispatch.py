@@ -32,17 +32,9 @@ ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tunin
 #: also take float64, the integers and bool, through the caller's NCCL or gathered (docs/collectives.md).
 REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-#: Where no tuning table decides: from these sizes (bytes of the whole buffer) the torch group's NCCL runs. They
-#: follow where NCCL caught up with pyccl's kernels on 8 x H200 NVLink, the largest world measured; at 2 and 4
-#: ranks on H100 and H200 the kernels lead at every all-reduce size, and those tables never pick NCCL for it
-#: (docs/performance.md). Read when a selector is made.
-NCCL_MIN_BYTES = {
-    "all_reduce": 16 << 20,
-    "all_gather": 64 << 20,
-    "reduce_scatter": 32 << 20,
-    "all_to_all": 64 << 20,
-    "broadcast": 4 << 20,
-}
+#: Where no tuning table decides: from these sizes (bytes of the whole buffer) the torch group's NCCL runs. The
+#: selector's own defaults (``defaultNcclMinBytes`` in csrc/dispatch/selector.hpp says where they come from).
+NCCL_MIN_BYTES: Dict[str, int] = dict(zip(tuning.COLLECTIVES, _C.default_nccl_min_bytes()))
 
 #: What a selector reads from the environment when it is made (with the tables PYCCL_TUNING_FILE names). Ranks
 #: that differ would run different algorithms and wait on each other: new engines check that they agree.

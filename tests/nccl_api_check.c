@@ -1,0 +1,389 @@
+/* A C program of NCCL's API, run by tests/test_nccl_api.py against libpyccl_nccl.so in host mode (no GPU): the
+ * calls' argument errors, then WORLD ranks as forked processes that meet through ncclGetUniqueId's id and run
+ * every collective on fresh random inputs, each result compared with a float64 reference.
+ *
+ *   nccl_api_check WORLD SEED
+ *
+ * Prints "ok" lines and exits 0, or prints what failed and exits 1. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nccl_abi.h"
+
+static int failures = 0;
+static int world = 2;
+static unsigned seed = 1;
+
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+      ++failures;                                          \
+    }                                                      \
+  } while (0)
+
+#define EXPECT(call, want)                                                                                       \
+  do {                                                                                                           \
+    ncclResult_t got_ = (call);                                                                                  \
+    CHECK(got_ == (want), "%s returned %d (%s), expected %d; last error: %s", #call, (int)got_,                 \
+          ncclGetErrorString(got_), (int)(want), ncclGetLastError(NULL));                                        \
+  } while (0)
+
+/* --- dtypes ------------------------------------------------------------------------------------------------ */
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+/* Half precision for values of magnitude 2^-14 to 65504 and zero (the tests' range). */
+static uint16_t to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000;
+  int exp = (int)((u >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = u & 0x7fffff;
+  if ((u & 0x7fffffff) == 0 || exp <= 0) return (uint16_t)sign;
+  uint32_t h = sign | ((uint32_t)exp << 10) | (mant >> 13);
+  uint32_t rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
+  return (uint16_t)h;
+}
+static float from_f16(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  int exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t u = exp == 0 ? sign : sign | ((uint32_t)(exp - 15 + 127) << 23) | (mant << 13);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static size_t size_of(ncclDataType_t t) { return t == ncclFloat32 ? 4 : 2; }
+static void store(ncclDataType_t t, void* buf, size_t i, double v) {
+  if (t == ncclFloat32) ((float*)buf)[i] = (float)v;
+  else if (t == ncclBfloat16) ((uint16_t*)buf)[i] = to_bf16((float)v);
+  else ((uint16_t*)buf)[i] = to_f16((float)v);
+}
+static double load(ncclDataType_t t, const void* buf, size_t i) {
+  if (t == ncclFloat32) return ((const float*)buf)[i];
+  if (t == ncclBfloat16) return from_bf16(((const uint16_t*)buf)[i]);
+  return from_f16(((const uint16_t*)buf)[i]);
+}
+static const char* name_of(ncclDataType_t t) {
+  return t == ncclFloat32 ? "float32" : t == ncclBfloat16 ? "bfloat16" : "float16";
+}
+/* Relative tolerance of a sum of `world` values rounded once to the dtype. */
+static double tolerance(ncclDataType_t t) { return t == ncclFloat32 ? 1e-5 : t == ncclBfloat16 ? 1.6e-2 : 2e-3; }
+
+/* Rank r's input element i of call `call`: a random value in [-2, 2), as the dtype holds it. Every rank can
+ * make every rank's input, so each computes the float64 reference of the whole call itself. */
+static double input(ncclDataType_t t, int call, int r, size_t i) {
+  uint64_t x = ((uint64_t)seed * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)call << 40) ^ ((uint64_t)r << 32) ^ i;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  double v = (double)(x >> 11) / (double)(1ull << 53) * 4.0 - 2.0;
+  char tmp[4];
+  store(t, tmp, 0, v);
+  return load(t, tmp, 0);
+}
+
+static int close_to(double got, double want, double tol) { return fabs(got - want) <= tol * (fabs(want) + 1.0); }
+
+/* --- errors without a communicator --------------------------------------------------------------------------- */
+
+static void check_errors_without_comm(void) {
+  int version = 0;
+  EXPECT(ncclGetVersion(&version), ncclSuccess);
+  CHECK(version >= 21900, "version %d", version);
+  EXPECT(ncclGetVersion(NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(NULL), "version") != NULL, "last error names the argument: %s",
+        ncclGetLastError(NULL));
+  CHECK(strcmp(ncclGetErrorString(ncclSuccess), "no error") == 0, "error string of ncclSuccess");
+  EXPECT(ncclGetUniqueId(NULL), ncclInvalidArgument);
+  ncclUniqueId bad;
+  memset(&bad, 7, sizeof(bad));
+  ncclComm_t comm = NULL;
+  EXPECT(ncclCommInitRank(&comm, 2, bad, 0), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(NULL), "commId") != NULL, "names commId: %s", ncclGetLastError(NULL));
+  CHECK(comm == NULL, "no communicator on failure");
+  ncclUniqueId id;
+  EXPECT(ncclGetUniqueId(&id), ncclSuccess);
+  EXPECT(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument);
+  EXPECT(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument);
+  EXPECT(ncclCommInitRank(NULL, 2, id, 0), ncclInvalidArgument);
+  int n = 0;
+  EXPECT(ncclCommCount(NULL, &n), ncclInvalidArgument);
+  float x = 1;
+  EXPECT(ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, NULL, NULL), ncclInvalidArgument);
+  EXPECT(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT(ncclCommInitAll(&comm, 2, NULL), ncclInvalidUsage); /* no GPUs: one process per rank */
+  printf("ok errors without a communicator\n");
+}
+
+/* --- one rank ------------------------------------------------------------------------------------------------ */
+
+static int call_no = 0;
+
+static void check_all_reduce(ncclComm_t comm, int rank, ncclDataType_t t, size_t count, ncclRedOp_t op,
+                             int in_place) {
+  const int call = ++call_no;
+  void* send = calloc(1, count * size_of(t) + 1);
+  void* recv = in_place ? send : calloc(1, count * size_of(t) + 1);
+  for (size_t i = 0; i < count; ++i) store(t, send, i, input(t, call, rank, i));
+  EXPECT(ncclAllReduce(send, recv, count, t, op, comm, NULL), ncclSuccess);
+  int bad = 0;
+  for (size_t i = 0; i < count && bad < 3; ++i) {
+    double want = op == ncclMax ? -1e300 : 0;
+    for (int q = 0; q < world; ++q) {
+      double v = input(t, call, q, i);
+      want = op == ncclMax ? (v > want ? v : want) : want + v;
+    }
+    if (op == ncclAvg) want /= world;
+    double got = load(t, recv, i);
+    if (!close_to(got, want, op == ncclMax ? 0 : tolerance(t))) {
+      CHECK(0, "all_reduce %s op %d count %zu%s: element %zu is %g, expected %g", name_of(t), (int)op, count,
+            in_place ? " in place" : "", i, got, want);
+      ++bad;
+    }
+  }
+  free(send);
+  if (!in_place) free(recv);
+}
+
+static void check_all_gather(ncclComm_t comm, int rank, ncclDataType_t t, size_t count, int in_place) {
+  const int call = ++call_no;
+  const size_t es = size_of(t);
+  char* recv = calloc(1, count * es * world + 1);
+  char* send = in_place ? recv + rank * count * es : calloc(1, count * es + 1);
+  for (size_t i = 0; i < count; ++i) store(t, send, i, input(t, call, rank, i));
+  EXPECT(ncclAllGather(send, recv, count, t, comm, NULL), ncclSuccess);
+  int bad = 0;
+  for (int q = 0; q < world && bad < 3; ++q) {
+    for (size_t i = 0; i < count && bad < 3; ++i) {
+      double got = load(t, recv + q * count * es, i), want = input(t, call, q, i);
+      if (got != want) {
+        CHECK(0, "all_gather %s count %zu%s: rank %d's element %zu is %g, expected %g", name_of(t), count,
+              in_place ? " in place" : "", q, i, got, want);
+        ++bad;
+      }
+    }
+  }
+  if (!in_place) free(send);
+  free(recv);
+}
+
+static void check_reduce_scatter(ncclComm_t comm, int rank, ncclDataType_t t, size_t count, int in_place) {
+  const int call = ++call_no;
+  const size_t es = size_of(t);
+  char* send = calloc(1, count * es * world + 1);
+  char* recv = in_place ? send + rank * count * es : calloc(1, count * es + 1);
+  for (size_t i = 0; i < count * world; ++i) store(t, send, i, input(t, call, rank, i));
+  EXPECT(ncclReduceScatter(send, recv, count, t, ncclSum, comm, NULL), ncclSuccess);
+  int bad = 0;
+  for (size_t i = 0; i < count && bad < 3; ++i) {
+    double want = 0;
+    for (int q = 0; q < world; ++q) want += input(t, call, q, rank * count + i);
+    double got = load(t, recv, i);
+    if (!close_to(got, want, tolerance(t))) {
+      CHECK(0, "reduce_scatter %s count %zu%s: element %zu is %g, expected %g", name_of(t), count,
+            in_place ? " in place" : "", i, got, want);
+      ++bad;
+    }
+  }
+  if (!in_place) free(recv);
+  free(send);
+}
+
+static void check_broadcast(ncclComm_t comm, int rank, ncclDataType_t t, size_t count, int root, int bcast) {
+  const int call = ++call_no;
+  const size_t es = size_of(t);
+  char* send = calloc(1, count * es + 1);
+  char* recv = bcast ? send : calloc(1, count * es + 1);
+  for (size_t i = 0; i < count; ++i) store(t, send, i, input(t, call, rank, i));
+  if (bcast) EXPECT(ncclBcast(send, count, t, root, comm, NULL), ncclSuccess);
+  else EXPECT(ncclBroadcast(send, recv, count, t, root, comm, NULL), ncclSuccess);
+  int bad = 0;
+  for (size_t i = 0; i < count && bad < 3; ++i) {
+    double got = load(t, recv, i), want = input(t, call, root, i);
+    if (got != want) {
+      CHECK(0, "%s %s count %zu root %d: element %zu is %g, expected %g", bcast ? "bcast" : "broadcast", name_of(t),
+            count, root, i, got, want);
+      ++bad;
+    }
+  }
+  if (!bcast) free(recv);
+  free(send);
+}
+
+/* Every rank sends to the next and receives from the previous, in one group, with an all-reduce beside them. */
+static void check_group(ncclComm_t comm, int rank, size_t count) {
+  const int call = ++call_no;
+  float* to_next = calloc(1, count * 4);
+  float* from_prev = calloc(1, count * 4);
+  float* summed = calloc(1, count * 4);
+  for (size_t i = 0; i < count; ++i) to_next[i] = summed[i] = (float)input(ncclFloat32, call, rank, i);
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  EXPECT(ncclGroupStart(), ncclSuccess);
+  EXPECT(ncclSend(to_next, count, ncclFloat32, next, comm, NULL), ncclSuccess);
+  EXPECT(ncclRecv(from_prev, count, ncclFloat32, prev, comm, NULL), ncclSuccess);
+  EXPECT(ncclGroupStart(), ncclSuccess); /* nested: runs at the outer end */
+  EXPECT(ncclAllReduce(summed, summed, count, ncclFloat32, ncclSum, comm, NULL), ncclSuccess);
+  EXPECT(ncclGroupEnd(), ncclSuccess);
+  EXPECT(ncclGroupEnd(), ncclSuccess);
+  int bad = 0;
+  for (size_t i = 0; i < count && bad < 3; ++i) {
+    double want = input(ncclFloat32, call, prev, i), sum = 0;
+    for (int q = 0; q < world; ++q) sum += input(ncclFloat32, call, q, i);
+    if (from_prev[i] != (float)want || !close_to(summed[i], sum, 1e-5)) {
+      CHECK(0, "group: element %zu received %g (expected %g), summed %g (expected %g)", i, from_prev[i], want,
+            summed[i], sum);
+      ++bad;
+    }
+  }
+  free(to_next);
+  free(from_prev);
+  free(summed);
+}
+
+/* ncclCommSplit: color rank % 2 (the last of 3 or more ranks: no color), new ranks in reverse order (key), and an
+ * all-reduce on the new communicator. */
+static void check_split(ncclComm_t comm, int rank) {
+  const int nocolor = world > 2 && rank == world - 1;
+  const int color = nocolor ? NCCL_SPLIT_NOCOLOR : rank % 2;
+  ncclComm_t sub = (ncclComm_t)1;
+  EXPECT(ncclCommSplit(comm, color, world - rank, &sub, NULL), ncclSuccess);
+  if (nocolor) {
+    CHECK(sub == NULL, "no color gives no communicator");
+    return;
+  }
+  int members[64], n = 0, me = -1;
+  for (int q = world - 1; q >= 0; --q) { /* by key: reverse rank order */
+    if (!(world > 2 && q == world - 1) && q % 2 == color) {
+      if (q == rank) me = n;
+      members[n++] = q;
+    }
+  }
+  int count = -1, r = -1;
+  EXPECT(ncclCommCount(sub, &count), ncclSuccess);
+  EXPECT(ncclCommUserRank(sub, &r), ncclSuccess);
+  CHECK(count == n && r == me, "split: %d ranks (expected %d), rank %d (expected %d)", count, n, r, me);
+  const int call = ++call_no;
+  float x[100];
+  for (int i = 0; i < 100; ++i) x[i] = (float)input(ncclFloat32, call, rank, i);
+  EXPECT(ncclAllReduce(x, x, 100, ncclFloat32, ncclSum, sub, NULL), ncclSuccess);
+  for (int i = 0; i < 100; ++i) {
+    double want = 0;
+    for (int k = 0; k < n; ++k) want += input(ncclFloat32, call, members[k], i);
+    if (!close_to(x[i], want, 1e-5)) {
+      CHECK(0, "split all_reduce element %d is %g, expected %g", i, x[i], want);
+      break;
+    }
+  }
+  EXPECT(ncclCommDestroy(sub), ncclSuccess);
+}
+
+static void check_errors_with_comm(ncclComm_t comm, int rank) {
+  float a[64], b[64];
+  memset(a, 0, sizeof(a));
+  EXPECT(ncclAllReduce(a, b, 16, (ncclDataType_t)99, ncclSum, comm, NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(comm), "datatype") != NULL, "names datatype: %s", ncclGetLastError(comm));
+  EXPECT(ncclAllReduce(a, b, 16, ncclInt32, ncclSum, comm, NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(comm), "int32") != NULL, "names int32: %s", ncclGetLastError(comm));
+  EXPECT(ncclAllReduce(a, b, 16, ncclFloat32, (ncclRedOp_t)17, comm, NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(comm), "'op'") != NULL, "names op: %s", ncclGetLastError(comm));
+  EXPECT(ncclAllReduce(a, a + 1, 16, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(comm), "recvbuff") != NULL, "names recvbuff: %s", ncclGetLastError(comm));
+  EXPECT(ncclAllReduce(NULL, b, 16, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument);
+  EXPECT(ncclBroadcast(a, b, 16, ncclFloat32, world, comm, NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(comm), "root") != NULL, "names root: %s", ncclGetLastError(comm));
+  EXPECT(ncclSend(a, 16, ncclFloat32, rank, comm, NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(comm), "peer") != NULL, "names peer: %s", ncclGetLastError(comm));
+  EXPECT(ncclReduce(a, b, 16, ncclFloat32, ncclSum, 0, comm, NULL), ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(comm), "real NCCL") != NULL, "says why: %s", ncclGetLastError(comm));
+}
+
+static int run_rank(ncclUniqueId id, int rank) {
+  ncclComm_t comm = NULL;
+  EXPECT(ncclCommInitRank(&comm, world, id, rank), ncclSuccess);
+  if (comm == NULL) return 1;
+  int n = -1, r = -1, dev = 7;
+  EXPECT(ncclCommCount(comm, &n), ncclSuccess);
+  EXPECT(ncclCommUserRank(comm, &r), ncclSuccess);
+  EXPECT(ncclCommCuDevice(comm, &dev), ncclSuccess);
+  CHECK(n == world && r == rank && dev == -1, "count %d rank %d device %d", n, r, dev);
+
+  const ncclDataType_t types[] = {ncclFloat32, ncclBfloat16, ncclFloat16};
+  const size_t counts[] = {1, 1000, 40000}; /* LL and HB kernels in host mode */
+  for (int ti = 0; ti < 3; ++ti) {
+    for (int ci = 0; ci < 3; ++ci) {
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        check_all_reduce(comm, rank, types[ti], counts[ci], ncclSum, in_place);
+        check_all_gather(comm, rank, types[ti], counts[ci], in_place);
+        check_reduce_scatter(comm, rank, types[ti], counts[ci], in_place);
+      }
+      check_broadcast(comm, rank, types[ti], counts[ci], world - 1, 0);
+      check_broadcast(comm, rank, types[ti], counts[ci], 0, 1);
+    }
+  }
+  check_all_reduce(comm, rank, ncclFloat32, 4096, ncclMax, 0);
+  check_all_reduce(comm, rank, ncclFloat32, 4096, ncclAvg, 1);
+  check_group(comm, rank, 3000);
+  check_split(comm, rank);
+  check_errors_with_comm(comm, rank);
+  ncclResult_t async = ncclInternalError;
+  EXPECT(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+  CHECK(async == ncclSuccess, "async error %d", (int)async);
+  const char* described = pycclNcclDescribe(comm);
+  CHECK(strstr(described, "all_reduce kernel") != NULL, "trace lists the all-reduces: %s", described);
+  if (rank == 0) printf("%s", described);
+  EXPECT(ncclCommDestroy(comm), ncclSuccess);
+  if (failures == 0) printf("ok rank %d\n", rank);
+  return failures != 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s WORLD SEED\n", argv[0]);
+    return 2;
+  }
+  world = atoi(argv[1]);
+  seed = (unsigned)strtoul(argv[2], NULL, 10);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  check_errors_without_comm();
+  ncclUniqueId id;
+  EXPECT(ncclGetUniqueId(&id), ncclSuccess);
+  fflush(NULL);
+  pid_t children[64];
+  for (int r = 1; r < world; ++r) {
+    children[r] = fork();
+    if (children[r] == 0) _exit(run_rank(id, r));
+  }
+  int status = run_rank(id, 0);
+  for (int r = 1; r < world; ++r) {
+    int s = 0;
+    waitpid(children[r], &s, 0);
+    if (!WIFEXITED(s) || WEXITSTATUS(s) != 0) {
+      fprintf(stderr, "FAILED: rank %d exited with status %d\n", r, s);
+      status = 1;
+    }
+  }
+  return status != 0 || failures != 0;
+}
