@@ -79,7 +79,7 @@ from . import bench_args  # noqa: E402
 from ._logging import logger as log  # noqa: E402
 from ._spawn import RankFailure  # noqa: E402
 from .bench_timing import BUS_FACTOR as _BUS_FACTOR  # noqa: E402
-from .bench_timing import align_trials, align_trials_with, time_eager, time_graph  # noqa: E402
+from .bench_timing import REPLAYS_PER_TRIAL, align_trials, align_trials_with, time_eager, time_graph  # noqa: E402
 
 # Per collective: busbw factor (nccl-tests); "size" is the whole buffer, as nccl-tests counts it.
 # Every timing column a row may have, in table order.
@@ -213,7 +213,8 @@ def _progress_bar(total: int):
 
 def _header(collective: str, about: dict, cols: List[str]) -> str:
     how = (f"eager ({about['iters']} calls in a row, median of {about['trials']} trials)" if about["mode"] == "eager"
-           else f"CUDA graph ({about['iters']} calls/graph, median of {about['trials']} replays)")
+           else f"CUDA graph ({about['iters']} calls/graph, median of {about['trials']} trials of "
+                 f"{REPLAYS_PER_TRIAL} replays)")
     return (f"# pyccl {collective}, {about['world']} x {about['gpu']}, {about['dtype']}, {how}, {about['date']}\n"
             f"{'bytes':>11} " + " ".join(f"{c + ' us':>15}" for c in cols)
             + f" {'algo':>7} {'busbw GB/s':>10} {'NCCLd/pyccl':>11} {'in place':>8} {'best other/pyccl':>16}")
@@ -483,7 +484,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     bench_args.add_size_arguments(parser)
     parser.add_argument("--iters", type=int, default=20, help="calls per CUDA graph (eager: calls per trial)")
-    parser.add_argument("--trials", type=int, default=15, help="graph replays, or eager runs of --iters calls (median)")
+    parser.add_argument("--trials", type=int, default=15,
+                        help="timed trials (median): of 10 graph replays each, or eager runs of --iters calls")
     parser.add_argument("--eager", action="store_true",
                         help="launch the calls one by one instead of replaying a CUDA graph (nccl-tests without -G); "
                              "at small sizes this times the host's launch cost")

@@ -37,6 +37,11 @@ _trial_barrier = None
 # (about 200 µs at the H100/H200 SM clock): every rank's replay then starts
 # when its sleep ends, whichever host got there first.
 _ALIGN_SLEEP_CYCLES = 400_000
+# Graph replays per timed trial, back to back, as nccl-tests' -G replays its graph: what a replay costs once at
+# its start, whichever implementation runs in it, spreads over this many. With one replay per trial NCCL read
+# about 3.5 µs slower per call at 1 KiB on 2 x H200 than nccl-tests on the same machine, and pyccl 0.3 µs
+# (docs/performance.md, "NCCL: the benchmark against nccl-tests").
+REPLAYS_PER_TRIAL = 10
 
 
 def align_trials(barrier) -> None:
@@ -65,8 +70,9 @@ def align_trials_with(comm, device) -> None:
 
 
 def time_graph(fn, iters: int, trials: int, capture_in=None, check=None, output=None) -> float:
-    """Median µs per call of `fn` captured `iters` times in one CUDA graph;
-    trials start together on every rank where align_trials was called.
+    """Median µs per call of `fn` captured `iters` times in one CUDA graph,
+    over `trials` trials of REPLAYS_PER_TRIAL replays each; trials start
+    together on every rank where align_trials was called.
     `capture_in`: a context manager the capture runs in (pyccl.graph_capture);
     `check`: called after the first replay (it raises on a wrong result), with
     `output` filled with NaN before that replay, so that only the graph's calls
@@ -88,9 +94,12 @@ def time_graph(fn, iters: int, trials: int, capture_in=None, check=None, output=
     torch.cuda.synchronize()
     if check is not None:
         check()
-    per_call = _median_per_call(graph.replay, iters, trials, align_sleep=True)
-    del graph
-    return per_call
+
+    def replays() -> None:
+        for _ in range(REPLAYS_PER_TRIAL):
+            graph.replay()
+
+    return _median_per_call(replays, iters * REPLAYS_PER_TRIAL, trials, align_sleep=True)
 
 
 def time_eager(fn, iters: int, trials: int) -> float:
