@@ -38,9 +38,8 @@ _trial_barrier = None
 # when its sleep ends, whichever host got there first.
 _ALIGN_SLEEP_CYCLES = 400_000
 # Graph replays per timed trial, back to back, as nccl-tests' -G replays its graph: what a replay costs once at
-# its start, whichever implementation runs in it, spreads over this many. With one replay per trial NCCL read
-# about 3.5 µs slower per call at 1 KiB on 2 x H200 than nccl-tests on the same machine, and pyccl 0.3 µs
-# (docs/performance.md, "NCCL: the benchmark against nccl-tests").
+# its start, whichever implementation runs in it, spreads over this many. With one replay per trial pyccl's
+# 1 KiB all-reduce read 3.03 µs per call on 2 x H200, with ten 2.77, and 2.87 under nccl-tests.
 REPLAYS_PER_TRIAL = 10
 
 
@@ -99,7 +98,7 @@ def time_graph(fn, iters: int, trials: int, capture_in=None, check=None, output=
         for _ in range(REPLAYS_PER_TRIAL):
             graph.replay()
 
-    return _median_per_call(replays, iters * REPLAYS_PER_TRIAL, trials, align_sleep=True)
+    return _median_per_call(replays, iters * REPLAYS_PER_TRIAL, trials, align_sleep=True, stream=stream)
 
 
 def time_eager(fn, iters: int, trials: int) -> float:
@@ -108,20 +107,32 @@ def time_eager(fn, iters: int, trials: int) -> float:
     call than the GPU takes to run it, this is the host's time per call.
     Trials start after a barrier where align_trials was called, without the
     GPU sleep of graph mode: the launches are part of what is timed."""
-    fn()  # warm-up
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up
     torch.cuda.synchronize()
 
     def launch() -> None:
         for _ in range(iters):
             fn()
 
-    return _median_per_call(launch, iters, trials, align_sleep=False)
+    return _median_per_call(launch, iters, trials, align_sleep=False, stream=stream)
 
 
-def _median_per_call(launch, calls: int, trials: int, align_sleep: bool) -> float:
+def _median_per_call(launch, calls: int, trials: int, align_sleep: bool, stream: torch.cuda.Stream) -> float:
     """Median over `trials` of the GPU's µs per call while `launch()` enqueues
     `calls` calls, each trial after the align_trials barrier (and, with
-    `align_sleep`, its GPU sleep) where one is set."""
+    `align_sleep`, its GPU sleep) where one is set. Everything runs on
+    `stream`, a stream of its own as nccl-tests' are: on the legacy default
+    stream, NCCL's 1 KiB all-reduce took 11.4 µs per call where it takes 5.9
+    on a stream of its own (2 x H200); pyccl's kernels take the same on both
+    (docs/performance.md)."""
+    with torch.cuda.stream(stream):
+        return _median_per_call_on_current_stream(launch, calls, trials, align_sleep)
+
+
+def _median_per_call_on_current_stream(launch, calls: int, trials: int, align_sleep: bool) -> float:
     times = []
     for _ in range(trials):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
