@@ -81,3 +81,30 @@ def test_loaded_by_path_on_gpus(world):
         assert r["int32"] == "ok", r["int32"]
         assert "all_reduce int32 forwarded" in r["trace"] or "all_reduce nccl" in r["trace"], r["trace"]
         assert r["version"] >= 21900
+
+
+def test_the_library_reads_pyccl_tuning_file(tmp_path):
+    # The C++ reader of tuning tables (dispatch/tuning_tables.hpp): the table's kernel runs, and its choice is
+    # traced as the table's.
+    import json
+
+    table = {"version": 1, "gpu": "host", "world": 2, "dtype": "float32", "date": "d", "command": "c",
+             "collectives": {"all_reduce": [{"max_bytes": None, "algorithm": "2pa_ll"}]}}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    env = {"CUDA_VISIBLE_DEVICES": "", "PYCCL_LOG_LEVEL": "ERROR", "PYCCL_TUNING_FILE": str(path)}
+    for r in run_ranks(rn.all_reduce_by_path, 2, args=(False, 1, (1000,)), timeout=180, env=env):
+        assert r["bad"] == []
+        assert "all_reduce kernel 2pa_ll (table)=3" in r["trace"], r["trace"]
+
+
+def test_a_bad_tuning_file_fails_the_init_naming_it(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"version": 1, "gpu": "host", "world": 2, "collectives": {"all_reduce": '
+                    '[{"max_bytes": null, "algorithm": "zzz"}]}}')
+    env = {"CUDA_VISIBLE_DEVICES": "", "PYCCL_LOG_LEVEL": "OFF", "PYCCL_TUNING_FILE": str(path)}
+    for outcome in run_ranks(rn.all_reduce_by_path, 2, args=(False, 1, (1000,)), timeout=180, env=env,
+                             expect_failure=True):
+        status, message = outcome
+        assert status == "error" and "ncclCommInitRank" in message, outcome
+        assert "bad.json" in message and "'zzz'" in message, message

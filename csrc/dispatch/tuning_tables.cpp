@@ -274,6 +274,16 @@ TuningTable parseTuningTable(const std::string& json, const std::string& source)
   return t;
 }
 
+std::optional<std::string> shippedTableFor(const std::string& gpuName, int world, const std::string& dtype) {
+  std::optional<std::string> best;
+  for (const auto& [name, json] : shippedTuningTables()) {  // in name order (CMake's glob sorts)
+    const TuningTable t = parseTuningTable(json, strCat("shipped ", name));
+    if (t.world != world || gpuName.find(t.gpu) == std::string::npos) continue;
+    if (!best || (!dtype.empty() && t.dtype == dtype)) best = name;
+  }
+  return best;
+}
+
 std::optional<TuningTable> tuningTableFor(const std::string& gpuName, int world, const std::string& dtype) {
   const char* path = std::getenv("PYCCL_TUNING_FILE");
   if (path != nullptr && *path != '\0') {
@@ -283,13 +293,12 @@ std::optional<TuningTable> tuningTableFor(const std::string& gpuName, int world,
     if (lower == "none") return std::nullopt;
     return parseTuningTable(readFile(p), strCat("'", p, "' (PYCCL_TUNING_FILE)"));
   }
-  std::optional<TuningTable> best;
-  for (const auto& [name, json] : shippedTuningTables()) {
-    TuningTable t = parseTuningTable(json, strCat("shipped ", name));
-    if (t.world != world || gpuName.find(t.gpu) == std::string::npos) continue;
-    if (!best || (!dtype.empty() && t.dtype == dtype)) best = std::move(t);
+  const std::optional<std::string> name = shippedTableFor(gpuName, world, dtype);
+  if (!name) return std::nullopt;
+  for (const auto& [shipped, json] : shippedTuningTables()) {
+    if (shipped == *name) return parseTuningTable(json, strCat("shipped ", shipped));
   }
-  return best;
+  return std::nullopt;
 }
 
 SelectorConfig selectorConfigFor(const std::string& gpuName, int world, bool acrossNodes) {

@@ -43,6 +43,12 @@ struct TuningTable {
 /// Parses a table's JSON text; InvalidArgument naming `source` where it is not a table this reader can use.
 TuningTable parseTuningTable(const std::string& json, const std::string& source);
 
+/// The name of the shipped table for `gpuName` and `world` ranks, `dtype` preferred ("" for data movement of
+/// any dtype): of those whose "gpu" is part of the device's name and whose world size matches, the last (by
+/// name) of the dtype, else the first; nullopt where none matches. The one statement of that rule:
+/// pyccl.tuning.load_table asks it too.
+std::optional<std::string> shippedTableFor(const std::string& gpuName, int world, const std::string& dtype);
+
 /// The table for `gpuName` and `world` ranks, `dtype` ("float32", "float16", "bfloat16"; "" for data movement
 /// of any dtype) preferred: PYCCL_TUNING_FILE's ("none": no table), else a shipped one; nullopt where none
 /// matches.

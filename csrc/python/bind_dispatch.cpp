@@ -132,6 +132,14 @@ void bindDispatch(py::module_& m) {
            "(2**64 - 1: none): PYCCL_NCCL_MIN_BYTES, else the table's, else NCCL_MIN_BYTES's.")
       .def("trace", &Selector::trace, "Choices made so far, per 'collective route algorithm (source)'.")
       .def("settings", &Selector::settings);
+  m.def(
+      "shipped_table_for",
+      [](const std::string& gpu, int world, const std::optional<std::string>& dtype) {
+        return shippedTableFor(gpu, world, dtype.value_or(""));
+      },
+      py::arg("gpu"), py::arg("world"), py::arg("dtype") = std::nullopt,
+      "The file name of the shipped tuning table for the GPU (its name) and world size, the dtype preferred; None "
+      "where none matches.");
   m.def("default_nccl_min_bytes", [] { return defaultNcclMinBytes(); },
         "The sizes from which NCCL runs each collective where no table decides (all_reduce, all_gather, "
         "reduce_scatter, all_to_all, broadcast).");

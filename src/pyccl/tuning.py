@@ -30,7 +30,6 @@ another (e.g. one ``pyccl.tune`` wrote for this machine).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from typing import Dict, List, Optional
@@ -310,14 +309,15 @@ def kernel_choices(table: Optional[dict]) -> Dict[str, List[tuple]]:
     return choices
 
 
-def _shipped() -> List[str]:
-    return sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_tables", "*.json")))
+_SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_tables")
+
 
 
 def load_table(gpu_name: str, world: int, dtype: Optional[str] = None) -> Optional[dict]:
     """The table for this GPU and world size: ``PYCCL_TUNING_FILE`` if set
     (``none`` for no table), else a shipped one whose "gpu" is part of
-    `gpu_name` and whose world size matches (the same dtype preferred)."""
+    `gpu_name` and whose world size matches (the same dtype preferred), as
+    the C++ selector's tables find it (``_C.shipped_table_for``)."""
     path = os.environ.get("PYCCL_TUNING_FILE")
     if path:
         if path.lower() == "none":
@@ -330,12 +330,9 @@ def load_table(gpu_name: str, world: int, dtype: Optional[str] = None) -> Option
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise InvalidArgumentError(f"PYCCL_TUNING_FILE {path!r}: not a JSON tuning table ({e})") from e
         return check_table(table, path)
-    best = None
-    for path in _shipped():
-        with open(path) as f:
-            table = check_table(json.load(f), path)
-        if table["world"] != world or table["gpu"] not in gpu_name:
-            continue
-        if best is None or (dtype is not None and table["dtype"] == dtype):
-            best = table
-    return best
+    name = _C.shipped_table_for(gpu_name, world, dtype)  # the rule, written once (dispatch/tuning_tables.hpp)
+    if name is None:
+        return None
+    path = os.path.join(_SHIPPED_DIR, name)
+    with open(path) as f:
+        return check_table(json.load(f), path)
