@@ -166,7 +166,7 @@ void StoreServer::serve(int fd) {
 }
 
 TcpStore::TcpStore(const std::string& address, std::chrono::milliseconds timeout)
-    : address_(address), timeout_(timeout), fd_(connectTo(address, timeout)) {}
+    : address_(address), fd_(connectTo(address, timeout)) {}
 
 TcpStore::Reply TcpStore::call(uint8_t op, const std::string& key, const std::vector<uint8_t>& value, int64_t arg,
                                std::chrono::milliseconds wait) {

@@ -51,8 +51,6 @@ class StoreServer {
 
   /// "ip:port" for clients on other nodes too (SocketListener::address).
   std::string address() const;
-  /// The store served, for callers in this process.
-  const std::shared_ptr<MemoryStore>& store() const { return store_; }
 
  private:
   void acceptLoop();
@@ -89,7 +87,6 @@ class TcpStore : public Store {
              std::chrono::milliseconds wait);
 
   std::string address_;
-  std::chrono::milliseconds timeout_;
   std::mutex mu_;
   UniqueFd fd_;
 };

@@ -202,6 +202,11 @@ std::map<std::string, std::string> Selector::settings() const {
   }
   out["PYCCL_ALGO (environment, as read)"] = forced;
   out["PYCCL_NCCL_MIN_BYTES (environment)"] = ncclMinFromEnv_ ? strCat(ncclMinEnv_) : "";
+  for (int c = 0; c < kCollectives; ++c) {
+    out[strCat("the NCCL threshold of ", kCollectiveNames[c],
+               " (PYCCL_NCCL_MIN_BYTES, NCCL_MIN_BYTES or the tuning table)")] =
+        strCat(ncclMinBytes(static_cast<Collective>(c)));
+  }
   return out;
 }
 

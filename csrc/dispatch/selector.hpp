@@ -175,7 +175,8 @@ class Selector {
 
   /// PYCCL_ALGO's algorithm for `c`, or "".
   const std::string& forcedByEnvironment(Collective c) const { return forcedByEnv_[static_cast<int>(c)]; }
-  /// What the environment set, for the ranks' agreement (the same on every rank, else they wait on each other).
+  /// What the environment and the tables set, for the ranks' agreement (the same on every rank, else they wait
+  /// on each other: a rank that hands a size to NCCL while another runs a kernel would wait forever).
   std::map<std::string, std::string> settings() const;
   const SelectorConfig& config() const { return config_; }
 

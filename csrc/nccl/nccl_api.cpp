@@ -577,28 +577,34 @@ void checkRoot(const ncclComm* c, int root) {
   }
 }
 
-/// The selector's choice for a call of `collective`, where pyccl can run it: nullopt where the call goes to NCCL
-/// (the selector's choice, ranks across nodes, a dtype or op the kernels lack).
+/// The selector's choice for a call of `collective`, counted as what runs it: a kernel choice, or nullopt where
+/// the call goes to NCCL. The selector itself hands NCCL its sizes and the reductions of dtypes the kernels lack;
+/// NCCL also takes what this library cannot run on pyccl: PreMulSum ops, every call of ranks without an engine
+/// (makeComm made sure NCCL is there), and a kernel forced on such a dtype (torch's entry points gather those
+/// before reducing; this one has no tensors to do it with). Without NCCL those calls are refused here.
 std::optional<Choice> choose(ncclComm* c, Collective collective, ncclDataType_t dtype, uint64_t bytes,
                              uint64_t count, bool reduction, bool premulSum) {
   const bool nccl = c->real != nullptr;
-  if (premulSum || (reduction && !reducedDtype(dtype))) {
-    if (!nccl) {
-      throw NcclFailure(premulSum ? ncclInvalidUsage : ncclInvalidArgument,
-                        strCat("invalid argument '", premulSum ? "op" : "datatype", "': pyccl's kernels reduce "
-                               "float32, float16 and bfloat16 with sum, prod, max, min and avg; ",
-                               premulSum ? "a PreMulSum op" : kDtypeNames[dtype], " needs the real NCCL, and none "
-                               "is loaded", c->device < 0 ? " (host mode has none)" : " (PYCCL_NCCL_LIBRARY)"));
-    }
-    countForwarded(c, strCat(collectiveName(collective), premulSum ? " premul_sum" : strCat(" ", kDtypeNames[dtype])));
+  const bool kernelsReduce = !reduction || reducedDtype(dtype).has_value();
+  if ((premulSum || !kernelsReduce) && !nccl) {
+    throw NcclFailure(premulSum ? ncclInvalidUsage : ncclInvalidArgument,
+                      strCat("invalid argument '", premulSum ? "op" : "datatype", "': pyccl's kernels reduce "
+                             "float32, float16 and bfloat16 with sum, prod, max, min and avg; ",
+                             premulSum ? "a PreMulSum op" : kDtypeNames[dtype], " needs the real NCCL, and none "
+                             "is loaded", c->device < 0 ? " (host mode has none)" : " (PYCCL_NCCL_LIBRARY)"));
+  }
+  if (premulSum) {
+    countForwarded(c, strCat(collectiveName(collective), " premul_sum"));
     return std::nullopt;
   }
-  const Choice choice = c->selector->select(collective, tableDtypeOf(dtype), bytes, count, "", nccl, false);
-  if (choice.route == Route::kKernel && c->engine != nullptr) return choice;
-  if (choice.route == Route::kKernel || choice.route == Route::kAcrossNodes) {
-    // Ranks that span nodes have no engine; makeComm made sure the real NCCL is there.
-    realFor(c, strCat(collectiveName(collective), " across nodes"));
+  Choice choice = c->selector->select(collective, tableDtypeOf(dtype), bytes, count, "", nccl, /*plans=*/false,
+                                      /*counted=*/false);
+  if (choice.route != Route::kKernel || c->engine == nullptr || !kernelsReduce) {
+    choice.route = Route::kNccl;
+    choice.algorithm = "nccl";
   }
+  c->selector->count(collective, choice);
+  if (choice.route == Route::kKernel) return choice;
   return std::nullopt;
 }
 

@@ -107,12 +107,6 @@ PycclBackend::Lane PycclBackend::makeLane(int device) {
 CollectiveOptions PycclBackend::engineOptions(bool gpu, const Selector& selector) const {
   CollectiveOptions o = gpu ? options_.gpuEngine : CollectiveOptions{};
   for (const auto& [name, value] : selector.settings()) o.agreedSettings[name] = value;
-  for (int c = 0; c < kCollectives; ++c) {
-    const auto collective = static_cast<Collective>(c);
-    o.agreedSettings[strCat("the NCCL threshold of ", collectiveName(collective),
-                            " (PYCCL_NCCL_MIN_BYTES, NCCL_MIN_BYTES or the tuning table)")] =
-        strCat(selector.ncclMinBytes(collective));
-  }
   return o;
 }
 

@@ -174,7 +174,7 @@ class PycclBackend : public c10d::Backend {
 
   Lane makeLane(int device);
   /// A lane's engine options: the GPU lane's options_.gpuEngine, with what its selector read as settings every
-  /// rank must share (a rank that hands a size to NCCL while another runs a kernel would wait forever).
+  /// rank must share (Selector::settings).
   CollectiveOptions engineOptions(bool gpu, const Selector& selector) const;
   /// The lane of `t`'s device, whose engine runs `op`; refuses a lane that
   /// spans nodes (no engine) with a message naming `op`.

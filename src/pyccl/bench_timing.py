@@ -128,23 +128,19 @@ def _median_per_call(launch, calls: int, trials: int, align_sleep: bool, stream:
     stream, NCCL's 1 KiB all-reduce took 11.4 µs per call where it takes 5.9
     on a stream of its own (2 x H200); pyccl's kernels take the same on both
     (docs/performance.md)."""
-    with torch.cuda.stream(stream):
-        return _median_per_call_on_current_stream(launch, calls, trials, align_sleep)
-
-
-def _median_per_call_on_current_stream(launch, calls: int, trials: int, align_sleep: bool) -> float:
     times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if _trial_barrier is not None:
-            _trial_barrier()
-            if align_sleep:
-                torch.cuda._sleep(_ALIGN_SLEEP_CYCLES)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
+    with torch.cuda.stream(stream):
+        for _ in range(trials):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if _trial_barrier is not None:
+                _trial_barrier()
+                if align_sleep:
+                    torch.cuda._sleep(_ALIGN_SLEEP_CYCLES)
+            start.record()
+            launch()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000 / calls)
     return statistics.median(times)
 
 
