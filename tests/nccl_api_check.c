@@ -127,6 +127,9 @@ static void check_errors_without_comm(void) {
   ncclUniqueId id;
   EXPECT(ncclGetUniqueId(&id), ncclSuccess);
   EXPECT(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument);
+  EXPECT(ncclCommInitRankScalable(&comm, 2, 0, 0, &id, NULL), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(NULL), "nId") != NULL, "names nId: %s", ncclGetLastError(NULL));
+  EXPECT(ncclCommInitRankScalable(&comm, 2, 0, 1, NULL, NULL), ncclInvalidArgument);
   EXPECT(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument);
   EXPECT(ncclCommInitRank(NULL, 2, id, 0), ncclInvalidArgument);
   int n = 0;
@@ -300,6 +303,77 @@ static void check_split(ncclComm_t comm, int rank) {
   EXPECT(ncclCommDestroy(sub), ncclSuccess);
 }
 
+static void check_all_to_all(ncclComm_t comm, int rank, ncclDataType_t t, size_t count, int in_place) {
+  const int call = ++call_no;
+  const size_t es = size_of(t), n = count * world;
+  char* send = calloc(1, n * es + 1);
+  char* recv = in_place ? send : calloc(1, n * es + 1);
+  for (size_t i = 0; i < n; ++i) store(t, send, i, input(t, call, rank, i));
+  EXPECT(ncclAlltoAll(send, recv, count, t, comm, NULL), ncclSuccess);
+  int bad = 0;
+  for (int q = 0; q < world && bad < 3; ++q) {
+    for (size_t i = 0; i < count && bad < 3; ++i) {
+      /* From rank q: the block q sent to this rank. */
+      double got = load(t, recv + q * count * es, i), want = input(t, call, q, rank * count + i);
+      if (got != want) {
+        CHECK(0, "all_to_all %s count %zu%s: from rank %d, element %zu is %g, expected %g", name_of(t), count,
+              in_place ? " in place" : "", q, i, got, want);
+        ++bad;
+      }
+    }
+  }
+  if (!in_place) free(recv);
+  free(send);
+}
+
+/* The calls of newer NCCLs: windows, suspension, and what needs NCCL's own communicator. */
+static void check_newer_calls(ncclComm_t comm, int rank) {
+  call_no = 1000; /* the same inputs on every rank, whatever ran before on some of them (a split's members) */
+  float a[64], b[64];
+  memset(a, 0, sizeof(a));
+  ncclWindow_t win = NULL;
+  EXPECT(ncclCommWindowRegister(comm, a, sizeof(a), &win, 0), ncclSuccess);
+  CHECK(win != NULL, "a window handle");
+  EXPECT(ncclCommWindowDeregister(comm, win), ncclSuccess);
+  EXPECT(ncclCommWindowRegister(comm, a, sizeof(a), NULL, 0), ncclInvalidArgument);
+  CHECK(strstr(ncclGetLastError(comm), "'win'") != NULL, "names win: %s", ncclGetLastError(comm));
+
+  EXPECT(ncclCommSuspend(comm, 1), ncclSuccess);
+  EXPECT(ncclCommSuspend(comm, 1), ncclSuccess); /* idempotent */
+  EXPECT(ncclAllReduce(a, b, 16, ncclFloat32, ncclSum, comm, NULL), ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(comm), "suspended") != NULL, "says suspended: %s", ncclGetLastError(comm));
+  EXPECT(ncclCommResume(comm), ncclSuccess);
+  check_all_reduce(comm, rank, ncclFloat32, 500, ncclSum, 0);
+
+  ncclComm_t shrunk = (ncclComm_t)a;
+  int excluded = world - 1;
+  EXPECT(ncclCommShrink(comm, &excluded, 1, &shrunk, NULL, 0), ncclInvalidUsage);
+  CHECK(shrunk == NULL, "no communicator from a refused shrink");
+  CHECK(strstr(ncclGetLastError(comm), "ncclCommSplit") != NULL, "says what to do: %s", ncclGetLastError(comm));
+  EXPECT(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(comm), "device API") != NULL, "says why: %s", ncclGetLastError(comm));
+  EXPECT(ncclGroupSimulateEnd(NULL), ncclInvalidUsage);
+  EXPECT(ncclGroupStart(), ncclSuccess);
+  EXPECT(ncclGroupSimulateEnd(NULL), ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(NULL), "ncclGroupEnd") != NULL, "says the group stays open: %s",
+        ncclGetLastError(NULL));
+  EXPECT(ncclGroupEnd(), ncclSuccess);
+  EXPECT(ncclGather(a, b, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+  CHECK(strstr(ncclGetLastError(comm), "real NCCL") != NULL, "says why: %s", ncclGetLastError(comm));
+  EXPECT(ncclScatter(a, b, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage);
+}
+
+/* ncclCommInitRankScalable: every rank holds the same ids; the ranks meet on the first. */
+static void check_init_scalable(ncclUniqueId first, ncclUniqueId second, int rank) {
+  ncclUniqueId ids[2] = {first, second};
+  call_no = 2000;
+  ncclComm_t comm = NULL;
+  EXPECT(ncclCommInitRankScalable(&comm, world, rank, 2, ids, NULL), ncclSuccess);
+  if (comm == NULL) return;
+  check_all_reduce(comm, rank, ncclBfloat16, 3000, ncclSum, 1);
+  EXPECT(ncclCommDestroy(comm), ncclSuccess);
+}
+
 static void check_errors_with_comm(ncclComm_t comm, int rank) {
   float a[64], b[64];
   memset(a, 0, sizeof(a));
@@ -320,7 +394,7 @@ static void check_errors_with_comm(ncclComm_t comm, int rank) {
   CHECK(strstr(ncclGetLastError(comm), "real NCCL") != NULL, "says why: %s", ncclGetLastError(comm));
 }
 
-static int run_rank(ncclUniqueId id, int rank) {
+static int run_rank(ncclUniqueId id, ncclUniqueId id2, ncclUniqueId id3, int rank) {
   ncclComm_t comm = NULL;
   EXPECT(ncclCommInitRank(&comm, world, id, rank), ncclSuccess);
   if (comm == NULL) return 1;
@@ -338,6 +412,7 @@ static int run_rank(ncclUniqueId id, int rank) {
         check_all_reduce(comm, rank, types[ti], counts[ci], ncclSum, in_place);
         check_all_gather(comm, rank, types[ti], counts[ci], in_place);
         check_reduce_scatter(comm, rank, types[ti], counts[ci], in_place);
+        check_all_to_all(comm, rank, types[ti], counts[ci], in_place);
       }
       check_broadcast(comm, rank, types[ti], counts[ci], world - 1, 0);
       check_broadcast(comm, rank, types[ti], counts[ci], 0, 1);
@@ -348,6 +423,8 @@ static int run_rank(ncclUniqueId id, int rank) {
   check_group(comm, rank, 3000);
   check_split(comm, rank);
   check_errors_with_comm(comm, rank);
+  check_newer_calls(comm, rank);
+  check_init_scalable(id2, id3, rank);
   ncclResult_t async = ncclInternalError;
   EXPECT(ncclCommGetAsyncError(comm, &async), ncclSuccess);
   CHECK(async == ncclSuccess, "async error %d", (int)async);
@@ -368,15 +445,17 @@ int main(int argc, char** argv) {
   seed = (unsigned)strtoul(argv[2], NULL, 10);
   setvbuf(stdout, NULL, _IOLBF, 0);
   check_errors_without_comm();
-  ncclUniqueId id;
+  ncclUniqueId id, id2, id3;
   EXPECT(ncclGetUniqueId(&id), ncclSuccess);
+  EXPECT(ncclGetUniqueId(&id2), ncclSuccess);
+  EXPECT(ncclGetUniqueId(&id3), ncclSuccess);
   fflush(NULL);
   pid_t children[64];
   for (int r = 1; r < world; ++r) {
     children[r] = fork();
-    if (children[r] == 0) _exit(run_rank(id, r));
+    if (children[r] == 0) _exit(run_rank(id, id2, id3, r));
   }
-  int status = run_rank(id, 0);
+  int status = run_rank(id, id2, id3, 0);
   for (int r = 1; r < world; ++r) {
     int s = 0;
     waitpid(children[r], &s, 0);

@@ -23,6 +23,10 @@ EXPORTED = {
     "ncclMemAlloc", "ncclMemFree", "ncclCommRegister", "ncclCommDeregister", "ncclRedOpCreatePreMulSum",
     "ncclRedOpDestroy", "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclBcast",
     "ncclReduce", "ncclSend", "ncclRecv", "ncclGroupStart", "ncclGroupEnd", "pycclNcclDescribe",
+    # Newer NCCLs' calls, which torch 2.11's ProcessGroupNCCL links and vLLM 0.33's pynccl requires.
+    "ncclCommInitRankScalable", "ncclCommShrink", "ncclCommSuspend", "ncclCommResume", "ncclCommWindowRegister",
+    "ncclCommWindowDeregister", "ncclDevCommCreate", "ncclDevCommDestroy", "ncclAlltoAll", "ncclGather",
+    "ncclScatter", "ncclGroupSimulateEnd",
 }
 
 
@@ -35,6 +39,22 @@ def test_the_library_exports_nccls_api_and_nothing_else():
     defined = {line.split()[-1] for line in out.splitlines() if line.split()}
     assert defined == EXPORTED, (f"missing: {sorted(EXPORTED - defined)}; "
                                  f"exported beyond the API: {sorted(defined - EXPORTED)[:10]}")
+
+
+def test_every_nccl_call_torch_links_is_exported():
+    # Preloaded under torch's ProcessGroupNCCL, a call this library lacked would reach the real NCCL with one of
+    # this library's communicators.
+    import torch
+
+    torch_cuda = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
+    nm = shutil.which("nm")
+    if nm is None or not os.path.exists(torch_cuda):
+        pytest.skip("needs nm (binutils) and a CUDA build of torch (libtorch_cuda.so)")
+    out = subprocess.run([nm, "-D", "--undefined-only", torch_cuda], capture_output=True, text=True,
+                         check=True).stdout
+    needed = {line.split()[-1] for line in out.splitlines() if line.split() and line.split()[-1].startswith("nccl")}
+    assert needed, "torch links no NCCL call: this check would prove nothing"
+    assert needed <= EXPORTED, f"torch calls {sorted(needed - EXPORTED)}, which this library does not export"
 
 
 @pytest.fixture(scope="module")

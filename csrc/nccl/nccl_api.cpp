@@ -10,8 +10,10 @@
 // algorithm for goes to the real NCCL, loaded at run time (PYCCL_NCCL_LIBRARY,
 // else libnccl.so.2) and running on a communicator of its own made beside
 // pyccl's: reductions of dtypes the kernels do not reduce, PreMulSum ops,
-// Reduce, the sizes the selector gives to NCCL, and every collective of ranks
-// that span nodes. Without it those calls fail with ncclInvalidUsage.
+// Reduce, Gather and Scatter, the sizes the selector gives to NCCL, and every
+// collective of ranks that span nodes. Without it those calls fail with
+// ncclInvalidUsage. Calls that need NCCL's own communicator (its device API,
+// ncclCommShrink) are refused on pyccl's, with a message that says so.
 //
 // The unique id names a store served by the process that made it
 // (core/tcp_store.hpp), as NCCL's names its root's bootstrap socket;
@@ -104,6 +106,17 @@ struct RealNccl {
   decltype(&ncclRecv) recv = nullptr;
   decltype(&ncclGroupStart) groupStart = nullptr;
   decltype(&ncclGroupEnd) groupEnd = nullptr;
+  // Newer NCCLs' calls: null where the loaded NCCL predates them.
+  decltype(&ncclAlltoAll) alltoAll = nullptr;                          // 2.28
+  decltype(&ncclGather) gather = nullptr;                              // 2.28
+  decltype(&ncclScatter) scatter = nullptr;                            // 2.28
+  decltype(&ncclCommShrink) commShrink = nullptr;                      // 2.27
+  decltype(&ncclCommWindowRegister) commWindowRegister = nullptr;      // 2.27
+  decltype(&ncclCommWindowDeregister) commWindowDeregister = nullptr;  // 2.27
+  decltype(&ncclDevCommCreate) devCommCreate = nullptr;                // 2.28
+  decltype(&ncclDevCommDestroy) devCommDestroy = nullptr;              // 2.28
+  decltype(&ncclCommSuspend) commSuspend = nullptr;                    // 2.29
+  decltype(&ncclCommResume) commResume = nullptr;                      // 2.29
 };
 
 /// Loads the real NCCL once: PYCCL_NCCL_LIBRARY ("none": none), else libnccl.so.2 (which a program linked
@@ -163,6 +176,19 @@ const RealNccl* realNccl() {
     load(r->recv, "ncclRecv");
     load(r->groupStart, "ncclGroupStart");
     load(r->groupEnd, "ncclGroupEnd");
+    auto optional = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
+    };
+    optional(r->alltoAll, "ncclAlltoAll");
+    optional(r->gather, "ncclGather");
+    optional(r->scatter, "ncclScatter");
+    optional(r->commShrink, "ncclCommShrink");
+    optional(r->commWindowRegister, "ncclCommWindowRegister");
+    optional(r->commWindowDeregister, "ncclCommWindowDeregister");
+    optional(r->devCommCreate, "ncclDevCommCreate");
+    optional(r->devCommDestroy, "ncclDevCommDestroy");
+    optional(r->commSuspend, "ncclCommSuspend");
+    optional(r->commResume, "ncclCommResume");
     if (!complete || r->getVersion(&r->version) != ncclSuccess) {
       PYCCL_LOG(Warn, "NCCL API: '" << path << "' lacks NCCL 2.19's API; calls pyccl has no algorithm for will fail");
       delete r;
@@ -175,14 +201,6 @@ const RealNccl* realNccl() {
   return loaded;
 }
 
-/// Throws RemoteError naming `what` unless the real NCCL's call succeeded.
-void checkReal(ncclResult_t r, const char* what) {
-  if (r == ncclSuccess || r == ncclInProgress) return;
-  const RealNccl* real = realNccl();
-  throw RemoteError(strCat(what, " failed in the real NCCL: ", real != nullptr ? real->getErrorString(r) : "",
-                           " (", static_cast<int>(r), ")"));
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Errors.
 // ---------------------------------------------------------------------------------------------------------------
@@ -192,6 +210,17 @@ struct NcclFailure : Error {
   NcclFailure(ncclResult_t r, const std::string& message) : Error(ErrorCode::kInvalidArgument, message), result(r) {}
   ncclResult_t result;
 };
+
+/// Throws the real NCCL's result, with its message, naming `what`, unless its call succeeded.
+void checkReal(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  const RealNccl* real = realNccl();
+  std::string message = strCat(what, " failed in the real NCCL: ", real != nullptr ? real->getErrorString(r) : "",
+                               " (", static_cast<int>(r), ")");
+  const char* detail = real != nullptr ? real->getLastError(nullptr) : nullptr;
+  if (detail != nullptr && *detail != '\0') message += strCat(": ", detail);
+  throw NcclFailure(r, message);
+}
 
 thread_local std::string tlsLastError;
 
@@ -287,6 +316,7 @@ struct ncclComm {
   std::unique_ptr<Selector> selector;
   ncclComm_t real = nullptr;  ///< the real NCCL's communicator, where one is loaded
   bool ready = false;         ///< made (an init held in a group is not, until its ncclGroupEnd)
+  bool suspended = false;     ///< between ncclCommSuspend and ncclCommResume: calls are refused
   int splits = 0;             ///< ncclCommSplit calls so far: the name of the next split's communicators
   std::mutex mu;
   std::string lastError;
@@ -340,12 +370,16 @@ ncclComm* checkedComm(ncclComm_t comm, const char* arg = "comm") {
   return comm;
 }
 
-/// A communicator calls may run on now.
-ncclComm* readyComm(ncclComm_t comm) {
+/// A communicator calls may run on now (`suspended`: or one ncclCommSuspend suspended).
+ncclComm* readyComm(ncclComm_t comm, bool suspended = false) {
   ncclComm* c = checkedComm(comm);
   if (!c->ready) {
     throw NcclFailure(ncclInvalidUsage, "invalid usage: the communicator's init is held in an open group; call "
                                         "ncclGroupEnd first");
+  }
+  if (c->suspended && !suspended) {
+    throw NcclFailure(ncclInvalidUsage, "invalid usage: the communicator is suspended (ncclCommSuspend); call "
+                                        "ncclCommResume first");
   }
   return c;
 }
@@ -630,6 +664,15 @@ ncclResult_t guarded(const char* what, ncclComm_t comm, Body&& body) {
   }
 }
 
+/// The real NCCL's `fn` on one of its own communicators, where the loaded NCCL has that call (`name`).
+template <typename Fn, typename... Args>
+ncclResult_t forwardOptional(Fn fn, const char* name, Args... args) {
+  if (fn != nullptr) return fn(args...);
+  tlsLastError = strCat(name, ": the loaded NCCL (", realNccl()->version, ") does not have this call");
+  PYCCL_LOG(Warn, "NCCL API: " << tlsLastError);
+  return ncclInvalidUsage;
+}
+
 }  // namespace
 }  // namespace pyccl
 
@@ -700,6 +743,19 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nran
 
 PYCCL_NCCL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
   return ncclCommInitRankConfig(comm, nranks, commId, rank, nullptr);
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                                        ncclUniqueId* commIds, ncclConfig_t* config) {
+  const ncclResult_t r = guarded("ncclCommInitRankScalable", nullptr, [&] {
+    if (newcomm != nullptr) *newcomm = nullptr;
+    if (nId < 1) throw NcclFailure(ncclInvalidArgument, strCat("invalid argument 'nId': ", nId));
+    if (commIds == nullptr) throw NcclFailure(ncclInvalidArgument, "invalid argument 'commIds': NULL");
+  });
+  if (r != ncclSuccess) return r;
+  // NCCL spreads a large job's bootstrap over several roots; every rank is given the same ids, and one store is
+  // enough for pyccl's ranks to meet: the first id's.
+  return ncclCommInitRankConfig(newcomm, nranks, commIds[0], myrank, config);
 }
 
 PYCCL_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
@@ -776,6 +832,56 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key
     if (!c->storeAddress.empty()) store = std::make_shared<TcpStore>(c->storeAddress, commTimeout());
     makeComm(n.get(), std::move(store), strCat(c->name, "/split", split, "-color", color));
     *newcomm = n.release();
+  });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                              ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->commShrink, "ncclCommShrink", comm, excludeRanksList, excludeRanksCount, newcomm,
+                           config, shrinkFlags);
+  }
+  return guarded("ncclCommShrink", comm, [&] {
+    checkedComm(comm);
+    if (newcomm != nullptr) *newcomm = nullptr;
+    // The excluded ranks take no part in a shrink, and a pyccl communicator is made by all of its ranks.
+    throw NcclFailure(ncclInvalidUsage, "ncclCommShrink is not supported on this library's communicators: make "
+                                        "the smaller communicator with ncclCommSplit, called by every rank (the "
+                                        "excluded ones with NCCL_SPLIT_NOCOLOR)");
+  });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->commSuspend, "ncclCommSuspend", comm, flags);
+  }
+  return guarded("ncclCommSuspend", comm, [&] {
+    ncclComm* c = readyComm(comm, /*suspended=*/true);
+    if (c->suspended) return;
+    const RealNccl* real = realNccl();
+    if (c->real != nullptr && real->commSuspend != nullptr) {
+      checkReal(real->commSuspend(c->real, flags), "ncclCommSuspend");
+    }
+    c->suspended = true;
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      PYCCL_LOG(Warn, "NCCL API: ncclCommSuspend: pyccl's communicators keep their buffers while suspended ("
+                          << (c->real != nullptr && real->commSuspend != nullptr
+                                  ? "the real NCCL's communicator releases its own"
+                                  : "and the loaded NCCL cannot release its own")
+                          << "); their calls are refused until ncclCommResume");
+    });
+  });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclCommResume(ncclComm_t comm) {
+  if (const RealNccl* real = foreignOwner(comm)) return forwardOptional(real->commResume, "ncclCommResume", comm);
+  return guarded("ncclCommResume", comm, [&] {
+    ncclComm* c = readyComm(comm, /*suspended=*/true);
+    if (!c->suspended) return;
+    const RealNccl* real = realNccl();
+    if (c->real != nullptr && real->commResume != nullptr) checkReal(real->commResume(c->real), "ncclCommResume");
+    c->suspended = false;
   });
 }
 
@@ -933,6 +1039,63 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* h
   return guarded("ncclCommDeregister", comm, [&] {
     ncclComm* c = readyComm(comm);
     if (c->real != nullptr) checkReal(realNccl()->commDeregister(c->real, handle), "ncclCommDeregister");
+  });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                                      int winFlags) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->commWindowRegister, "ncclCommWindowRegister", comm, buff, size, win, winFlags);
+  }
+  return guarded("ncclCommWindowRegister", comm, [&] {
+    ncclComm* c = readyComm(comm);
+    if (win == nullptr) throw NcclFailure(ncclInvalidArgument, "invalid argument 'win': NULL");
+    checkBuffer(c, buff, size, "buff");
+    // As ncclCommRegister: pyccl's kernels stage plain buffers through their own registered scratch, so the
+    // window is the real NCCL's, for the calls it runs; without one, the handle is the buffer.
+    const RealNccl* real = realNccl();
+    if (c->real != nullptr && real->commWindowRegister != nullptr) {
+      checkReal(real->commWindowRegister(c->real, buff, size, win, winFlags), "ncclCommWindowRegister");
+    } else {
+      *win = reinterpret_cast<ncclWindow_t>(buff);
+    }
+  });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->commWindowDeregister, "ncclCommWindowDeregister", comm, win);
+  }
+  return guarded("ncclCommWindowDeregister", comm, [&] {
+    ncclComm* c = readyComm(comm);
+    const RealNccl* real = realNccl();
+    if (c->real != nullptr && real->commWindowDeregister != nullptr) {
+      checkReal(real->commWindowDeregister(c->real, win), "ncclCommWindowDeregister");
+    }
+  });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t* reqs,
+                                                 ncclDevComm_t* outDevComm) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->devCommCreate, "ncclDevCommCreate", comm, reqs, outDevComm);
+  }
+  return guarded("ncclDevCommCreate", comm, [&] {
+    checkedComm(comm);
+    throw NcclFailure(ncclInvalidUsage, "ncclDevCommCreate: NCCL's device API needs the real NCCL's "
+                                        "communicator, and this library's communicators are pyccl's (run the "
+                                        "program without libpyccl_nccl.so to use it)");
+  });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t* devComm) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->devCommDestroy, "ncclDevCommDestroy", comm, devComm);
+  }
+  return guarded("ncclDevCommDestroy", comm, [&] {
+    checkedComm(comm);
+    throw NcclFailure(ncclInvalidUsage, "ncclDevCommDestroy: this library's communicators make no device "
+                                        "communicators (ncclDevCommCreate)");
   });
 }
 
@@ -1106,6 +1269,90 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, 
   });
 }
 
+PYCCL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                            ncclDataType_t datatype, ncclComm_t comm, pycclNcclStream_t stream) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->alltoAll, "ncclAlltoAll", sendbuff, recvbuff, count, datatype, comm, stream);
+  }
+  return guarded("ncclAlltoAll", comm, [&] {
+    ncclComm* c = readyComm(comm);
+    checkCount(count, "count");
+    const uint64_t chunk = count * dtypeBytes(datatype);
+    const uint64_t total = chunk * c->nranks;
+    checkBuffer(c, sendbuff, total, "sendbuff");
+    checkBuffer(c, recvbuff, total, "recvbuff");
+    checkPlacement(sendbuff, total, recvbuff, total, recvbuff, "sendbuff == recvbuff");
+    const std::optional<Choice> choice = choose(c, Collective::kAllToAll, datatype, total, count, false, false);
+    if (!choice) {
+      const RealNccl* real = realNccl();
+      submit(c, stream, true, [=] {
+        if (real->alltoAll != nullptr) {
+          checkReal(real->alltoAll(sendbuff, recvbuff, count, datatype, c->real, stream), "ncclAlltoAll");
+          return;
+        }
+        // An NCCL before 2.28: a send and a receive per peer, in one group.
+        checkReal(real->groupStart(), "ncclGroupStart");
+        for (int q = 0; q < c->nranks; ++q) {
+          checkReal(real->send(static_cast<const char*>(sendbuff) + q * chunk, count, datatype, q, c->real, stream),
+                    "ncclSend");
+          checkReal(real->recv(static_cast<char*>(recvbuff) + q * chunk, count, datatype, q, c->real, stream),
+                    "ncclRecv");
+        }
+        checkReal(real->groupEnd(), "ncclGroupEnd");
+      });
+      return;
+    }
+    const auto protocol = protocolOf(*choice);
+    submit(c, stream, false, [=] {
+      c->engine->exchange(ExchangeKind::kAllToAll, sendbuff, chunk, recvbuff, chunk, chunk, 0, DataType::kFloat32,
+                          ReduceOp::kSum, protocol, stream);
+    });
+  });
+}
+
+namespace {
+
+/// ncclGather and ncclScatter: pyccl has no rooted exchange; the real NCCL runs them.
+ncclResult_t rooted(bool gather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                    int root, ncclComm_t comm, pycclNcclStream_t stream) {
+  const char* what = gather ? "ncclGather" : "ncclScatter";
+  return guarded(what, comm, [&] {
+    ncclComm* c = readyComm(comm);
+    checkCount(count, "count");
+    checkRoot(c, root);
+    const uint64_t bytes = count * dtypeBytes(datatype);
+    const bool wholeIn = !gather && c->rank == root;
+    const bool wholeOut = gather && c->rank == root;
+    checkBuffer(c, sendbuff, wholeIn ? bytes * c->nranks : bytes, "sendbuff");
+    checkBuffer(c, recvbuff, wholeOut ? bytes * c->nranks : bytes, "recvbuff");
+    const RealNccl& real = realFor(c, strCat(what, " (pyccl has no rooted exchange)"));
+    auto fn = gather ? real.gather : real.scatter;
+    if (fn == nullptr) {
+      throw NcclFailure(ncclInvalidUsage, strCat(what, ": the loaded NCCL (", real.version, ") does not have it"));
+    }
+    countForwarded(c, gather ? "gather" : "scatter");
+    submit(c, stream, true, [=] { checkReal(fn(sendbuff, recvbuff, count, datatype, root, c->real, stream), what); });
+  });
+}
+
+}  // namespace
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                          int root, ncclComm_t comm, pycclNcclStream_t stream) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->gather, "ncclGather", sendbuff, recvbuff, count, datatype, root, comm, stream);
+  }
+  return rooted(true, sendbuff, recvbuff, count, datatype, root, comm, stream);
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                           int root, ncclComm_t comm, pycclNcclStream_t stream) {
+  if (const RealNccl* real = foreignOwner(comm)) {
+    return forwardOptional(real->scatter, "ncclScatter", sendbuff, recvbuff, count, datatype, root, comm, stream);
+  }
+  return rooted(false, sendbuff, recvbuff, count, datatype, root, comm, stream);
+}
+
 namespace {
 
 ncclResult_t transfer(bool send, void* buff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
@@ -1160,6 +1407,16 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
   }
   if (--tlsGroup.depth > 0) return ncclSuccess;
   return guarded("ncclGroupEnd", nullptr, [] { endGroup(); });
+}
+
+PYCCL_NCCL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  (void)simInfo;
+  return guarded("ncclGroupSimulateEnd", nullptr, [] {
+    throw NcclFailure(ncclInvalidUsage, tlsGroup.depth == 0
+                                            ? "no group is open (ncclGroupStart first)"
+                                            : "this library does not simulate groups; the group stays open (end "
+                                              "it with ncclGroupEnd)");
+  });
 }
 
 PYCCL_NCCL_EXPORT const char* pycclNcclDescribe(ncclComm_t comm) {
