@@ -290,8 +290,9 @@ def test_bench_csv_has_nccl_tests_columns(tmp_path):
 
 
 def test_kernel_choices_leave_nccl_and_plans_to_the_caller():
-    # What the process group's engine chooses from: the kernel entries only, in order.
-    table = {"collectives": {
+    # What the process group's engine chooses from: the kernel entries only, in order (the C++ reader's rule).
+    table = {"version": 1, "gpu": "host", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",
+             "collectives": {
         "all_reduce": [{"max_bytes": 4096, "algorithm": "1pa_ll"},
                        {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8,
                         "threads": 256},

@@ -140,6 +140,14 @@ void bindDispatch(py::module_& m) {
       py::arg("gpu"), py::arg("world"), py::arg("dtype") = std::nullopt,
       "The file name of the shipped tuning table for the GPU (its name) and world size, the dtype preferred; None "
       "where none matches.");
+  m.def(
+      "kernel_choices_of",
+      [](const std::string& tableJson, const std::string& source) {
+        return kernelChoicesOf(parseTuningTable(tableJson, source));
+      },
+      py::arg("table_json"), py::arg("source"),
+      "A tuning table's kernel entries per collective, as (max_bytes, kernel), for an engine's own choice by "
+      "size: plan entries give their kernel; NCCL entries, and plan entries without one, are left out.");
   m.def("default_nccl_min_bytes", [] { return defaultNcclMinBytes(); },
         "The sizes from which NCCL runs each collective where no table decides (all_reduce, all_gather, "
         "reduce_scatter, all_to_all, broadcast).");

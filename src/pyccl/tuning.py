@@ -299,14 +299,13 @@ def kernel_choices(table: Optional[dict]) -> Dict[str, List[tuple]]:
     (for a collective engine's automatic choice, e.g. the process group's):
     a plan entry gives its ``"kernel"``; NCCL entries, and plan entries
     without one, are left out, so a size they cover takes the next kernel
-    entry (the selector hands NCCL's sizes to NCCL itself)."""
-    choices: Dict[str, List[tuple]] = {}
-    for collective in CANDIDATES:  # all_reduce_symmetric too: symmetric and graph buffers
-        entries = [(e["max_bytes"], _kernel_of(e)) for e in (table or {}).get("collectives", {}).get(collective, ())
-                   if _kernel_of(e) in CANDIDATES[collective] and _kernel_of(e) != "nccl"]
-        if entries:
-            choices[collective] = entries
-    return choices
+    entry (the selector hands NCCL's sizes to NCCL itself). The rule is the
+    C++ reader's (``kernelChoicesOf`` in dispatch/tuning_tables.hpp), which
+    the NCCL-API library uses too."""
+    if not table:
+        return {}
+    choices = _C.kernel_choices_of(json.dumps(table), "(passed to pyccl.tuning.kernel_choices)")
+    return {collective: [tuple(entry) for entry in entries] for collective, entries in choices.items()}
 
 
 _SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_tables")
