@@ -11,12 +11,13 @@
 
 #include "core/errors.hpp"
 #include "core/logging.hpp"
+#include "core/serialize.hpp"
 #include "core/transport_socket.hpp"
 
 namespace pyccl {
 namespace {
 
-// A request: op, key length, key, value length, value, argument (get: the wait in ms; add: the delta).
+// A request: op, key length (8 bytes), key, value length, value, argument (get: the wait in ms; add: the delta).
 // A reply: status, number (add: the new value; delete, check: 0 or 1), length, bytes (get: the value).
 constexpr uint8_t kOpSet = 1, kOpGet = 2, kOpAdd = 3, kOpDelete = 4, kOpCheck = 5;
 constexpr uint8_t kReplyOk = 0, kReplyTimeout = 1, kReplyClosed = 2;
@@ -30,17 +31,6 @@ void noDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-template <typename T>
-void append(std::vector<uint8_t>& out, const T& v) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  out.insert(out.end(), p, p + sizeof(T));
-}
-
-void appendBytes(std::vector<uint8_t>& out, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  out.insert(out.end(), p, p + n);
-}
-
 struct Request {
   uint8_t op = 0;
   std::string key;
@@ -49,7 +39,7 @@ struct Request {
 };
 
 bool readRequest(int fd, Request& r) {
-  uint32_t keyBytes = 0;
+  uint64_t keyBytes = 0;
   uint64_t valueBytes = 0;
   if (!recvAll(fd, &r.op, 1) || !recvAll(fd, &keyBytes, sizeof(keyBytes)) || keyBytes > kMaxKeyBytes) return false;
   r.key.resize(keyBytes);
@@ -60,12 +50,7 @@ bool readRequest(int fd, Request& r) {
 }
 
 bool writeReply(int fd, uint8_t status, int64_t number, const std::vector<uint8_t>& bytes) {
-  std::vector<uint8_t> out;
-  out.reserve(1 + sizeof(number) + sizeof(uint64_t) + bytes.size());
-  append(out, status);
-  append(out, number);
-  append(out, static_cast<uint64_t>(bytes.size()));
-  appendBytes(out, bytes.data(), bytes.size());
+  const Bytes out = ByteWriter().put(status).put(number).putBytes(bytes.data(), bytes.size()).take();
   return sendAll(fd, out.data(), out.size());
 }
 
@@ -206,14 +191,7 @@ TcpStore::Reply TcpStore::call(uint8_t op, const std::string& key, const std::ve
     return RemoteError(strCat("store at ", address_, ": the connection failed while ", what, " key '", key,
                               "' (the process that made the unique id has exited or closed its store?)"));
   };
-  std::vector<uint8_t> request;
-  request.reserve(1 + sizeof(uint32_t) + key.size() + sizeof(uint64_t) + value.size() + sizeof(arg));
-  append(request, op);
-  append(request, static_cast<uint32_t>(key.size()));
-  appendBytes(request, key.data(), key.size());
-  append(request, static_cast<uint64_t>(value.size()));
-  appendBytes(request, value.data(), value.size());
-  append(request, arg);
+  const Bytes request = ByteWriter().put(op).putString(key).putBytes(value.data(), value.size()).put(arg).take();
   if (!sendAll(fd, request.data(), request.size())) throw lost("sending");
   // The server answers a get when its wait ends; anything else at once. Allow it time to do so.
   pollfd p{fd, POLLIN, 0};

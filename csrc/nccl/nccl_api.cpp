@@ -664,6 +664,13 @@ ncclResult_t guarded(const char* what, ncclComm_t comm, Body&& body) {
   }
 }
 
+/// The real NCCL's call `member` for `c`'s NCCL communicator (c->real): null where `c` has none, or where the
+/// loaded NCCL predates the call.
+template <typename Fn>
+Fn realCallFor(const ncclComm* c, Fn RealNccl::*member) {
+  return c->real != nullptr ? realNccl()->*member : nullptr;
+}
+
 /// The real NCCL's `fn` on one of its own communicators, where the loaded NCCL has that call (`name`).
 template <typename Fn, typename... Args>
 ncclResult_t forwardOptional(Fn fn, const char* name, Args... args) {
@@ -858,17 +865,14 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
   return guarded("ncclCommSuspend", comm, [&] {
     ncclComm* c = readyComm(comm, /*suspended=*/true);
     if (c->suspended) return;
-    const RealNccl* real = realNccl();
-    if (c->real != nullptr && real->commSuspend != nullptr) {
-      checkReal(real->commSuspend(c->real, flags), "ncclCommSuspend");
-    }
+    const auto suspend = realCallFor(c, &RealNccl::commSuspend);
+    if (suspend != nullptr) checkReal(suspend(c->real, flags), "ncclCommSuspend");
     c->suspended = true;
     static std::once_flag warned;
     std::call_once(warned, [&] {
       PYCCL_LOG(Warn, "NCCL API: ncclCommSuspend: pyccl's communicators keep their buffers while suspended ("
-                          << (c->real != nullptr && real->commSuspend != nullptr
-                                  ? "the real NCCL's communicator releases its own"
-                                  : "and the loaded NCCL cannot release its own")
+                          << (suspend != nullptr ? "the real NCCL's communicator releases its own"
+                                                 : "and the loaded NCCL cannot release its own")
                           << "); their calls are refused until ncclCommResume");
     });
   });
@@ -879,8 +883,7 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclCommResume(ncclComm_t comm) {
   return guarded("ncclCommResume", comm, [&] {
     ncclComm* c = readyComm(comm, /*suspended=*/true);
     if (!c->suspended) return;
-    const RealNccl* real = realNccl();
-    if (c->real != nullptr && real->commResume != nullptr) checkReal(real->commResume(c->real), "ncclCommResume");
+    if (const auto resume = realCallFor(c, &RealNccl::commResume)) checkReal(resume(c->real), "ncclCommResume");
     c->suspended = false;
   });
 }
@@ -1053,9 +1056,8 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buf
     checkBuffer(c, buff, size, "buff");
     // As ncclCommRegister: pyccl's kernels stage plain buffers through their own registered scratch, so the
     // window is the real NCCL's, for the calls it runs; without one, the handle is the buffer.
-    const RealNccl* real = realNccl();
-    if (c->real != nullptr && real->commWindowRegister != nullptr) {
-      checkReal(real->commWindowRegister(c->real, buff, size, win, winFlags), "ncclCommWindowRegister");
+    if (const auto reg = realCallFor(c, &RealNccl::commWindowRegister)) {
+      checkReal(reg(c->real, buff, size, win, winFlags), "ncclCommWindowRegister");
     } else {
       *win = reinterpret_cast<ncclWindow_t>(buff);
     }
@@ -1068,9 +1070,8 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWin
   }
   return guarded("ncclCommWindowDeregister", comm, [&] {
     ncclComm* c = readyComm(comm);
-    const RealNccl* real = realNccl();
-    if (c->real != nullptr && real->commWindowDeregister != nullptr) {
-      checkReal(real->commWindowDeregister(c->real, win), "ncclCommWindowDeregister");
+    if (const auto dereg = realCallFor(c, &RealNccl::commWindowDeregister)) {
+      checkReal(dereg(c->real, win), "ncclCommWindowDeregister");
     }
   });
 }
