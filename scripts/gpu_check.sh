@@ -4,15 +4,15 @@
 # back. Logs go to $OUT (or ./gpu-logs).
 #
 #   PYCCL_CHECK_PARTS   which parts, in order (default: all of them):
-#     cpu          the CPU tests (host mode) and the GPU runtime-core tests (tests/test_gpu.py)
-#     channels     tests/test_gpu_channels.py
-#     collectives  tests/test_gpu_collectives.py
-#     backend      tests/test_gpu_backend.py and tests/test_gpu_ops.py (torch.compile: slow)
-#     plans        tests/test_gpu_plans.py and tests/test_gpu_symmetric.py
-#     reliability  tests/test_faults.py and tests/test_leaks_and_load.py on GPUs (PYCCL_LOAD_SECONDS
+#     cpu          the CPU tests (host mode) and the GPU runtime-core tests (tests/core/test_gpu.py)
+#     channels     tests/channels/test_gpu_channels.py
+#     collectives  tests/collectives/test_gpu_collectives.py
+#     backend      tests/torch/test_gpu_backend.py and tests/torch/test_gpu_ops.py (torch.compile: slow)
+#     plans        tests/dsl/test_gpu_plans.py and tests/channels/test_gpu_symmetric.py
+#     reliability  tests/core/test_faults.py and tests/core/test_leaks_and_load.py on GPUs (PYCCL_LOAD_SECONDS
 #                  sets the load's length; its progress and stacks go to $OUT)
 #     sanitize     compute-sanitizer memcheck and synccheck, one run per test (scripts/sanitize_tests.py),
-#                  over PYCCL_SANITIZE_FILES (default: every tests/test_gpu*.py) and the tests that
+#                  over PYCCL_SANITIZE_FILES (default: every tests/*/test_gpu*.py) and the tests that
 #                  PYCCL_SANITIZE_K selects (default: all but the million-round signal test); logs in
 #                  $OUT/sanitize, and PYCCL_SANITIZE_RESUME=1 goes on from an earlier bounded run there
 #     demo         the README's main command without the benchmark
@@ -40,7 +40,7 @@ budget=${PYCCL_CHECK_BUDGET_S:-540}
 t_start=$(date +%s)
 # Build once, outside the parts' budgets' accounting of tests.
 bash scripts/setup.sh 2>&1 | tail -3 | tee "$OUT/setup.txt"
-gpu_tests=$(ls tests/test_gpu_*.py | sed 's/^/--ignore=/' | tr '\n' ' ')
+gpu_tests=$(ls tests/*/test_gpu_*.py | sed 's/^/--ignore=/' | tr '\n' ' ')
 status=0
 for i in "${!parts[@]}"; do
   part=${parts[$i]}
@@ -50,17 +50,17 @@ for i in "${!parts[@]}"; do
   start=$(date +%s)
   case "$part" in
     cpu) cmd="bash scripts/test.sh -rfs --durations=10 $gpu_tests tests $*" ;;
-    channels) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_channels.py $*" ;;
-    collectives) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_collectives.py $*" ;;
-    backend) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_backend.py tests/test_gpu_ops.py $*" ;;
-    plans) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_gpu_plans.py tests/test_gpu_symmetric.py $*" ;;
+    channels) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/channels/test_gpu_channels.py $*" ;;
+    collectives) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/collectives/test_gpu_collectives.py $*" ;;
+    backend) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/torch/test_gpu_backend.py tests/torch/test_gpu_ops.py $*" ;;
+    plans) cmd="bash scripts/test.sh -v -rfs --durations=10 tests/dsl/test_gpu_plans.py tests/channels/test_gpu_symmetric.py $*" ;;
     reliability)
       export LOAD_TRACE="$OUT"
-      cmd="bash scripts/test.sh -v -rfs --durations=10 tests/test_faults.py tests/test_leaks_and_load.py $*" ;;
+      cmd="bash scripts/test.sh -v -rfs --durations=10 tests/core/test_faults.py tests/core/test_leaks_and_load.py $*" ;;
     sanitize)
       resume=""; [ "${PYCCL_SANITIZE_RESUME:-0}" = 1 ] && resume=--resume
       cmd=".venv/bin/python scripts/sanitize_tests.py --out $OUT/sanitize --budget-s $(( share - 15 )) $resume
-           ${PYCCL_SANITIZE_FILES:-$(ls tests/test_gpu*.py)}" ;;
+           ${PYCCL_SANITIZE_FILES:-$(ls tests/*/test_gpu*.py)}" ;;
     demo) cmd=".venv/bin/python -m pyccl.demo" ;;
     channel_bench) cmd=".venv/bin/python benchmarks/channel_bench.py --out $OUT/channel_bench.json" ;;
     bench) cmd=".venv/bin/python -m pyccl.bench --collectives all --csv $OUT/bench.csv --out $OUT/bench.json --timeout $(( share - 10 )) ${PYCCL_BENCH_ARGS:-}" ;;

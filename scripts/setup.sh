@@ -77,8 +77,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # Installed where the network allows; offline (GPU machines), what needs them says so and goes on:
 # - tqdm, pyccl.tune's progress bar (a dependency of the package; the tune runs without the bar);
-# - jsonschema, for tests/test_schemas.py (the published schemas of plans and tuning tables);
-# - expecttest, which torch's own distributed test suite imports (tests/torch_distributed_suite.py).
+# - jsonschema, for tests/dsl/test_schemas.py (the published schemas of plans and tuning tables);
+# - expecttest, which torch's own distributed test suite imports (tests/torch/torch_distributed_suite.py).
 for module in tqdm jsonschema expecttest; do
   if ! "$PY" -c "import $module" 2>/dev/null; then
     "$PY" -m pip install -q --retries 1 --timeout 10 "$module" >/dev/null 2>&1 ||

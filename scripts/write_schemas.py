@@ -1,7 +1,7 @@
 """Writes the published JSON Schemas of plans and tuning tables
 (``src/pyccl/schemas/``) from the code that checks them: run it after
 changing what ``pyccl.dsl.load_plan`` or ``pyccl.tuning.check_table``
-accepts; ``tests/test_schemas.py`` fails while a file differs.
+accepts; ``tests/dsl/test_schemas.py`` fails while a file differs.
 
     python scripts/write_schemas.py
 """

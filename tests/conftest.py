@@ -1,6 +1,19 @@
+"""The tests, one folder per layer (core, channels, collectives, dispatch, dsl,
+across_nodes, torch, integrations, package), each holding the rank bodies
+(``ranks_*.py``) its tests run in other processes; ``ranks.py`` and
+``gpu_sharing.py`` here serve them all."""
+
 import os
+import sys
 
 import pytest
+
+# Every layer's folder is importable by module name, from any test and from the rank processes (the forkserver
+# keeps the sys.path of its first use, which comes after this).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _entry in sorted(os.scandir(_HERE), key=lambda e: e.name):
+    if _entry.is_dir() and not _entry.name.startswith((".", "_")) and _entry.path not in sys.path:
+        sys.path.append(_entry.path)
 
 # NVLink SHARP (multicast) stays off wherever these tests run.
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

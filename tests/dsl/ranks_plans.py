@@ -369,7 +369,7 @@ def notebook_example(rank, world, store):
     import runpy
 
     comm, device = _setup(store, rank, world, False)
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", "notebooks", "oneshot_allreduce.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "notebooks", "oneshot_allreduce.py")
     plan = runpy.run_path(path)["oneshot_allreduce"](world, 3).lower()
     runner = PlanRunner(plan, comm, max_bytes=1 << 16)
     bad = []

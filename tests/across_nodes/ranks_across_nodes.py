@@ -175,7 +175,7 @@ def launch_torchrun(nodes: int, per_node: int, node_env, timeout: float = 240.0,
 
     from pyccl._spawn import free_port
 
-    script = Path(__file__).resolve().parent.parent / "examples" / "torchrun" / "across_nodes.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "torchrun" / "across_nodes.py"
     port = free_port()
     agents = []
     for node in range(nodes):

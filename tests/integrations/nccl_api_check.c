@@ -1,4 +1,4 @@
-/* A C program of NCCL's API, run by tests/test_nccl_api.py against libpyccl_nccl.so in host mode (no GPU): the
+/* A C program of NCCL's API, run by tests/integrations/test_nccl_api.py against libpyccl_nccl.so in host mode (no GPU): the
  * calls' argument errors, then WORLD ranks as forked processes that meet through ncclGetUniqueId's id and run
  * every collective on fresh random inputs, each result compared with a float64 reference.
  *

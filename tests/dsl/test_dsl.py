@@ -387,7 +387,7 @@ def test_notebook_example_passes_the_simulator():
     import os
     import runpy
 
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", "notebooks", "oneshot_allreduce.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "notebooks", "oneshot_allreduce.py")
     oneshot = runpy.run_path(path)["oneshot_allreduce"]
     for n, tbs in ((2, 1), (3, 2), (5, 3), (8, 2)):
         verify(oneshot(n, tbs).lower(), interleavings=5)

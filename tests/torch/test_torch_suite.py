@@ -1,7 +1,7 @@
 """torch's own distributed test suite (DistributedTest) on the "pyccl"
-backend, at world size 2: tests/torch_distributed_suite.py builds torch's
+backend, at world size 2: tests/torch/torch_distributed_suite.py builds torch's
 test class for pyccl. Worlds 3 and 4, and GPUs, run the same module by hand:
-``python tests/torch_distributed_suite.py --world 4``."""
+``python tests/torch/torch_distributed_suite.py --world 4``."""
 
 import os
 import re

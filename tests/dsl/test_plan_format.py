@@ -9,7 +9,7 @@ import pytest
 import pyccl.plans as plans
 from pyccl.dsl import plan, plan_format as fmt
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_the_dsl_checks_plans_against_the_format_limit():

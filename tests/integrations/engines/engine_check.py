@@ -1,5 +1,5 @@
 """What the engine checks (check_vllm.py, check_sglang.py) share: the path to
-tests/ (ranks_integrations), signatures as comparable lists, and the main
+tests/integrations/ (ranks_integrations) and tests/, signatures as comparable lists, and the main
 that prints the interface problems and the per-rank results as one JSON line."""
 
 import inspect
@@ -9,7 +9,7 @@ import random
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tests/: ranks_integrations
+sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]  # ranks_integrations; tests/
 
 
 def params(fn) -> list:

@@ -10,7 +10,7 @@ import pytest
 
 from pyccl._spawn import free_port
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
 
 
 def _block_under(heading: str) -> str:

@@ -18,7 +18,7 @@ from pyccl.algorithms import HIERARCHICAL, LIBRARY  # noqa: E402
 from pyccl.dsl import Plan, PlanError  # noqa: E402
 from pyccl.errors import InvalidArgumentError  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import write_schemas  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import requires_gpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "sanitize_tests.py")
 
 

@@ -8,9 +8,9 @@ takes only gloo, nccl and ucc; this module builds the same test class for
 ``init_process_group("pyccl")``). The suite reads its settings from the
 environment when it is imported, so set them first::
 
-    WORLD_SIZE=3 python -m pytest tests/torch_distributed_suite.py [-k pattern]
+    WORLD_SIZE=3 python -m pytest tests/torch/torch_distributed_suite.py [-k pattern]
 
-or ``python tests/torch_distributed_suite.py --world 3 [-k pattern]``, which
+or ``python tests/torch/torch_distributed_suite.py --world 3 [-k pattern]``, which
 sets them and runs pytest. Without GPUs every op runs in host mode; with at
 least ``WORLD_SIZE`` GPUs the suite's GPU tests run too. Tests of features
 the suite reserves for other backends skip, as they do for them; the ones

@@ -108,7 +108,7 @@ def test_zeros_infinities_and_nan_as_nccl():
 
 @requires_gpus(2)
 def test_random_engine_configurations_on_gpus():
-    # tests/test_collectives.py's random configurations, on GPUs, where the
+    # tests/collectives/test_collectives.py's random configurations, on GPUs, where the
     # options left unset take the GPU defaults (a small ll_max_bytes was once
     # refused there for the 128 KiB 1PA LL threshold, which the user never set).
     seed = random.randrange(1 << 20)
@@ -122,7 +122,7 @@ def test_random_engine_configurations_on_gpus():
 
 @requires_gpus(2)
 def test_outputs_overlapping_inputs_are_in_place_or_refused_on_gpus():
-    # tests/test_collectives.py's check on the GPU kernels and plans.
+    # tests/collectives/test_collectives.py's check on the GPU kernels and plans.
     for refused, wrong in run_ranks(rcol.overlapping_outputs, min(gpu_count(), 4), args=(True,), timeout=300):
         assert wrong == []
         assert len(refused) == 17
@@ -132,7 +132,7 @@ def test_outputs_overlapping_inputs_are_in_place_or_refused_on_gpus():
 
 @requires_gpus(2)
 def test_engine_options_must_agree_on_every_rank_on_gpus():
-    # tests/test_collectives.py's check, where the GPU engine also caps its send/receive lanes after the agreement.
+    # tests/collectives/test_collectives.py's check, where the GPU engine also caps its send/receive lanes after the agreement.
     world = min(gpu_count(), 4)
     out = run_ranks(rch.engine_options_must_agree, world, args=(True,), timeout=300)
     for errors, bad in out:
@@ -146,7 +146,7 @@ def test_engine_options_must_agree_on_every_rank_on_gpus():
 
 @requires_gpus(2)
 def test_float64_integer_and_bool_reductions_on_gpus_give_nccls_results():
-    """As tests/test_collectives.py's host-mode test, on a GPU communicator without NCCL: the engine gathers,
+    """As tests/collectives/test_collectives.py's host-mode test, on a GPU communicator without NCCL: the engine gathers,
     ATen reduces on the same stream."""
     seed = random.randrange(1 << 20)
     for bad, refused, usable in run_ranks(rcol.gathered_reductions, 2, args=(seed, 96, False, True), timeout=240):

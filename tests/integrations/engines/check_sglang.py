@@ -1,5 +1,5 @@
 """pyccl.integrations.sglang against the installed SGLang, on CPUs: run with
-the Python of .venv-engines/sglang (tests/test_engine_interfaces.py does).
+the Python of .venv-engines/sglang (tests/integrations/test_engine_interfaces.py does).
 Prints one JSON object: what is wrong ("problems"), and the per-rank results
 of SGLang's real GroupCoordinator with the plugin loaded."""
 

@@ -1,6 +1,6 @@
 """pyccl.integrations in host mode: the engine-neutral GroupCommunicator, and
 the vLLM and SGLang adapters over stand-ins with the engines' signatures.
-The engines' real interfaces are checked in tests/test_engine_interfaces.py."""
+The engines' real interfaces are checked in tests/integrations/test_engine_interfaces.py."""
 
 import importlib
 import random

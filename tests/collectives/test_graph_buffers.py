@@ -1,6 +1,6 @@
 """pyccl.graph_capture in host mode (CPU processes): the block's rules, and the
 batched memory exchange its exit uses. The captured path itself needs CUDA
-graphs: tests/test_gpu_graph_buffers.py."""
+graphs: tests/collectives/test_gpu_graph_buffers.py."""
 
 import ranks_graph_buffers as rgb
 from pyccl._spawn import run_ranks

@@ -1,5 +1,5 @@
 """libpyccl_nccl.so, NCCL's C API on pyccl (csrc/nccl/, docs/nccl.md): what it exports, a C program of the API
-across processes in host mode (tests/nccl_api_check.c), and the library loaded by path with ctypes, as vLLM's
+across processes in host mode (tests/integrations/nccl_api_check.c), and the library loaded by path with ctypes, as vLLM's
 pynccl loads NCCL, in host mode and on GPUs."""
 
 import os
@@ -13,7 +13,7 @@ import ranks_nccl_api as rn
 from conftest import gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIBRARY = rn.library_path()
 #: The NCCL API the library implements (nccl_abi.h).
 EXPORTED = {
@@ -61,11 +61,11 @@ def test_every_nccl_call_torch_links_is_exported():
 def c_program(tmp_path_factory):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler (cc) to build tests/nccl_api_check.c")
+        pytest.skip("no C compiler (cc) to build tests/integrations/nccl_api_check.c")
     exe = str(tmp_path_factory.mktemp("nccl") / "nccl_api_check")
     lib_dir = os.path.dirname(LIBRARY)
     subprocess.run([cc, "-O1", "-std=c11", "-Wall", "-Werror", "-I", os.path.join(ROOT, "csrc", "nccl"),
-                    os.path.join(ROOT, "tests", "nccl_api_check.c"), "-L", lib_dir, "-lpyccl_nccl",
+                    os.path.join(ROOT, "tests", "integrations", "nccl_api_check.c"), "-L", lib_dir, "-lpyccl_nccl",
                     f"-Wl,-rpath,{lib_dir}", "-lm", "-o", exe], check=True)
     return exe
 

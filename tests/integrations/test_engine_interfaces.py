@@ -1,7 +1,7 @@
 """pyccl.integrations against the real engines: vLLM 0.26.0 and SGLang 0.5.17,
 installed by scripts/engines.sh (called by scripts/test.sh) into their own
 virtual environments under .venv-engines/. Each check runs in its engine's
-environment (tests/engines/check_*.py): the adapter's signatures against the
+environment (tests/integrations/engines/check_*.py): the adapter's signatures against the
 engine's classes, the engine's plugin loader finding pyccl's entry point, and
 the engine's own communicator / GroupCoordinator running pyccl in host mode.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ROOT / ".venv-engines"
 
 
@@ -29,7 +29,7 @@ def _run_check(engine: str, pin: str) -> dict:
         pytest.fail(f"{pin} is not installed in {ENGINES / engine}: run scripts/test.sh (scripts/engines.sh "
                     f"installs it), or set PYCCL_NO_ENGINES=1 on a machine without network")
     env = dict(os.environ, PYTHONWARNINGS="ignore", TORCH_DEVICE_BACKEND_AUTOLOAD="1")
-    proc = subprocess.run([str(python), str(ROOT / "tests" / "engines" / f"check_{engine}.py")], cwd=ROOT, env=env,
+    proc = subprocess.run([str(python), str(ROOT / "tests" / "integrations" / "engines" / f"check_{engine}.py")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"check_{engine}.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])

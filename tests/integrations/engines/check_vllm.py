@@ -1,5 +1,5 @@
 """pyccl.integrations.vllm against the installed vLLM, on CPUs: run with the
-Python of .venv-engines/vllm (tests/test_engine_interfaces.py does). Prints
+Python of .venv-engines/vllm (tests/integrations/test_engine_interfaces.py does). Prints
 one JSON object: what is wrong ("problems"), and the per-rank results of
 vLLM's real CudaCommunicator with pyccl in front, in pyccl's host mode."""
 
