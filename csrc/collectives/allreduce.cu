@@ -10,31 +10,31 @@ namespace pyccl {
 namespace {
 
 template <typename T, ReduceOp Op>
-__global__ void __launch_bounds__(1024) allReduceLLKernel(CollectiveContext context, const void* input, void* output,
-                                                          uint64_t count) {
+__global__ void __launch_bounds__(1024) allReduceOnePhaseLLKernel(CollectiveContext context, const void* input,
+                                                                  void* output, uint64_t count) {
   collectiveKernelPrologue();
-  allReduceLL<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
+  allReduceOnePhaseLL<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
-__global__ void __launch_bounds__(1024) allReduceLL2Kernel(CollectiveContext context, const void* input,
-                                                           void* output, uint64_t count) {
+__global__ void __launch_bounds__(1024) allReduceTwoPhaseLLKernel(CollectiveContext context, const void* input,
+                                                                  void* output, uint64_t count) {
   collectiveKernelPrologue();
-  allReduceLL2<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
+  allReduceTwoPhaseLL<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
-__global__ void __launch_bounds__(1024) allReduceHB1Kernel(CollectiveContext context, const void* input,
-                                                           void* output, uint64_t count) {
+__global__ void __launch_bounds__(1024) allReduceOnePhaseHBKernel(CollectiveContext context, const void* input,
+                                                                  void* output, uint64_t count) {
   collectiveKernelPrologue();
-  allReduceHB1<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
+  allReduceOnePhaseHB<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <typename T, ReduceOp Op>
-__global__ void __launch_bounds__(1024) allReduceHBKernel(CollectiveContext context, const void* input, void* output,
-                                                          uint64_t count) {
+__global__ void __launch_bounds__(1024) allReduceTwoPhaseHBKernel(CollectiveContext context, const void* input,
+                                                                  void* output, uint64_t count) {
   collectiveKernelPrologue();
-  allReduceHB<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
+  allReduceTwoPhaseHB<T, Op>(context, input, output, count, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 // `buffers` on symmetric buffers; on graph buffers `graphSlot`, in device
@@ -65,20 +65,20 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
   auto s = static_cast<cudaStream_t>(stream);
   dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
     if (call.algorithm == AllReduceAlgorithm::kOnePhaseLL) {
-      launchCollectiveKernel(allReduceLLKernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
+      launchCollectiveKernel(allReduceOnePhaseLLKernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
                              call.output, call.count);
     } else if (call.algorithm == AllReduceAlgorithm::kTwoPhaseLL) {
-      launchCollectiveKernel(allReduceLL2Kernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
+      launchCollectiveKernel(allReduceTwoPhaseLLKernel<T, Op>, context.llActiveBlocks, launch, s, context, call.input,
                              call.output, call.count);
     } else if (call.algorithm == AllReduceAlgorithm::kOnePhaseHB) {
-      launchCollectiveKernel(allReduceHB1Kernel<T, Op>, context.hbActiveBlocks, launch, s, context, call.input,
+      launchCollectiveKernel(allReduceOnePhaseHBKernel<T, Op>, context.hbActiveBlocks, launch, s, context, call.input,
                              call.output, call.count);
     } else if (call.symmetric != nullptr || call.graphSlot != nullptr) {
       launchCollectiveKernel(allReduceZeroCopyKernel<T, Op>, context.hbBlocks, launch, s, context,
                              call.symmetric != nullptr ? *call.symmetric : SymmetricPointers{}, call.graphSlot,
                              call.count);
     } else {
-      launchCollectiveKernel(allReduceHBKernel<T, Op>, context.hbBlocks, launch, s, context, call.input,
+      launchCollectiveKernel(allReduceTwoPhaseHBKernel<T, Op>, context.hbBlocks, launch, s, context, call.input,
                              call.output, call.count);
     }
   });
@@ -86,10 +86,10 @@ void allReduceDevice(const CollectiveContext& context, const AllReduceCall& call
 
 void allReduceKernels(std::vector<const void*>* out) {
   forEachReduction([&]<typename T, ReduceOp Op>() {
-    for (const void* k : {reinterpret_cast<const void*>(allReduceLLKernel<T, Op>),
-                          reinterpret_cast<const void*>(allReduceLL2Kernel<T, Op>),
-                          reinterpret_cast<const void*>(allReduceHB1Kernel<T, Op>),
-                          reinterpret_cast<const void*>(allReduceHBKernel<T, Op>),
+    for (const void* k : {reinterpret_cast<const void*>(allReduceOnePhaseLLKernel<T, Op>),
+                          reinterpret_cast<const void*>(allReduceTwoPhaseLLKernel<T, Op>),
+                          reinterpret_cast<const void*>(allReduceOnePhaseHBKernel<T, Op>),
+                          reinterpret_cast<const void*>(allReduceTwoPhaseHBKernel<T, Op>),
                           reinterpret_cast<const void*>(allReduceZeroCopyKernel<T, Op>)}) {
       out->push_back(k);
     }

@@ -88,21 +88,21 @@ PYCCL_HOST_DEVICE void reduceLL(const CollectiveContext& c, const void* input, u
 
 /// 1PA LL all-reduce of `count` elements, block `block`'s share.
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE void allReduceLL(const CollectiveContext& c, const void* input, void* output, uint64_t count,
-                                   uint32_t block, uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE void allReduceOnePhaseLL(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                           uint32_t block, uint32_t tid, uint32_t numThreads) {
   reduceLL<T, Op>(c, input, 0, output, count, block, tid, numThreads);
 }
 
 /// Elements of `elementSize` bytes per 2PA LL call (the host splits larger messages).
-PYCCL_HOST_DEVICE uint64_t allReduceLL2MaxCount(const CollectiveContext& c, uint64_t llMaxBytes,
-                                                uint64_t elementSize) {
+PYCCL_HOST_DEVICE uint64_t allReduceTwoPhaseLLMaxCount(const CollectiveContext& c, uint64_t llMaxBytes,
+                                                       uint64_t elementSize) {
   return static_cast<uint64_t>(c.worldSize) * (llMaxBytes / elementSize);
 }
 
-/// 2PA LL all-reduce of `count` (<= allReduceLL2MaxCount) elements, block `block`'s share.
+/// 2PA LL all-reduce of `count` (<= allReduceTwoPhaseLLMaxCount) elements, block `block`'s share.
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* input, void* output, uint64_t count,
-                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE void allReduceTwoPhaseLL(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                           uint32_t block, uint32_t tid, uint32_t numThreads) {
   constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
   const uint32_t flag = c.llCalls[block] + 1;
   const uint32_t phase = flag & 1;
@@ -162,7 +162,7 @@ PYCCL_HOST_DEVICE void allReduceLL2(const CollectiveContext& c, const void* inpu
 }
 
 /// Elements of `elementSize` bytes per HB round (a kernel runs as many rounds as its message needs).
-PYCCL_HOST_DEVICE uint64_t allReduceHBMaxCount(const CollectiveContext& c, uint64_t elementSize) {
+PYCCL_HOST_DEVICE uint64_t allReduceTwoPhaseHBMaxCount(const CollectiveContext& c, uint64_t elementSize) {
   return static_cast<uint64_t>(c.worldSize) * c.hbBlocks * (c.hbSubBytes / elementSize);
 }
 
@@ -224,8 +224,8 @@ struct HBRound {
 ///      (push: local slot q; pull: rank q's slot, a load).
 /// Push sends only stores over NVLink and copies nothing in.
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE bool allReduceHBRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
-                                        uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE bool allReduceTwoPhaseHBRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
+                                                uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
   const uint32_t phase = static_cast<uint32_t>(call & 1);
   const int world = c.worldSize;
   const bool push = c.hbPush != 0;
@@ -272,23 +272,23 @@ PYCCL_HOST_DEVICE bool allReduceHBRound(const CollectiveContext& c, const char* 
 }  // namespace detail
 
 /// 2PA HB all-reduce of `count` elements, block `block`'s share: rounds of up
-/// to allReduceHBMaxCount elements, each with its own call number (two
+/// to allReduceTwoPhaseHBMaxCount elements, each with its own call number (two
 /// barriers). Blocks run their rounds independently: block b of every rank
 /// meets only block b of the others, so one block's reduction overlaps
 /// another's transfers. In place is safe: a round reads its own piece of the
 /// input before any rank writes that piece of the output (pull), or only the
 /// thread that reads an element writes it (push).
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE void allReduceHB(const CollectiveContext& c, const void* input, void* output, uint64_t count,
-                                   uint32_t block, uint32_t tid, uint32_t numThreads) {
-  detail::runHBRounds<T>(c, input, output, count, allReduceHBMaxCount(c, sizeof(T)), block, tid,
+PYCCL_HOST_DEVICE void allReduceTwoPhaseHB(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                           uint32_t block, uint32_t tid, uint32_t numThreads) {
+  detail::runHBRounds<T>(c, input, output, count, allReduceTwoPhaseHBMaxCount(c, sizeof(T)), block, tid,
                          [&](const char* in, char* out, uint64_t n, uint64_t call) {
-                           return detail::allReduceHBRound<T, Op>(c, in, out, n, call, block, tid, numThreads);
+                           return detail::allReduceTwoPhaseHBRound<T, Op>(c, in, out, n, call, block, tid, numThreads);
                          });
 }
 
 /// Elements of `elementSize` bytes per 1PA HB round: one staging slot per block and rank.
-PYCCL_HOST_DEVICE uint64_t allReduceHB1MaxCount(const CollectiveContext& c, uint64_t elementSize) {
+PYCCL_HOST_DEVICE uint64_t allReduceOnePhaseHBMaxCount(const CollectiveContext& c, uint64_t elementSize) {
   return static_cast<uint64_t>(c.hbActiveBlocks) * (c.hbSubBytes / elementSize);
 }
 
@@ -300,8 +300,8 @@ namespace detail {
 /// is not 16-byte aligned); barrier; the slice reduced from every rank's copy,
 /// all local, into the output.
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE bool allReduceHB1Round(const CollectiveContext& c, const char* in, char* out, uint64_t count,
-                                         uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
+PYCCL_HOST_DEVICE bool allReduceOnePhaseHBRound(const CollectiveContext& c, const char* in, char* out, uint64_t count,
+                                                uint64_t call, uint32_t block, uint32_t tid, uint32_t numThreads) {
   constexpr uint64_t kVec = 16 / sizeof(T);
   const uint32_t phase = static_cast<uint32_t>(call & 1);
   const int world = c.worldSize;
@@ -333,16 +333,16 @@ PYCCL_HOST_DEVICE bool allReduceHB1Round(const CollectiveContext& c, const char*
 }  // namespace detail
 
 /// 1PA HB all-reduce of `count` elements, block `block`'s share (of
-/// c.hbActiveBlocks): rounds of up to allReduceHB1MaxCount elements, each with
+/// c.hbActiveBlocks): rounds of up to allReduceOnePhaseHBMaxCount elements, each with
 /// its own call number and one barrier. In place is safe: only the thread
 /// that reads an element of the input writes that element of the output, and
 /// the stores into the peers read the input before the barrier.
 template <typename T, ReduceOp Op>
-PYCCL_HOST_DEVICE void allReduceHB1(const CollectiveContext& c, const void* input, void* output, uint64_t count,
-                                    uint32_t block, uint32_t tid, uint32_t numThreads) {
-  detail::runHBRounds<T>(c, input, output, count, allReduceHB1MaxCount(c, sizeof(T)), block, tid,
+PYCCL_HOST_DEVICE void allReduceOnePhaseHB(const CollectiveContext& c, const void* input, void* output, uint64_t count,
+                                           uint32_t block, uint32_t tid, uint32_t numThreads) {
+  detail::runHBRounds<T>(c, input, output, count, allReduceOnePhaseHBMaxCount(c, sizeof(T)), block, tid,
                          [&](const char* in, char* out, uint64_t n, uint64_t call) {
-                           return detail::allReduceHB1Round<T, Op>(c, in, out, n, call, block, tid, numThreads);
+                           return detail::allReduceOnePhaseHBRound<T, Op>(c, in, out, n, call, block, tid, numThreads);
                          });
 }
 

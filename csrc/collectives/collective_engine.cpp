@@ -340,9 +340,11 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
     return;
   }
   uint64_t piece = count;
-  if (algo == AllReduceAlgorithm::kTwoPhaseLL) piece = allReduceLL2MaxCount(context_, options_.llMaxBytes, elemSize);
+  if (algo == AllReduceAlgorithm::kTwoPhaseLL) {
+    piece = allReduceTwoPhaseLLMaxCount(context_, options_.llMaxBytes, elemSize);
+  }
   if (algo == AllReduceAlgorithm::kTwoPhaseHB && options_.hbRoundsPerLaunch != 0) {
-    piece = allReduceHBMaxCount(context_, elemSize) * options_.hbRoundsPerLaunch;
+    piece = allReduceTwoPhaseHBMaxCount(context_, elemSize) * options_.hbRoundsPerLaunch;
   }
   // 1PA HB: the grid by the message's size; every piece of it runs on the same blocks.
   const uint32_t hbActiveBlocks = algo == AllReduceAlgorithm::kOnePhaseHB ? onePhaseHBBlocksFor(bytes)
@@ -350,7 +352,7 @@ void CollectiveEngine::allReduce(const void* input, void* output, uint64_t count
   if (algo == AllReduceAlgorithm::kOnePhaseHB && options_.hbRoundsPerLaunch != 0) {
     CollectiveContext sized = context_;
     sized.hbActiveBlocks = hbActiveBlocks;
-    piece = allReduceHB1MaxCount(sized, elemSize) * options_.hbRoundsPerLaunch;
+    piece = allReduceOnePhaseHBMaxCount(sized, elemSize) * options_.hbRoundsPerLaunch;
   }
   for (uint64_t done = 0; done < count; done += piece) {
     AllReduceCall call{static_cast<const char*>(input) + done * elemSize, static_cast<char*>(output) + done * elemSize,

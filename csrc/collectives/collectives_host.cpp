@@ -90,13 +90,13 @@ void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) 
     runBlocks(blocks, [&](uint32_t b) {
       switch (call.algorithm) {
         case AllReduceAlgorithm::kOnePhaseLL:
-          allReduceLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          allReduceOnePhaseLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
         case AllReduceAlgorithm::kTwoPhaseLL:
-          allReduceLL2<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          allReduceTwoPhaseLL<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
         case AllReduceAlgorithm::kOnePhaseHB:
-          allReduceHB1<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          allReduceOnePhaseHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
         case AllReduceAlgorithm::kTwoPhaseHB:
           if (call.symmetric != nullptr || call.graphSlot != nullptr) {
@@ -105,7 +105,7 @@ void allReduceHost(const CollectiveContext& context, const AllReduceCall& call) 
             allReduceZeroCopy<T, Op>(context, p, call.count, b, context.hbBlocks, 0, 1);
             break;
           }
-          allReduceHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
+          allReduceTwoPhaseHB<T, Op>(context, call.input, call.output, call.count, b, 0, 1);
           break;
       }
     });
