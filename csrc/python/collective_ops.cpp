@@ -8,9 +8,10 @@
 // error naming the argument. Each kernel makes its output as the Python path
 // does.
 //
-// pyccl.all_reduce, all_gather and reduce_scatter run the same code first
-// (CallRuntime): one call from Python that checks, chooses and launches, so
-// an eager call's host time is the engine's plus one crossing into C++.
+// pyccl.all_reduce, all_gather, reduce_scatter and fused_all_reduce_rmsnorm
+// run the same code first (CallRuntime): one call from Python that checks,
+// chooses and launches, so an eager call's host time is the engine's plus one
+// crossing into C++.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
@@ -144,6 +145,25 @@ at::Tensor reduceScatterKernel(const at::Tensor& x, c10::string_view op, int64_t
   return *std::move(done);
 }
 
+/// The fused all-reduce + residual add + RMSNorm of `input` on `runtime`'s engine, into `out` and `residualOut`
+/// where given, else into new tensors, which it returns. `allReduceRMSNormTensor` checks every argument as the
+/// Python path does (naming it) before anything runs; `algorithm` nullopt: the engine's own choice, as
+/// pyccl.fused_all_reduce_rmsnorm's. `launch(engineCall)` makes the engine call.
+template <typename Launch>
+std::tuple<at::Tensor, at::Tensor> runFusedNorm(const GroupRuntime& runtime, const at::Tensor& input,
+                                                const at::Tensor& residual, const at::Tensor& weight, double eps,
+                                                std::optional<at::Tensor> out, std::optional<at::Tensor> residualOut,
+                                                std::optional<FusedNormAlgorithm> algorithm, Launch&& launch) {
+  at::Tensor normed = out ? *std::move(out) : at::empty_like(input, at::MemoryFormat::Contiguous);
+  at::Tensor newResidual =
+      residualOut ? *std::move(residualOut) : at::empty_like(residual, at::MemoryFormat::Contiguous);
+  launch([&] {
+    allReduceRMSNormTensor(*runtime.engine, *runtime.comm, input, residual, weight, normed, newResidual, eps,
+                           algorithm);
+  });
+  return {std::move(normed), std::move(newResidual)};
+}
+
 std::tuple<at::Tensor, at::Tensor> fusedAllReduceRMSNormKernel(const at::Tensor& x, const at::Tensor& residual,
                                                                const at::Tensor& weight, double eps,
                                                                c10::string_view groupName) {
@@ -155,16 +175,8 @@ std::tuple<at::Tensor, at::Tensor> fusedAllReduceRMSNormKernel(const at::Tensor&
     return pythonPath<std::tuple<at::Tensor, at::Tensor>>(CustomOp::kFusedNorm, x, residual, weight, eps,
                                                            std::string(groupName));
   }
-  const at::Tensor res = residual.contiguous();
-  at::Tensor normed = at::empty_like(input, at::MemoryFormat::Contiguous);
-  at::Tensor residualOut = at::empty_like(res, at::MemoryFormat::Contiguous);
-  // Checks every argument as the Python path does (naming it), before anything runs; the engine's own choice of
-  // fused kernel, as pyccl.fused_all_reduce_rmsnorm's.
-  runOnEngine(CustomOp::kFusedNorm, [&] {
-    allReduceRMSNormTensor(*runtime->engine, *runtime->comm, input, res, weight.contiguous(), normed, residualOut,
-                           eps, std::nullopt);
-  });
-  return {normed, residualOut};
+  return runFusedNorm(*runtime, input, residual.contiguous(), weight.contiguous(), eps, std::nullopt, std::nullopt,
+                      std::nullopt, [](auto&& call) { runOnEngine(CustomOp::kFusedNorm, call); });
 }
 
 /// A tensor argument of a pyccl.<op> call where it is one; nullptr for the Python path to refuse.
@@ -214,15 +226,63 @@ py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::ha
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(*std::move(done)));
 }
 
+/// pyccl.fused_all_reduce_rmsnorm's call on `runtime` where it is well formed and fused (not above kFusedMaxBytes
+/// unless an algorithm is forced): (normed, new residual); else None, having run nothing, for the Python path to
+/// run it unfused or refuse it, naming the argument.
+py::object callFusedNorm(const GroupRuntime& runtime, py::handle x, py::handle residual, py::handle weight,
+                         py::handle eps, py::handle out, py::handle residualOut, py::handle algorithm) {
+  const at::Tensor* input = tensorArg(x);
+  const at::Tensor* res = tensorArg(residual);
+  const at::Tensor* w = tensorArg(weight);
+  const at::Tensor* given = out.is_none() ? nullptr : tensorArg(out);
+  const at::Tensor* givenResidual = residualOut.is_none() ? nullptr : tensorArg(residualOut);
+  const auto forced = stringArg(algorithm);
+  const bool number = !PyBool_Check(eps.ptr()) && (PyFloat_Check(eps.ptr()) || PyLong_Check(eps.ptr()));
+  if (input == nullptr || res == nullptr || w == nullptr || (given == nullptr && !out.is_none()) ||
+      (givenResidual == nullptr && !residualOut.is_none()) || !forced || !number || runtime.comm->closed()) {
+    return py::none();
+  }
+  const double epsilon = PyFloat_AsDouble(eps.ptr());
+  if (PyErr_Occurred()) {  // an int too large for a double
+    PyErr_Clear();
+    return py::none();
+  }
+  std::optional<FusedNormAlgorithm> algo;
+  if (!forced->empty()) {
+    if (*forced != "one_shot" && *forced != "two_shot" && *forced != "two_kernel") return py::none();  // unfused
+    algo = parseFusedNormAlgorithm(*forced, "algorithm");
+  } else if (input->nbytes() > kFusedMaxBytes) {
+    return py::none();  // unfused: pyccl.all_reduce, then torch's add and rms_norm
+  }
+  // What the engine refuses goes to the Python path, whose checks name it first.
+  const at::Tensor* all[] = {input, res, w, given, givenResidual};
+  for (const at::Tensor* t : all) {
+    if (t != nullptr && (t->layout() != at::kStrided || !t->is_contiguous() || t->is_meta() ||
+                         t->scalar_type() != input->scalar_type() || t->device() != input->device())) {
+      return py::none();
+    }
+  }
+  if (!reducesDtype(input->scalar_type())) return py::none();
+  auto [normed, newResidual] =
+      runFusedNorm(runtime, *input, *res, *w, epsilon, given ? std::optional<at::Tensor>(*given) : std::nullopt,
+                   givenResidual ? std::optional<at::Tensor>(*givenResidual) : std::nullopt, algo, [](auto&& call) {
+                     py::gil_scoped_release release;
+                     call();
+                   });
+  return py::make_tuple(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(normed))),
+                        py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(newResidual))));
+}
+
 }  // namespace
 
 void bindCallRuntime(py::module_& m) {
   py::class_<GroupRuntime>(m, "CallRuntime",
-                           "What pyccl.all_reduce, all_gather and reduce_scatter on a communicator run first: the "
-                           "selector's choice and, where it is a kernel, the engine's call, in one call from Python "
-                           "(as torch.ops.pyccl.<op>'s C++ kernels run them). Each method returns the result, or "
-                           "None, having run nothing, for the Python path to run the call (a plan, NCCL, the "
-                           "collectives across nodes) or refuse it, naming the argument.")
+                           "What pyccl.all_reduce, all_gather, reduce_scatter and fused_all_reduce_rmsnorm on a "
+                           "communicator run first: the selector's choice (the engine's, for the fused call) and, "
+                           "where it is a kernel, the engine's call, in one call from Python (as "
+                           "torch.ops.pyccl.<op>'s C++ kernels run them). Each method returns the result, or None, "
+                           "having run nothing, for the Python path to run the call (a plan, NCCL, the collectives "
+                           "across nodes, the unfused norm) or refuse it, naming the argument.")
       .def(py::init([](std::shared_ptr<Communicator> comm, std::shared_ptr<CollectiveEngine> engine,
                        std::shared_ptr<Selector> selector) {
              PYCCL_CHECK_ARG(comm && engine && selector, "comm", "a call runtime needs a communicator, its engine "
@@ -242,7 +302,14 @@ void bindCallRuntime(py::module_& m) {
       .def("reduce_scatter",
            [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle op, py::handle algorithm,
               bool nccl) { return callKernelChoice(KernelCall::kReduceScatter, r, tensor, out, op, algorithm, nccl); },
-           py::arg("tensor"), py::arg("out"), py::arg("op"), py::arg("algorithm"), py::arg("nccl"));
+           py::arg("tensor"), py::arg("out"), py::arg("op"), py::arg("algorithm"), py::arg("nccl"))
+      .def("fused_all_reduce_rmsnorm",
+           [](const GroupRuntime& r, py::handle tensor, py::handle residual, py::handle weight, py::handle eps,
+              py::handle out, py::handle residualOut, py::handle algorithm) {
+             return callFusedNorm(r, tensor, residual, weight, eps, out, residualOut, algorithm);
+           },
+           py::arg("tensor"), py::arg("residual"), py::arg("weight"), py::arg("eps"), py::arg("out"),
+           py::arg("residual_out"), py::arg("algorithm"));
 }
 
 }  // namespace pyccl

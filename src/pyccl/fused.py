@@ -109,11 +109,16 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
                                    f"{', '.join(FUSED_ALGORITHMS)}")
     if not isinstance(x, torch.Tensor):
         raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(x).__name__}")
+    given = comm
+    comm = given_or_group_communicator(comm, group, x.device)
+    runtime = comm._runtime
+    if runtime is not None:  # a well-formed fused call, checked and run in one call into C++
+        done = runtime.fused_all_reduce_rmsnorm(x, residual, weight, eps, out, residual_out, algorithm)
+        if done is not None:
+            return done
     if residual_out is None and isinstance(residual, torch.Tensor):
         residual_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     _check(x, residual, weight, eps, out, residual_out)
-    given = comm
-    comm = given_or_group_communicator(comm, group, x.device)
     if comm.closed:
         raise ClosedError(f"fused_all_reduce_rmsnorm: communicator '{comm.name}' is closed")
     engine = comm._collective_engine()

@@ -48,9 +48,10 @@ def every_entry_point(rank, world, store, scenario, table_path, seed):
 
 
 def call_runtime(rank, world, store, seed):
-    """A host-mode Communicator's call runtime (pyccl.calls' first step): the
-    kernel choices it runs, each checked against float64, and the calls it
-    hands back (None, nothing run) for the Python path to run or refuse.
+    """A host-mode Communicator's call runtime (pyccl.calls' and
+    pyccl.fused_all_reduce_rmsnorm's first step): the kernel choices it runs,
+    each checked against float64, and the calls it hands back (None, nothing
+    run) for the Python path to run or refuse.
     Returns the failures."""
     bad = []
     gen = torch.Generator().manual_seed(seed + rank)
@@ -79,6 +80,36 @@ def call_runtime(rank, world, store, seed):
         counted = sum(comm._selector.trace().values()) - sum(before.values())
         if counted != len(ran):
             bad.append(f"{counted} choices counted for {len(ran)} calls")
+        # The fused all-reduce + residual add + RMSNorm (the engine's own choice of fused kernel).
+        part, residual = torch.randn(2 * world, 8, generator=gen), torch.randn(2 * world, 8, generator=gen)
+        weight = torch.rand(8, generator=gen) + 0.5
+        parts = [torch.empty_like(part) for _ in range(world)]
+        dist.all_gather(parts, part)
+        want_residual = sum(t.double() for t in parts) + residual.double()
+        want_normed = want_residual * torch.rsqrt(want_residual.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+        out, residual_out = torch.empty_like(part), torch.empty_like(residual)
+        for name, got in (("fused, new outputs", runtime.fused_all_reduce_rmsnorm(part, residual, weight, 1e-5, None,
+                                                                                None, None)),
+                          ("fused, into outputs, two_kernel", runtime.fused_all_reduce_rmsnorm(
+                              part, residual, weight, 1e-5, out, residual_out, "two_kernel"))):
+            if got is None or not (torch.allclose(got[0].double(), want_normed, rtol=1e-4, atol=1e-4)
+                                   and torch.allclose(got[1].double(), want_residual, rtol=1e-5, atol=1e-5)):
+                bad.append(f"{name}: {'not run' if got is None else 'wrong result'}")
+        if not torch.allclose(out.double(), want_normed, rtol=1e-4, atol=1e-4):
+            bad.append("fused, into outputs: out not written")
+        fused_back = {
+            "fused, unfused forced": runtime.fused_all_reduce_rmsnorm(part, residual, weight, 1e-5, None, None,
+                                                                      "unfused"),
+            "fused, eps not a number": runtime.fused_all_reduce_rmsnorm(part, residual, weight, "1e-5", None, None,
+                                                                        None),
+            "fused, residual not contiguous": runtime.fused_all_reduce_rmsnorm(
+                part, residual.t().contiguous().t(), weight, 1e-5, None, None, None),
+            "fused, int32 tensors": runtime.fused_all_reduce_rmsnorm(part.int(), residual.int(), weight.int(), 1e-5,
+                                                                     None, None, None),
+            "fused, weight not a tensor": runtime.fused_all_reduce_rmsnorm(part, residual, [1.0] * 8, 1e-5, None,
+                                                                           None, None),
+        }
+        bad += [f"{name}: ran" for name, got in fused_back.items() if got is not None]
         handed_back = {
             "a torch ReduceOp": runtime.all_reduce(x, None, dist.ReduceOp.SUM, None, False),
             "not contiguous": runtime.all_reduce(x.t(), None, "sum", None, False),

@@ -187,8 +187,9 @@ def test_every_entry_point_chooses_alike(scenario, tmp_path):
 
 
 def test_the_call_runtime_runs_kernel_choices_and_hands_back_the_rest():
-    # pyccl.all_reduce, all_gather and reduce_scatter's one call into C++ (as torch.ops.pyccl's kernels): it runs
-    # what the selector gives a kernel, and leaves everything else, unrun, to the Python path.
+    # pyccl.all_reduce, all_gather, reduce_scatter and fused_all_reduce_rmsnorm's one call into C++ (as
+    # torch.ops.pyccl's kernels): it runs what the selector (the engine, for the fused call) gives a kernel, and
+    # leaves everything else, unrun, to the Python path.
     seed = random.randrange(1 << 20)
     for bad in run_ranks(rd.call_runtime, WORLD, args=(seed,), timeout=120):
         assert bad == [], f"seed {seed}: {bad}"
