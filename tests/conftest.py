@@ -75,11 +75,29 @@ def shared_rounds(rounds: int) -> int:
 
 
 def requires_gpus(n: int, own: bool = False):
-    """Skips (saying why) unless this build has CUDA and at least n GPUs are
-    visible. With `own`, each rank needs a GPU of its own: the test skips
-    where PYCCL_TEST_SHARE_GPU puts several ranks on one GPU."""
+    """The ``gpu`` marker of a test (or of one parameter, in ``pytest.param(...,
+    marks=...)``) that needs n GPUs: it is skipped, saying why, unless this
+    build has CUDA and at least n GPUs are visible (``-m gpu`` or ``-m "not
+    gpu"`` select by it). With `own`, each rank needs a GPU of its own: the
+    test skips where PYCCL_TEST_SHARE_GPU puts several ranks on one GPU."""
+    return pytest.mark.gpu(n=n, own=own)
+
+
+def _gpu_skip_reason(n: int, own: bool):
+    """Why a test marked ``gpu`` (requires_gpus) cannot run here; None where it can."""
     if not pyccl._C.cuda_built():
-        return pytest.mark.skipif(True, reason="pyccl was built without CUDA")
+        return "pyccl was built without CUDA"
     if own and shared_world():
-        return pytest.mark.skipif(True, reason=f"needs a GPU per rank; {SHARE_ENV} puts several ranks on one")
-    return pytest.mark.skipif(gpu_count() < n, reason=f"needs {n} CUDA GPU(s), {gpu_count()} visible")
+        return f"needs a GPU per rank; {SHARE_ENV} puts several ranks on one"
+    if gpu_count() < n:
+        return f"needs {n} CUDA GPU(s), {gpu_count()} visible"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mark = item.get_closest_marker("gpu")
+        if mark is not None:
+            reason = _gpu_skip_reason(mark.kwargs.get("n", 1), mark.kwargs.get("own", False))
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
