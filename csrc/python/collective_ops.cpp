@@ -145,6 +145,12 @@ at::Tensor reduceScatterKernel(const at::Tensor& x, c10::string_view op, int64_t
   return *std::move(done);
 }
 
+/// Whether a fused call of `input` runs fused by the automatic choice: a dtype the kernels reduce, at most
+/// kFusedMaxBytes (above it, pyccl.all_reduce, then torch's add and rms_norm: the Python path).
+bool fusedByDefault(const at::Tensor& input) {
+  return input.nbytes() <= kFusedMaxBytes && reducesDtype(input.scalar_type());
+}
+
 /// The fused all-reduce + residual add + RMSNorm of `input` on `runtime`'s engine, into `out` and `residualOut`
 /// where given, else into new tensors, which it returns. `allReduceRMSNormTensor` checks every argument as the
 /// Python path does (naming it) before anything runs; `algorithm` nullopt: the engine's own choice, as
@@ -168,9 +174,7 @@ std::tuple<at::Tensor, at::Tensor> fusedAllReduceRMSNormKernel(const at::Tensor&
                                                                const at::Tensor& weight, double eps,
                                                                c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
-  // Above kFusedMaxBytes the call runs unfused, on pyccl.all_reduce: the Python path.
-  const bool fused = input.nbytes() <= kFusedMaxBytes && reducesDtype(input.scalar_type());
-  const auto runtime = fused ? groupRuntime(groupName, input.device()) : std::nullopt;
+  const auto runtime = fusedByDefault(input) ? groupRuntime(groupName, input.device()) : std::nullopt;
   if (!runtime) {
     return pythonPath<std::tuple<at::Tensor, at::Tensor>>(CustomOp::kFusedNorm, x, residual, weight, eps,
                                                            std::string(groupName));
@@ -178,6 +182,9 @@ std::tuple<at::Tensor, at::Tensor> fusedAllReduceRMSNormKernel(const at::Tensor&
   return runFusedNorm(*runtime, input, residual.contiguous(), weight.contiguous(), eps, std::nullopt, std::nullopt,
                       std::nullopt, [](auto&& call) { runOnEngine(CustomOp::kFusedNorm, call); });
 }
+
+/// Whether the engine takes `t` as it is: dense, contiguous, with data (else the Python path names what is wrong).
+bool plainTensor(const at::Tensor& t) { return t.layout() == at::kStrided && t.is_contiguous() && !t.is_meta(); }
 
 /// A tensor argument of a pyccl.<op> call where it is one; nullptr for the Python path to refuse.
 const at::Tensor* tensorArg(py::handle arg) {
@@ -207,8 +214,7 @@ py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::ha
   // What the engine refuses (a tensor that is not contiguous, on another device, without data) goes to the
   // Python path, whose checks name it first.
   if (input == nullptr || (given == nullptr && !out.is_none()) || !forced || runtime.comm->closed() ||
-      input->layout() != at::kStrided || !input->is_contiguous() || input->is_meta() ||
-      (given != nullptr && !given->is_contiguous())) {
+      !plainTensor(*input) || (given != nullptr && !given->is_contiguous())) {
     return py::none();
   }
   std::optional<ReduceOp> rop;
@@ -248,21 +254,24 @@ py::object callFusedNorm(const GroupRuntime& runtime, py::handle x, py::handle r
     return py::none();
   }
   std::optional<FusedNormAlgorithm> algo;
-  if (!forced->empty()) {
-    if (*forced != "one_shot" && *forced != "two_shot" && *forced != "two_kernel") return py::none();  // unfused
-    algo = parseFusedNormAlgorithm(*forced, "algorithm");
-  } else if (input->nbytes() > kFusedMaxBytes) {
-    return py::none();  // unfused: pyccl.all_reduce, then torch's add and rms_norm
+  if (forced->empty()) {
+    if (!fusedByDefault(*input)) return py::none();
+  } else {
+    if (*forced == "unfused" || !reducesDtype(input->scalar_type())) return py::none();
+    try {
+      algo = parseFusedNormAlgorithm(*forced, "algorithm");
+    } catch (const Error&) {
+      return py::none();  // the Python path names the algorithms
+    }
   }
   // What the engine refuses goes to the Python path, whose checks name it first.
   const at::Tensor* all[] = {input, res, w, given, givenResidual};
   for (const at::Tensor* t : all) {
-    if (t != nullptr && (t->layout() != at::kStrided || !t->is_contiguous() || t->is_meta() ||
-                         t->scalar_type() != input->scalar_type() || t->device() != input->device())) {
+    if (t != nullptr && (!plainTensor(*t) || t->scalar_type() != input->scalar_type() ||
+                         t->device() != input->device())) {
       return py::none();
     }
   }
-  if (!reducesDtype(input->scalar_type())) return py::none();
   auto [normed, newResidual] =
       runFusedNorm(runtime, *input, *res, *w, epsilon, given ? std::optional<at::Tensor>(*given) : std::nullopt,
                    givenResidual ? std::optional<at::Tensor>(*givenResidual) : std::nullopt, algo, [](auto&& call) {

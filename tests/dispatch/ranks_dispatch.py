@@ -100,6 +100,8 @@ def call_runtime(rank, world, store, seed):
         fused_back = {
             "fused, unfused forced": runtime.fused_all_reduce_rmsnorm(part, residual, weight, 1e-5, None, None,
                                                                       "unfused"),
+            "fused, an unknown algorithm": runtime.fused_all_reduce_rmsnorm(part, residual, weight, 1e-5, None,
+                                                                            None, "fastest"),
             "fused, eps not a number": runtime.fused_all_reduce_rmsnorm(part, residual, weight, "1e-5", None, None,
                                                                         None),
             "fused, residual not contiguous": runtime.fused_all_reduce_rmsnorm(
