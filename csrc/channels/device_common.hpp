@@ -129,9 +129,9 @@ PYCCL_HOST_DEVICE bool pastDeadline(uint64_t start, uint64_t timeoutNs) {
 
 /// Why a bounded wait gave up (or a kernel could not run its call).
 /// kUnregistered is not a wait's: a zero-copy all-reduce captured under graph
-/// buffers ran before their pointers were registered (collectives/graph_buffers.hpp).
+/// buffers ran before their pointers were registered (engine/graph_buffers.hpp).
 /// Nor is kMismatch: a receive met a send of another size (expected: the
-/// receive's bytes, observed: the send's; collectives/p2p_device.hpp).
+/// receive's bytes, observed: the send's; algorithms/p2p.cu).
 enum class WaitStatus : uint32_t { kOk = 0, kTimeout = 1, kAborted = 2, kUnregistered = 3, kMismatch = 4 };
 
 /// What a device-side wait records when it gives up (first failure wins), so

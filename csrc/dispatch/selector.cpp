@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <utility>
 
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 #include "core/env_settings.hpp"
 #include "core/errors.hpp"
 
@@ -134,8 +134,13 @@ const char* routeName(Route r) {
 const char* choiceSourceName(ChoiceSource s) { return kSourceNames[static_cast<int>(s)]; }
 
 const std::vector<std::string>& algorithmsOf(Collective c) {
-  static const std::vector<std::string> allReduce = {"1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb", "nccl"};
-  static const std::vector<std::string> exchange = {"ll", "hb", "nccl"};
+  // Each algorithm family's own names (algorithms/), then NCCL.
+  static const std::vector<std::string> allReduce = [] {
+    std::vector<std::string> names = allReduceAlgorithmNames();
+    names.emplace_back("nccl");
+    return names;
+  }();
+  static const std::vector<std::string> exchange = {protocolName(Protocol::kLL), protocolName(Protocol::kHB), "nccl"};
   return c == Collective::kAllReduce ? allReduce : exchange;
 }
 

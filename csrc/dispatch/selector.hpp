@@ -39,7 +39,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collective_launch.hpp"
+#include "algorithms/allreduce.hpp"
+#include "algorithms/exchange.hpp"
 
 namespace pyccl {
 

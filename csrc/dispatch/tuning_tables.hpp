@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/collective_options.hpp"
+#include "engine/collective_options.hpp"
 #include "dispatch/selector.hpp"
 
 namespace pyccl {

@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include "collectives/collective_launch.hpp"  // dispatchReduction
+#include "device/kernel_launch.hpp"
 #include "core/debug_options.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"

@@ -7,8 +7,7 @@
 #include <array>
 #include <limits>
 
-#include "collectives/collective_launch.hpp"  // dispatchReduction
-#include "collectives/kernel_launch.cuh"
+#include "device/kernel_launch.cuh"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "executor/executor.hpp"

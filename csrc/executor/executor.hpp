@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "collectives/reduce_types.hpp"
+#include "device/reduce_types.hpp"
 #include "core/communicator.hpp"
 #include "executor/plan_format.hpp"
 

@@ -8,7 +8,7 @@
 
 #include "channels/copy_device.hpp"
 #include "channels/packet_device.hpp"
-#include "collectives/reduce_types.hpp"
+#include "device/reduce_types.hpp"
 #include "executor/plan_format.hpp"
 
 namespace pyccl {

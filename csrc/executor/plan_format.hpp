@@ -12,7 +12,7 @@
 #include "channels/device_common.hpp"
 #include "channels/fifo_device.hpp"
 #include "channels/inbox_device.hpp"
-#include "collectives/reduce_types.hpp"
+#include "device/reduce_types.hpp"
 #include "executor/plan_codes.hpp"
 
 namespace pyccl {

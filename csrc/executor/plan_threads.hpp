@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "channels/packet_device.hpp"          // packetsFor, LL16Packet
-#include "collectives/collective_launch.hpp"  // wholeWarpsFor
+#include "device/kernel_launch.hpp"     // wholeWarpsFor
 #include "executor/plan_format.hpp"
 
 namespace pyccl {

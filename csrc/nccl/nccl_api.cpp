@@ -48,8 +48,8 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/collective_context.hpp"
-#include "collectives/collective_engine.hpp"
+#include "algorithms/collective_context.hpp"
+#include "engine/collective_engine.hpp"
 #include "core/communicator.hpp"
 #include "core/env_settings.hpp"
 #include "core/errors.hpp"

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 #include "core/errors.hpp"
 #include "python/bindings.hpp"
 #include "torch/tensor_collectives.hpp"
@@ -83,7 +83,7 @@ const std::string& engineDoc() {
     }
     return strCat("A collective engine on `comm` (collective: every rank makes one with the same options, else ",
                   "InvalidArgumentError naming the first that differs). Keywords, each None or absent for its ",
-                  "default (csrc/collectives/collective_options.hpp says what each does):\n", user,
+                  "default (csrc/engine/collective_options.hpp says what each does):\n", user,
                   "  kernel_choices (a tuning table's kernel entries), exchange_ll_threshold_bytes (4 values), ",
                   "agreed_settings (the caller's settings every rank must share)\n",
                   "Experiments (they may change or go):\n", experiment);

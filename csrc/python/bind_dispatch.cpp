@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 #include "dispatch/selector.hpp"
 #include "python/bindings.hpp"
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 #include "core/errors.hpp"
 #include "dispatch/selector.hpp"
 #include "dispatch/tuning_tables.hpp"

@@ -23,7 +23,7 @@
 #include <memory>
 #include <optional>
 
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 #include "core/errors.hpp"
 #include "dispatch/selector.hpp"
 

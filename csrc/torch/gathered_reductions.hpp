@@ -7,7 +7,7 @@
 
 #include <ATen/ATen.h>
 
-#include "collectives/reduce_types.hpp"
+#include "device/reduce_types.hpp"
 
 namespace pyccl {
 

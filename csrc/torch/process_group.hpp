@@ -36,7 +36,7 @@
 #include <mutex>
 #include <string>
 
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 #include "dispatch/selector.hpp"
 #include "torch/coalesced_p2p.hpp"
 
@@ -148,7 +148,7 @@ class PycclBackend : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
-  /// pyccl.graph_capture on this group (collectives/graph_buffers.hpp): the
+  /// pyccl.graph_capture on this group (engine/graph_buffers.hpp): the
   /// engine of the lane on `device` collects the all-reduces captured from
   /// here on. Collective; sets the lane up if needed.
   void beginGraphCapture(int device);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 #include "dispatch/selector.hpp"
 
 namespace pyccl {

@@ -10,14 +10,14 @@ is, per row of the last dimension and with sums in fp32,
 
 The algorithms:
 
-- ``one_shot``: one kernel (``csrc/collectives/fused_norm_device.hpp``), LL
+- ``one_shot``: one kernel (``csrc/algorithms/fused_norm.cu``), LL
   packets from every rank to every rank; few rows;
 - ``two_shot``: one kernel, each rank reduces a share of the rows and sends it
   on as LL packets;
 - ``two_kernel``: pyccl's all-reduce kernel, then an add + RMSNorm kernel
-  (``csrc/collectives/add_rmsnorm_device.hpp``) launched to overlap its start
-  with the all-reduce; the sum is rounded to the dtype before the residual
-  add, as ``pyccl.all_reduce`` followed by ``torch.add`` rounds it; any row length;
+  (the same file) launched to overlap its start with the all-reduce; the sum
+  is rounded to the dtype before the residual add, as ``pyccl.all_reduce``
+  followed by ``torch.add`` rounds it; any row length;
 - ``unfused``: ``pyccl.all_reduce`` (which may hand the message to NCCL), then
   torch's add and ``rms_norm``; above ``FUSED_MAX_BYTES``.
 
@@ -47,7 +47,7 @@ __all__ = ["FUSED_ALGORITHMS", "FUSED_MAX_BYTES", "fused_all_reduce_rmsnorm"]
 
 FUSED_ALGORITHMS = ("one_shot", "two_shot", "two_kernel", "unfused")
 #: Messages (bytes of the input) above this take the unfused path: the engine's
-#: limit (kFusedMaxBytes, csrc/collectives/collective_engine.hpp), which
+#: limit (kFusedMaxBytes, csrc/engine/collective_engine.hpp), which
 #: torch.ops.pyccl.fused_all_reduce_rmsnorm's C++ kernel reads too.
 FUSED_MAX_BYTES: int = _C.FUSED_MAX_BYTES
 

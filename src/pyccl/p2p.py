@@ -1,7 +1,7 @@
 """Point-to-point: ``pyccl.send``, ``pyccl.recv`` and ``pyccl.send_recv``.
 
 What ``ncclSend`` and ``ncclRecv`` do, on pyccl's kernels (see
-``csrc/collectives/p2p_device.hpp``): each call runs on the current CUDA
+``csrc/algorithms/p2p.cu``): each call runs on the current CUDA
 stream (host mode: on CPU threads, returning when done) and can be captured in
 a CUDA graph. Only the two ranks of a transfer take part::
 

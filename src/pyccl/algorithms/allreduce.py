@@ -1,6 +1,6 @@
 """All-reduce in the DSL: one-phase all-pairs with LL packets and with HB (1PA), two-phase
 all-pairs with LL packets and with HB (2PA, pulling and pushing), as the hand-written kernels of the
-same names (csrc/collectives/allreduce_device.hpp), and the two-phase ring
+same names (csrc/algorithms/allreduce.cu), and the two-phase ring
 with overlapped reduction (2PR)."""
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-// Element types and reduction operators of the collectives, for device code
-// and for host mode alike. 16-bit floats are carried as their bits and
-// reduced in fp32; every rank reduces contributions in rank order, so results
-// are bitwise identical across ranks.
+// Element types and reduction operators of every kernel that reduces (the
+// collective algorithms and the plan interpreter), for device code and for
+// host mode alike, and the dispatch of a call's runtime dtype and op to their
+// templates. 16-bit floats are carried as their bits and reduced in fp32;
+// every rank reduces contributions in rank order, so results are bitwise
+// identical across ranks.
 #pragma once
 
 #include <cstdint>
@@ -249,5 +251,45 @@ struct Reducer {
     return a;
   }
 };
+
+/// Calls fn.template operator()<T, Op>() for the runtime dtype and op.
+template <typename Fn>
+void dispatchReduction(DataType dtype, ReduceOp op, Fn&& fn) {
+  auto withOp = [&](auto typeTag) {
+    using T = decltype(typeTag);
+    switch (op) {
+      case ReduceOp::kSum: fn.template operator()<T, ReduceOp::kSum>(); break;
+      case ReduceOp::kAvg: fn.template operator()<T, ReduceOp::kAvg>(); break;
+      case ReduceOp::kMin: fn.template operator()<T, ReduceOp::kMin>(); break;
+      case ReduceOp::kMax: fn.template operator()<T, ReduceOp::kMax>(); break;
+      case ReduceOp::kProd: fn.template operator()<T, ReduceOp::kProd>(); break;
+    }
+  };
+  switch (dtype) {
+    case DataType::kFloat32: withOp(float{}); break;
+    case DataType::kFloat16: withOp(Half{}); break;
+    case DataType::kBFloat16: withOp(BFloat16{}); break;
+  }
+}
+
+/// Calls fn.template operator()<T>() for the runtime dtype (a reduction dtype).
+template <typename Fn>
+void dispatchFloat(DataType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DataType::kFloat32: fn.template operator()<float>(); break;
+    case DataType::kFloat16: fn.template operator()<Half>(); break;
+    case DataType::kBFloat16: fn.template operator()<BFloat16>(); break;
+  }
+}
+
+/// Calls fn.template operator()<T, Op>() for every dtype and op that reduces.
+template <typename Fn>
+void forEachReduction(Fn&& fn) {
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
+      dispatchReduction(dtype, op, fn);
+    }
+  }
+}
 
 }  // namespace pyccl

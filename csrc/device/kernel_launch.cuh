@@ -13,8 +13,9 @@
 #include <cstdint>
 #include <utility>
 
-#include "collectives/collective_launch.hpp"
+#include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
+#include "device/kernel_launch.hpp"
 
 namespace pyccl {
 

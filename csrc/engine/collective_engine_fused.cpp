@@ -1,6 +1,6 @@
 // CollectiveEngine: the fused all-reduce + residual add + RMSNorm: its choice
 // of algorithm and launch shape by size, and its launches.
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 
 #include <algorithm>
 

@@ -1,7 +1,10 @@
-// All-pairs exchange bodies (see collective_context.hpp for the scratch
-// protocol): all-gather, all-to-all and broadcast move bytes; the HB
-// reduce-scatter reduces. The LL reduce-scatter is reduceLL with a
-// per-destination stride (allreduce_device.hpp).
+// The all-pairs exchanges (see collective_context.hpp for the scratch
+// protocol), each a body that runs as a CUDA kernel and, in host mode, on CPU
+// threads (one per block): all-gather, all-to-all and broadcast move bytes, so
+// one kernel per protocol serves every dtype; reduce-scatter reduces, one
+// kernel per dtype and op. The LL reduce-scatter is the LL reduction of the
+// 1PA LL all-reduce with a per-destination stride (reduceLL,
+// collective_context.hpp).
 //
 // A call moves one "chunk" per (source, destination) pair:
 //  - all-gather: every rank sends `input` to every rank; the chunk from rank q
@@ -16,24 +19,20 @@
 // it sends in its own scratch and reads what it receives from the senders';
 // pushing (c.hbPush), each rank stores what it sends into the receivers'
 // scratch and reads what it receives from its own.
-#pragma once
+#include "algorithms/exchange.hpp"
 
-#include "collectives/collective_context.hpp"
+#include <string>
+
+#include "core/errors.hpp"
+
+#ifdef PYCCL_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/gpu_runtime.hpp"
+#include "device/kernel_launch.cuh"
+#endif
 
 namespace pyccl {
-
-enum class ExchangeKind : uint32_t { kAllGather = 0, kAllToAll = 1, kBroadcast = 2, kReduceScatter = 3 };
-
-/// One exchange call; byte offsets and sizes. chunkBytes is at most the
-/// protocol's per-call chunk (llMaxBytes for LL, hbBlocks * hbSubBytes for HB).
-struct ExchangeArgs {
-  const char* input;
-  uint64_t inStride;  ///< bytes from the chunk for rank q to the one for rank q + 1 (0: one chunk for all)
-  char* output;
-  uint64_t outStride;  ///< bytes from the chunk from rank q to the one from rank q + 1
-  uint64_t chunkBytes;
-  int root;  ///< broadcast only
-};
 
 namespace detail {
 
@@ -118,11 +117,6 @@ PYCCL_HOST_DEVICE void exchangeLL(ExchangeKind kind, const CollectiveContext& c,
   }
   syncBlock();
   if (tid == 0) c.llCalls[block] = flag;
-}
-
-/// Bytes of chunk per HB round (a kernel runs as many rounds as its chunk needs).
-PYCCL_HOST_DEVICE uint64_t exchangeHBMaxChunk(const CollectiveContext& c) {
-  return static_cast<uint64_t>(c.hbBlocks) * c.hbSubBytes;
 }
 
 namespace detail {
@@ -258,6 +252,143 @@ PYCCL_HOST_DEVICE void reduceScatterHB(const CollectiveContext& c, const Exchang
   detail::exchangeHBRounds(c, a, block, tid, [&](const ExchangeArgs& piece, uint64_t call) {
     return detail::reduceScatterHBRound<T, Op>(c, piece, call, block, tid, numThreads);
   });
+}
+
+// ---------------------------------------------------------------------------
+// Launch: host mode, then GPUs.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+/// The blocks a call runs on: the call's LL blocks, or the HB layout's.
+uint32_t exchangeBlocks(const CollectiveContext& c, Protocol protocol) {
+  return protocol == Protocol::kLL ? c.llActiveBlocks : c.hbBlocks;
+}
+
+}  // namespace
+
+void exchangeHost(const CollectiveContext& context, const ExchangeCall& call) {
+  const bool ll = call.protocol == Protocol::kLL;
+  const uint32_t blocks = exchangeBlocks(context, call.protocol);
+  const ExchangeArgs& a = call.args;
+  if (call.kind != ExchangeKind::kReduceScatter) {
+    runHostBlocks(blocks, [&](uint32_t b) {
+      if (ll) {
+        exchangeLL(call.kind, context, a, b, 0, 1);
+      } else {
+        exchangeHB(call.kind, context, a, b, 0, 1);
+      }
+    });
+    return;
+  }
+  dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
+    runHostBlocks(blocks, [&](uint32_t b) {
+      if (ll) {
+        reduceLL<T, Op>(context, a.input, a.inStride, a.output, a.chunkBytes / sizeof(T), b, 0, 1);
+      } else {
+        reduceScatterHB<T, Op>(context, a, b, 0, 1);
+      }
+    });
+  });
+}
+
+#ifdef PYCCL_WITH_CUDA
+namespace {
+
+__global__ void __launch_bounds__(1024) exchangeLLKernel(ExchangeKind kind, CollectiveContext context,
+                                                         ExchangeArgs args) {
+  collectiveKernelPrologue();
+  exchangeLL(kind, context, args, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+__global__ void __launch_bounds__(1024) exchangeHBKernel(ExchangeKind kind, CollectiveContext context,
+                                                         ExchangeArgs args) {
+  collectiveKernelPrologue();
+  exchangeHB(kind, context, args, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+template <typename T, ReduceOp Op>
+__global__ void __launch_bounds__(1024) reduceScatterLLKernel(CollectiveContext context, ExchangeArgs args) {
+  collectiveKernelPrologue();
+  reduceLL<T, Op>(context, args.input, args.inStride, args.output, args.chunkBytes / sizeof(T), blockIdx.x,
+                  threadIdx.x, blockDim.x);
+}
+
+template <typename T, ReduceOp Op>
+__global__ void __launch_bounds__(1024) reduceScatterHBKernel(CollectiveContext context, ExchangeArgs args) {
+  collectiveKernelPrologue();
+  reduceScatterHB<T, Op>(context, args, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+}  // namespace
+
+void exchangeDevice(const CollectiveContext& context, const ExchangeCall& call, void* stream,
+                    const KernelLaunch& launch) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const bool ll = call.protocol == Protocol::kLL;
+  const uint32_t blocks = exchangeBlocks(context, call.protocol);
+  if (call.kind != ExchangeKind::kReduceScatter) {
+    if (ll) {
+      launchCollectiveKernel(exchangeLLKernel, blocks, launch, s, call.kind, context, call.args);
+    } else {
+      launchCollectiveKernel(exchangeHBKernel, blocks, launch, s, call.kind, context, call.args);
+    }
+    return;
+  }
+  dispatchReduction(call.dtype, call.op, [&]<typename T, ReduceOp Op>() {
+    if (ll) {
+      launchCollectiveKernel(reduceScatterLLKernel<T, Op>, blocks, launch, s, context, call.args);
+    } else {
+      launchCollectiveKernel(reduceScatterHBKernel<T, Op>, blocks, launch, s, context, call.args);
+    }
+  });
+}
+
+void exchangeKernels(std::vector<const void*>* out) {
+  out->push_back(reinterpret_cast<const void*>(exchangeLLKernel));
+  out->push_back(reinterpret_cast<const void*>(exchangeHBKernel));
+  forEachReduction([&]<typename T, ReduceOp Op>() {
+    out->push_back(reinterpret_cast<const void*>(reduceScatterLLKernel<T, Op>));
+    out->push_back(reinterpret_cast<const void*>(reduceScatterHBKernel<T, Op>));
+  });
+}
+#endif  // PYCCL_WITH_CUDA
+
+// ---------------------------------------------------------------------------
+// Names (docs, algorithm=, PYCCL_ALGO, tuning tables, the flight recorder).
+// ---------------------------------------------------------------------------
+
+Protocol parseProtocol(const std::string& name, const char* what) {
+  if (name == "ll") return Protocol::kLL;
+  if (name == "hb") return Protocol::kHB;
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name, "' is not a protocol (expected ll or hb)"));
+}
+
+const char* protocolName(Protocol p) { return p == Protocol::kLL ? "ll" : "hb"; }
+
+namespace {
+// In ExchangeKind order.
+constexpr const char* kExchangeNames[] = {"all_gather", "all_to_all", "broadcast", "reduce_scatter"};
+}  // namespace
+
+const char* exchangeKindName(ExchangeKind kind) { return kExchangeNames[static_cast<uint32_t>(kind)]; }
+
+CallOp callOpOf(ExchangeKind kind) {
+  switch (kind) {
+    case ExchangeKind::kAllGather: return CallOp::kAllGather;
+    case ExchangeKind::kAllToAll: return CallOp::kAllToAll;
+    case ExchangeKind::kBroadcast: return CallOp::kBroadcast;
+    case ExchangeKind::kReduceScatter: return CallOp::kReduceScatter;
+  }
+  return CallOp::kNone;
+}
+
+ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
+  for (uint32_t k = 0; k < 4; ++k) {
+    if (name == kExchangeNames[k]) return static_cast<ExchangeKind>(k);
+  }
+  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
+                               "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
 }
 
 }  // namespace pyccl

@@ -1,4 +1,4 @@
-#include "collectives/collective_options.hpp"
+#include "engine/collective_options.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -62,75 +62,6 @@ const std::vector<CollectiveOptionInfo>& collectiveOptionInfos() {
 #undef PYCCL_OPTION_INFO
   };
   return infos;
-}
-
-AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what) {
-  if (name == "1pa_ll") return AllReduceAlgorithm::kOnePhaseLL;
-  if (name == "2pa_ll") return AllReduceAlgorithm::kTwoPhaseLL;
-  if (name == "2pa_hb") return AllReduceAlgorithm::kTwoPhaseHB;
-  if (name == "1pa_hb") return AllReduceAlgorithm::kOnePhaseHB;
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' is not an all-reduce algorithm (expected 1pa_ll, 2pa_ll, 1pa_hb or 2pa_hb)"));
-}
-
-const char* allReduceAlgorithmName(AllReduceAlgorithm a) {
-  switch (a) {
-    case AllReduceAlgorithm::kOnePhaseLL: return "1pa_ll";
-    case AllReduceAlgorithm::kTwoPhaseLL: return "2pa_ll";
-    case AllReduceAlgorithm::kTwoPhaseHB: return "2pa_hb";
-    case AllReduceAlgorithm::kOnePhaseHB: return "1pa_hb";
-  }
-  return "?";
-}
-
-FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what) {
-  if (name == "one_shot") return FusedNormAlgorithm::kOneShot;
-  if (name == "two_shot") return FusedNormAlgorithm::kTwoShot;
-  if (name == "two_kernel") return FusedNormAlgorithm::kTwoKernel;
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' is not a fused all-reduce algorithm (expected one_shot, two_shot or two_kernel)"));
-}
-
-const char* fusedNormAlgorithmName(FusedNormAlgorithm a) {
-  switch (a) {
-    case FusedNormAlgorithm::kOneShot: return "one_shot";
-    case FusedNormAlgorithm::kTwoShot: return "two_shot";
-    case FusedNormAlgorithm::kTwoKernel: return "two_kernel";
-  }
-  return "?";
-}
-
-Protocol parseProtocol(const std::string& name, const char* what) {
-  if (name == "ll") return Protocol::kLL;
-  if (name == "hb") return Protocol::kHB;
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name, "' is not a protocol (expected ll or hb)"));
-}
-
-const char* protocolName(Protocol p) { return p == Protocol::kLL ? "ll" : "hb"; }
-
-namespace {
-// In ExchangeKind order.
-constexpr const char* kExchangeNames[] = {"all_gather", "all_to_all", "broadcast", "reduce_scatter"};
-}  // namespace
-
-const char* exchangeKindName(ExchangeKind kind) { return kExchangeNames[static_cast<uint32_t>(kind)]; }
-
-CallOp callOpOf(ExchangeKind kind) {
-  switch (kind) {
-    case ExchangeKind::kAllGather: return CallOp::kAllGather;
-    case ExchangeKind::kAllToAll: return CallOp::kAllToAll;
-    case ExchangeKind::kBroadcast: return CallOp::kBroadcast;
-    case ExchangeKind::kReduceScatter: return CallOp::kReduceScatter;
-  }
-  return CallOp::kNone;
-}
-
-ExchangeKind parseExchangeKind(const std::string& name, const char* what) {
-  for (uint32_t k = 0; k < 4; ++k) {
-    if (name == kExchangeNames[k]) return static_cast<ExchangeKind>(k);
-  }
-  throw InvalidArgument(strCat("invalid argument '", what, "': '", name,
-                               "' (expected all_gather, all_to_all, broadcast or reduce_scatter)"));
 }
 
 CollectiveOptions resolveCollectiveOptions(CollectiveOptions o, bool host, int world) {

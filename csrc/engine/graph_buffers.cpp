@@ -1,4 +1,4 @@
-#include "collectives/graph_buffers.hpp"
+#include "engine/graph_buffers.hpp"
 
 #include <cstring>
 #include <string>

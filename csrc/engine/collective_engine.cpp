@@ -1,4 +1,4 @@
-#include "collectives/collective_engine.hpp"
+#include "engine/collective_engine.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -52,7 +52,6 @@ std::vector<const void*> collectiveKernels() {
 #ifdef PYCCL_WITH_CUDA
   allReduceKernels(&kernels);
   exchangeKernels(&kernels);
-  reduceScatterKernels(&kernels);
   fusedNormKernels(&kernels);
   sendRecvKernels(&kernels);
 #endif

@@ -4,7 +4,7 @@
 // at every replay. So, as vLLM's custom all-reduce does, a call captured
 // between begin() and finish() need not stage through scratch: its kernel
 // reads every rank's input and writes every rank's output directly (the
-// zero-copy body, allreduce_zero_copy_device.hpp), taking their addresses
+// zero-copy body, algorithms/allreduce.cu), taking their addresses
 // from a slot in device memory. While the graph is captured the peers'
 // addresses are unknown; finish(), after the capture and on every rank,
 // registers the captured tensors, exchanges them in one round trip, and
@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include "collectives/allreduce_zero_copy_device.hpp"
+#include "algorithms/allreduce.hpp"
 #include "core/communicator.hpp"
 
 namespace pyccl {

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collective_launch.hpp"
+#include "algorithms/allreduce.hpp"
+#include "algorithms/exchange.hpp"
+#include "algorithms/fused_norm.hpp"
 #include "core/communicator.hpp"
 
 namespace pyccl {
@@ -60,7 +62,7 @@ constexpr uint64_t kOptionMaxBytes = 16ull << 20;  ///< the p2p options' upper l
   /* HB rounds (2PA HB all-reduce, HB exchanges) per kernel launch; 0: the whole message in one launch. */            \
   X(uint32_t, hbRoundsPerLaunch, "hb_rounds_per_launch", 0, std::nullopt, 0, UINT32_MAX, 1, kExperiment)              \
   /* The 2PA HB all-reduce and the HB exchanges push (stores into the peers' scratch) instead of pulling (loads from  \
-     it); allreduce_device.hpp, exchange_device.hpp. */                                                               \
+     it); algorithms/allreduce.cu, exchange.cu. */                                                                    \
   X(bool, hbPush, "hb_push", true, std::nullopt, 0, 1, 1, kExperiment)                                                \
   /* All-reduce, automatic choice: 1PA LL up to here; 0: default (128 KiB on GPUs, or llMaxBytes if smaller;          \
      llMaxBytes / 2 in host mode). */                                                                                 \
@@ -84,7 +86,7 @@ constexpr uint64_t kOptionMaxBytes = 16ull << 20;  ///< the p2p options' upper l
   X(uint64_t, zeroCopyBytesPerBlock, "zero_copy_bytes_per_block", 0, std::nullopt, 0, UINT64_MAX, 1, kExperiment)     \
   /* 1PA HB all-reduces run on about (bytes of the message) / this many blocks, up to hbBlocks; 0: always on          \
      hbBlocks. */                                                                                                     \
-  X(uint64_t, onePhaseHBBytesPerBlock, "one_phase_hb_bytes_per_block", 0, std::nullopt, 0, UINT64_MAX, 1,            \
+  X(uint64_t, onePhaseHBBytesPerBlock, "one_phase_hb_bytes_per_block", 0, std::nullopt, 0, UINT64_MAX, 1,             \
     kExperiment)                                                                                                      \
   /* Fused all-reduce + RMSNorm: blocks per row, one thread-block cluster (at most llBlocks too); 0: by the call      \
      (CollectiveEngine::fusedLaunchFor). */                                                                           \
@@ -92,14 +94,14 @@ constexpr uint64_t kOptionMaxBytes = 16ull << 20;  ///< the p2p options' upper l
   /* Threads per block of the fused kernel; 0: by the call. */                                                        \
   X(uint32_t, fusedThreads, "fused_threads", 0, 0, 0, kFusedMaxThreads, 32, kUser)                                    \
   /* Fused all-reduce + RMSNorm, automatic choice: two kernels (the all-reduce, then add + RMSNorm) for messages of   \
-     at least this many bytes and for rows longer than fusedMaxRowBytes(); 0: default (128 KiB + 1 on GPUs,          \
+     at least this many bytes and for rows longer than fusedMaxRowBytes(); 0: default (128 KiB + 1 on GPUs,           \
      llMaxBytes + 1 in host mode). */                                                                                 \
   X(uint64_t, fusedTwoKernelMinBytes, "fused_two_kernel_min_bytes", 0, 0, 0, UINT64_MAX, 1, kUser)                    \
   /* Fused all-reduce + RMSNorm, automatic choice below fusedTwoKernelMinBytes: one-shot up to this many bytes of the \
-     whole message (and below world-size rows), two-shot above; 0: default (256 KiB on GPUs, llMaxBytes / 2 in host  \
+     whole message (and below world-size rows), two-shot above; 0: default (256 KiB on GPUs, llMaxBytes / 2 in host   \
      mode). */                                                                                                        \
   X(uint64_t, fusedTwoShotBytes, "fused_two_shot_bytes", 0, 0, 0, UINT64_MAX, 1, kUser)                               \
-  /* Sends and receives (p2p_device.hpp): most lanes (blocks, each with a ring per peer) of a transfer; 0: default    \
+  /* Sends and receives (algorithms/p2p.cu): most lanes (blocks, each with a ring per peer) of a transfer; 0: default \
      (64 on GPUs, fewer where a launch with every peer would not stay resident; 2 in host mode). */                   \
   X(uint32_t, p2pBlocks, "p2p_blocks", 0, 0, 0, 64, 1, kUser)                                                         \
   /* Bytes a lane moves per step; 0: default (64 KiB on GPUs, 4 KiB in host mode). */                                 \
@@ -108,7 +110,7 @@ constexpr uint64_t kOptionMaxBytes = 16ull << 20;  ///< the p2p options' upper l
   X(uint32_t, p2pSlots, "p2p_slots", 2, std::nullopt, 1, 64, 1, kUser)                                                \
   /* Threads per block of the send/receive kernel. */                                                                 \
   X(uint32_t, p2pThreads, "p2p_threads", 512, std::nullopt, 32, 1024, 32, kUser)                                      \
-  /* Transfers of at most this many bytes go as LL packets (p2p_device.hpp); kP2PLLDefault: default (256 KiB on       \
+  /* Transfers of at most this many bytes go as LL packets (algorithms/p2p.cu); kP2PLLDefault: default (256 KiB on    \
      GPUs, 2 KiB in host mode); 0: only empty ones. */                                                                \
   X(uint64_t, p2pLLMaxBytes, "p2p_ll_max_bytes", kP2PLLDefault, kP2PLLDefault, 0, kOptionMaxBytes, 1, kUser)          \
   /* Bytes of an LL transfer per lane below which it takes no further lane; 0: default (8 bytes per thread of a block \
@@ -171,19 +173,5 @@ CollectiveOptions resolveCollectiveOptions(CollectiveOptions given, bool host, i
 /// InvalidArgument on every rank alike, naming the first option or setting where a rank differs from rank 0, and
 /// both values.
 void agreeOnCollectiveOptions(Communicator& comm, const CollectiveOptions& given);
-
-/// Parses "1pa_ll" / "2pa_hb" (PYCCL_ALGO values); throws InvalidArgument naming `what`.
-AllReduceAlgorithm parseAllReduceAlgorithm(const std::string& name, const char* what);
-const char* allReduceAlgorithmName(AllReduceAlgorithm a);
-/// Parses "one_shot" / "two_shot" / "two_kernel"; throws InvalidArgument naming `what`.
-FusedNormAlgorithm parseFusedNormAlgorithm(const std::string& name, const char* what);
-const char* fusedNormAlgorithmName(FusedNormAlgorithm a);
-/// Parses "ll" / "hb" (exchange protocols); throws InvalidArgument naming `what`.
-Protocol parseProtocol(const std::string& name, const char* what);
-const char* protocolName(Protocol p);
-/// "all_gather", "all_to_all", "broadcast", "reduce_scatter", and back (InvalidArgument naming `what`).
-const char* exchangeKindName(ExchangeKind kind);
-CallOp callOpOf(ExchangeKind kind);
-ExchangeKind parseExchangeKind(const std::string& name, const char* what);
 
 }  // namespace pyccl

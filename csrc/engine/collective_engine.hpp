@@ -11,9 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collective_launch.hpp"
-#include "collectives/collective_options.hpp"
-#include "collectives/graph_buffers.hpp"
+#include "algorithms/allreduce.hpp"
+#include "algorithms/exchange.hpp"
+#include "algorithms/fused_norm.hpp"
+#include "algorithms/p2p.hpp"
+#include "engine/collective_options.hpp"
+#include "engine/graph_buffers.hpp"
 #include "core/communicator.hpp"
 
 namespace pyccl {
@@ -45,7 +48,7 @@ class CollectiveEngine {
                  std::optional<AllReduceAlgorithm> algorithm, void* stream,
                  std::optional<AllReduceAlgorithm> symmetricAlgorithm = std::nullopt);
 
-  /// Moves chunks between all ranks (see exchange_device.hpp for `kind`):
+  /// Moves chunks between all ranks (see algorithms/exchange.cu for `kind`):
   /// `chunkBytes` per (source, destination) pair, the chunk for/from rank q at
   /// input + q * inStride / output + q * outStride. For a reduce-scatter,
   /// `dtype` and `op` reduce; `root` is the broadcast's source. Enqueued on
@@ -63,7 +66,7 @@ class CollectiveEngine {
   };
   /// Sends and receives, as ncclSend and ncclRecv between ncclGroupStart and
   /// ncclGroupEnd: enqueued on `stream` like allReduce, and run together (one
-  /// launch, p2p_device.hpp), except that a transfer whose (peer, direction)
+  /// launch, algorithms/p2p.cu), except that a transfer whose (peer, direction)
   /// an earlier one of the list has starts a further launch. Only the ranks
   /// involved take part; the n-th send to a peer meets the n-th receive from
   /// this rank there, and the sizes must agree (a receive that meets a send of
@@ -76,8 +79,8 @@ class CollectiveEngine {
   /// `residual` and applies RMSNorm with `weight` and `eps`: the rounded sums
   /// go to `residualOut` (may be `residual`), the normalized rows to `normed`
   /// (may be `input`). In one kernel, one-shot or two-shot
-  /// (fused_norm_device.hpp), or in two, allReduce into `normed` and then
-  /// add + RMSNorm (add_rmsnorm_device.hpp); by `algorithm` or by size.
+  /// (algorithms/fused_norm.cu), or in two, allReduce into `normed` and then
+  /// add + RMSNorm (the same file); by `algorithm` or by size.
   /// Enqueued on `stream` like allReduce. One-shot and two-shot take rows of
   /// at most fusedMaxRowBytes() (else InvalidArgument).
   void allReduceRMSNorm(const void* input, const void* residual, const void* weight, void* normed,

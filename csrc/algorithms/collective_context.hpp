@@ -15,10 +15,15 @@
 //  - HB: every HB call barriers every block with every peer after staging.
 //
 // The same bodies run as CUDA kernels and, in host mode, on CPU threads.
+//
+// Below the context: the helpers the algorithm families (allreduce.cu,
+// exchange.cu, fused_norm.cu, p2p.cu) share, and the one body two of them
+// share, the LL reduction (reduceLL): the 1PA LL all-reduce, and with a
+// per-destination stride the LL reduce-scatter.
 #pragma once
 
 #include "channels/memory_channel_device.hpp"  // copy, packets, syncBlock
-#include "collectives/reduce_types.hpp"
+#include "device/reduce_types.hpp"
 
 namespace pyccl {
 
@@ -51,7 +56,7 @@ struct CollectiveContext {
   uint64_t hbSubBytes;
   uint32_t* llCalls;  ///< [llBlocks] calls completed per block (this rank's device memory)
   uint64_t* hbCalls;  ///< [hbBlocks]
-  // P2P (p2p_device.hpp): HB rings [source rank W][block][slot][16 + p2pSliceBytes] at p2pDataOffset, LL
+  // P2P (p2p.cu): HB rings [source rank W][block][slot][16 + p2pSliceBytes] at p2pDataOffset, LL
   // rings [source rank W][block][slot][p2pLLSlotPackets] LL16 packets at p2pLLOffset, ready counts [source
   // rank W][block] at p2pReadyOffset, ack counts [destination rank W][block] at p2pAckOffset (uint64).
   uint64_t p2pDataOffset;
@@ -249,5 +254,58 @@ PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint
   }
 }
 
+/// Packet `i` (of this block's share starting at `lo`) reduced over every rank
+/// in rank order (reducePolledPacket), this rank's from `mine` (`mineBytes` of data).
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void reduceArrivingPacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t lo,
+                                            uint64_t i, const char* mine, uint64_t mineBytes, uint32_t flag,
+                                            bool& ok, float (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
+  reducePolledPacket<T, Op>(
+      c, phase, block, i - lo, [&](uint32_t (&payload)[2]) { packPayload<LL16Packet>(mine, i, mineBytes, payload); },
+      flag, ok, acc);
+}
+
 }  // namespace detail
+
+/// LL reduction of `count` elements, block `block`'s share: rank q receives
+/// input + q * inStride (bytes) from every rank, and stores the reduction at
+/// `output`. inStride 0 is the 1PA all-reduce; count elements apart, the
+/// reduce-scatter.
+template <typename T, ReduceOp Op>
+PYCCL_HOST_DEVICE void reduceLL(const CollectiveContext& c, const void* input, uint64_t inStride, void* output,
+                                uint64_t count, uint32_t block, uint32_t tid, uint32_t numThreads) {
+  constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
+  const uint32_t flag = c.llCalls[block] + 1;
+  const uint32_t phase = flag & 1;
+  const uint64_t bytes = count * sizeof(T);
+  uint64_t lo = 0, hi = 0;
+  detail::blockShare(packetsFor<LL16Packet>(bytes), c.llActiveBlocks, block, &lo, &hi);
+  const auto* in = static_cast<const char*>(input);
+  const char* mine = in + c.rank * inStride;
+  auto* out = static_cast<T*>(output);
+
+  // 1. Every peer's packets (its slot of their scratch).
+  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
+    uint32_t payload[2];
+    if (inStride == 0) packPayload<LL16Packet>(in, i, bytes, payload);
+    for (int k = 1; k < c.worldSize; ++k) {
+      const int q = (c.rank + k) % c.worldSize;  // stagger the peers
+      if (inStride != 0) packPayload<LL16Packet>(in + q * inStride, i, bytes, payload);
+      detail::llPackets(c, q, phase, c.rank, block)[i - lo].write(payload, flag);
+    }
+  }
+  // 2. Reduce in rank order as the peers' packets arrive.
+  bool ok = true;
+  for (uint64_t i = lo + tid; i < hi; i += numThreads) {
+    float acc[kLanes] = {};
+    detail::reduceArrivingPacket<T, Op>(c, phase, block, lo, i, mine, bytes, flag, ok, acc);
+    const uint64_t first = i * kLanes;
+    for (uint32_t l = 0; l < kLanes && first + l < count; ++l) {
+      out[first + l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], c.worldSize));
+    }
+  }
+  syncBlock();
+  if (tid == 0) c.llCalls[block] = flag;
+}
+
 }  // namespace pyccl
