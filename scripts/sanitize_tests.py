@@ -8,7 +8,7 @@ GPU slow each other down enough for the proxy-driven (port channel) tests to run
 out of their waits. A finding is an ERROR SUMMARY with errors; a test that fails
 with no finding (a timeout tuned for full speed, say) is listed apart.
 
-    python scripts/sanitize_tests.py [--budget-s S] [--job-s S] [--out DIR] [-k EXPR] [--resume] FILE...
+    python scripts/sanitize_tests.py [--budget-s S] [--job-s S] [--out DIR] [-k EXPR] [-m MARKERS] [--resume] FILE...
 
 Results go to DIR/results.txt (one line per job) and DIR/logs/. With --resume,
 the jobs already in DIR/results.txt are skipped, so a sweep can go on where a
@@ -33,13 +33,15 @@ TOOLS = ("memcheck", "synccheck")
 SANITIZER_FLAGS = ["--report-api-errors", "no", "--target-processes", "all", "--print-limit", "20"]
 
 
-def collect(files: List[str], k: Optional[str], gpus: str) -> List[str]:
+def collect(files: List[str], k: Optional[str], markers: Optional[str], gpus: str) -> List[str]:
     """The test ids as a job sees them: with its GPUs visible, so that tests
     parametrized by the GPU count are collected as they will run (a world size
     larger than a job's GPUs is not collected at all)."""
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files]
     if k:
         cmd += ["-k", k]
+    if markers:
+        cmd += ["-m", markers]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_job_env(gpus)).stdout
     return [line.strip() for line in out.splitlines() if "::" in line and not line.startswith(" ")]
 
@@ -96,6 +98,9 @@ def main() -> int:
     parser.add_argument("-k", default=os.environ.get("PYCCL_SANITIZE_K", "not one_million"),
                         help="pytest -k expression selecting the tests (default: PYCCL_SANITIZE_K, else all "
                              "but the million-round signal test, hours under a sanitizer)")
+    parser.add_argument("-m", dest="markers", default=None,
+                        help="pytest -m expression selecting the tests (e.g. gpu: the GPU tests of modules that "
+                             "run in host mode too)")
     parser.add_argument("--out", default="sanitize-logs")
     parser.add_argument("--budget-s", type=float, default=3600, help="no job starts or runs past this")
     parser.add_argument("--job-s", type=float, default=300, help="limit for one test under one tool")
@@ -113,7 +118,7 @@ def main() -> int:
     if args.resume and os.path.exists(results_path):
         done = {tuple(line.split()[1:3]) for line in open(results_path) if len(line.split()) > 2}
     groups = gpu_groups(args.gpus_per_job)
-    tests = collect(args.files, args.k, groups[0])
+    tests = collect(args.files, args.k, args.markers, groups[0])
     todo = [(tool, test) for test in tests for tool in TOOLS if (tool, test) not in done]
     print(f"{len(tests)} tests on {args.gpus_per_job} GPU(s) each, {len(todo)} sanitizer runs to do", flush=True)
     running: Dict[str, Optional[Job]] = {g: None for g in groups}

@@ -83,6 +83,30 @@ def requires_gpus(n: int, own: bool = False):
     return pytest.mark.gpu(n=n, own=own)
 
 
+def host_and_gpu(gpus: int = 2, own: bool = False) -> list:
+    """The two places a test of a topic runs, for ``@pytest.mark.parametrize("gpu", host_and_gpu())``:
+    False in host mode (CPU processes, everywhere), True on GPUs (the ``gpu`` marker of
+    requires_gpus(gpus, own), so skipped, saying why, where they are missing)."""
+    return [on_host(id="host"), on_gpus(id="gpu", gpus=gpus, own=own)]
+
+
+def on_host(*values, id: str):
+    """One parameter set of a test run in host mode: ``(False, *values)``."""
+    return pytest.param(False, *values, id=id)
+
+
+def on_gpus(*values, id: str, gpus: int = 2, own: bool = False):
+    """One parameter set of a test run on GPUs: ``(True, *values)``, marked requires_gpus(gpus, own)."""
+    return pytest.param(True, *values, id=id, marks=requires_gpus(gpus, own))
+
+
+def host_and_gpu_worlds(host, gpu, gpus: int = 2, own: bool = False) -> list:
+    """``(gpu, world)`` for ``@pytest.mark.parametrize("gpu, world", ...)``: host mode at each world
+    size of `host`, GPUs at each of gpu_worlds(*gpu, least=gpus) (as host_and_gpu marks them)."""
+    return ([on_host(w, id=f"host-{w}") for w in host]
+            + [on_gpus(w, id=f"gpu-{w}", gpus=gpus, own=own) for w in gpu_worlds(*gpu, least=gpus)])
+
+
 def _gpu_skip_reason(n: int, own: bool):
     """Why a test marked ``gpu`` (requires_gpus) cannot run here; None where it can."""
     if not pyccl._C.cuda_built():

@@ -1,25 +1,70 @@
-"""Collectives on communicators that span "nodes" (PYCCL_NODE_ID), in host
-mode: 2PH all-reduce, all-gather and reduce-scatter chosen automatically, the
-ranks of other nodes reached through the socket transport."""
+"""Collectives on communicators that span "nodes" (PYCCL_NODE_ID): 2PH
+all-reduce, all-gather and reduce-scatter chosen automatically, the ranks of
+other nodes reached through the socket transport (or RDMA). In host mode, and
+on GPUs split into two nodes: NVLink (CUDA IPC) inside a node and the socket
+transport between them, as on two machines without RDMA."""
 
 import random
 
 import pytest
 
 import ranks_across_nodes as ra
+import ranks_plans as rp
+from conftest import gpu_worlds, largest_gpu_world, on_gpus, on_host, requires_gpus
 from pyccl._spawn import run_ranks
 
 
-@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 2), (9, 3), (10, 5)])
-def test_collectives_across_nodes(world, gpus_per_node):
-    """More than 8 ranks in all runs too (the plans' tables hold 8 per node)."""
+def _per_node(world: int) -> int:
+    """GPUs per node where the visible GPUs split into two nodes."""
+    return max(1, world // 2)
+
+
+@pytest.mark.parametrize("gpu, world, gpus_per_node", [
+    *(on_host(w, n, id=f"host-{w}x{n}") for w, n in [(2, 1), (4, 2), (6, 2), (9, 3), (10, 5)]),
+    *(on_gpus(w, _per_node(w), id=f"gpu-{w}") for w in gpu_worlds(2, 4, 6, 8))])
+def test_collectives_across_nodes(gpu, world, gpus_per_node):
+    """More than 8 ranks in all runs too in host mode (the plans' tables hold 8 per node)."""
     seed = random.randrange(1 << 20)
-    args = (False, seed, 12 if world <= 8 else 6, 100_000 if world <= 8 else 20_000, gpus_per_node)
-    for bad, layout, refusals in run_ranks(ra.collectives, world, args=args, timeout=300):
+    if gpu:
+        args = (True, seed, 16, 2_000_000, gpus_per_node)
+    else:
+        args = (False, seed, 12 if world <= 8 else 6, 100_000 if world <= 8 else 20_000, gpus_per_node)
+    for bad, layout, refusals in run_ranks(ra.collectives, world, args=args, timeout=400 if gpu else 300):
         assert bad == [], f"seed {seed}: {bad}"
         assert layout == (world // gpus_per_node, gpus_per_node)
-        assert "'tensor'" in refusals["dtype"] and "int32" in refusals["dtype"]
-        assert "'out'" in refusals["out"]
+        if not gpu:
+            assert "'tensor'" in refusals["dtype"] and "int32" in refusals["dtype"]
+            assert "'out'" in refusals["out"]
+
+
+@requires_gpus(4)
+@pytest.mark.parametrize("world,gpus_per_node", [(9, 3), (10, 1)])
+def test_more_than_eight_ranks_across_nodes_on_gpus(world, gpus_per_node):
+    """Plans over more than 8 ranks (the interpreter's tables hold 8 per node
+    and one shared slot for the other nodes): 3 x 3 and 10 x 1 on four GPUs,
+    rank r on GPU r % 4, so some GPUs run ranks of several nodes."""
+    seed = random.randrange(1 << 20)
+    args = (True, seed, 6, 100_000, gpus_per_node, 4)
+    for bad, layout, _ in run_ranks(ra.collectives, world, args=args, timeout=400):
+        assert bad == [], f"seed {seed}: {bad}"
+        assert layout == (world // gpus_per_node, gpus_per_node)
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 4, 6, 8))
+def test_hierarchical_plans_across_two_nodes_on_gpus(world):
+    seed = random.randrange(1 << 20)
+    args = (True, seed, 4, 200_000, _per_node(world), True)
+    for bad, record in run_ranks(rp.hierarchical_plans, world, args=args, timeout=400):
+        assert bad == [], f"seed {seed}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_all_reduce_across_nodes_in_cuda_graphs():
+    world = largest_gpu_world(2, 4, 6, 8)
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(ra.graph_replays, world, args=(seed, _per_node(world), 5), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
 
 
 def test_large_puts_cross_in_pieces():
@@ -41,14 +86,20 @@ def test_interleaved_node_layout_is_refused():
         assert message is not None and "numbered node by node" in message, message
 
 
-@pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2)])
-def test_torch_backend_on_a_group_that_spans_nodes(world, gpus_per_node):
-    """init_process_group("cpu:pyccl") on ranks of several "nodes": the three
-    collectives run across nodes; what pyccl does not run there is refused
-    with a message that names the op (on GPUs it goes to NCCL instead)."""
+@pytest.mark.parametrize("gpu, world, gpus_per_node", [
+    on_host(2, 1, id="host-2x1"), on_host(4, 2, id="host-4x2"),
+    *(on_gpus(w, _per_node(w), id=f"gpu-{w}", own=True) for w in gpu_worlds(2, 4, 6, 8))])
+def test_torch_backend_on_a_group_that_spans_nodes(gpu, world, gpus_per_node):
+    """init_process_group("cpu:pyccl") (on GPUs "pyccl") on ranks of several
+    "nodes": the three collectives run across nodes; what pyccl does not run
+    there is refused with a message that names the op, and on GPUs goes to
+    the NCCL delegate instead (an int32 all_reduce, a broadcast)."""
     seed = random.randrange(1 << 20)
-    for bad, refusals in run_ranks(ra.torch_group, world, args=(False, seed, gpus_per_node), timeout=300):
+    for bad, refusals in run_ranks(ra.torch_group, world, args=(gpu, seed, gpus_per_node), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
+        if gpu:
+            assert refusals == {"int_all_reduce": None, "broadcast": None}, refusals
+            continue
         assert "spans nodes" in refusals["int_all_reduce"] and "Int" in refusals["int_all_reduce"], refusals
         assert "spans nodes" in refusals["broadcast"] and "broadcast" in refusals["broadcast"], refusals
 
@@ -59,6 +110,21 @@ def test_torchrun_launches_a_group_across_nodes():
     with the backend "pyccl" (host mode) and every rank reports correct results."""
     results = ra.launch_torchrun(2, 2, lambda node: {"CUDA_VISIBLE_DEVICES": "", "PYCCL_NODE_ID": f"node{node}"})
     ra.check_torchrun(results, 4)
+
+
+@requires_gpus(2, own=True)
+def test_torchrun_on_gpus_split_into_two_nodes():
+    """docs/multinode.md's recipe: one torchrun agent per "node", each seeing
+    its half of the GPUs, backend "pyccl"."""
+    world = largest_gpu_world(2, 4, 6, 8)
+    per = world // 2
+
+    def env(node):
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(node * per + i) for i in range(per)),
+                "PYCCL_NODE_ID": f"node{node}"}
+
+    reports = ra.check_torchrun(ra.launch_torchrun(2, per, env), world)
+    assert [node for _, node in reports] == ["node0"] * per + ["node1"] * per, reports
 
 
 RDMA_LOOPBACK = {"PYCCL_RDMA_LOOPBACK": "1"}  # the RDMA transport with memcpy in place of the NIC

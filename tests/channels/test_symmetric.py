@@ -1,4 +1,6 @@
-"""Symmetric buffers and the zero-copy all-reduce in host mode (CPU processes)."""
+"""Symmetric buffers and the zero-copy all-reduce, in host mode (CPU processes)
+and on GPUs: against float64, bitwise agreement across ranks, registration
+errors, CUDA-graph replays and the choice for symmetric buffers."""
 
 import random
 import pytest
@@ -8,27 +10,42 @@ import torch.distributed as dist
 import pyccl
 
 import ranks_symmetric as rsym
+from conftest import gpu_count, gpu_worlds, host_and_gpu, on_gpus, on_host, requires_gpus
 from pyccl._spawn import run_ranks
 
 
-@pytest.mark.parametrize("world,options", [(2, None), (3, {"zero_copy_bytes_per_block": 4096}),
-                                           (4, {"zero_copy_max_bytes": 40_000})])
-def test_zero_copy_all_reduce_matches_float64_reference(world, options):
+@pytest.mark.parametrize("gpu, world, options", [
+    on_host(2, None, id="host-2"), on_host(3, {"zero_copy_bytes_per_block": 4096}, id="host-3-bytes-per-block"),
+    on_host(4, {"zero_copy_max_bytes": 40_000}, id="host-4-max-bytes"),
+    # Up to 12 MB: the larger float32 cases take the pushing staged path.
+    *(on_gpus(w, {"zero_copy_max_bytes": 4 << 20}, id=f"gpu-{w}") for w in gpu_worlds(2, 3, 4, 6, 8))])
+def test_zero_copy_all_reduce_matches_float64_reference(gpu, world, options):
     # With bytes per block, zero-copy calls run on grids of 1 to all HB blocks,
     # between calls of the other algorithms that use all of them. Above
-    # zero_copy_max_bytes symmetric buffers take the staged (pushing) path.
+    # zero_copy_max_bytes symmetric buffers take the staged (pushing) path. No
+    # tuning table: the engine's zero-copy thresholds decide, so the test knows the count.
     seed = random.randrange(1 << 20)
-    for bad, calls, expected, record in run_ranks(rsym.symmetric_cases, world,
-                                                  args=(False, seed, 40, 30_000, 4096, options), timeout=300):
+    args = (True, seed, 60, 3_000_000, 64 << 10, options) if gpu else (False, seed, 40, 30_000, 4096, options)
+    for bad, calls, expected, record in run_ranks(rsym.symmetric_cases, world, args=args, timeout=300,
+                                                  env={"PYCCL_TUNING_FILE": "none"} if gpu else None):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
         assert calls == expected > 0, f"seed {seed}: {calls} zero-copy calls, expected {expected}"
 
 
-def test_register_symmetric_refuses_mismatched_and_overlapping_buffers():
-    for messages in run_ranks(rsym.registration_errors, 3, args=(False,), timeout=120):
-        assert "'tensor'" in messages["size"] and "same size on every rank" in messages["size"]
-        assert "'tensor'" in messages["overlap"] and "overlaps" in messages["overlap"]
+@pytest.mark.parametrize("gpu", host_and_gpu())
+def test_register_symmetric_refuses_mismatched_and_overlapping_buffers(gpu):
+    world = min(gpu_count(), 4) if gpu else 3
+    for messages in run_ranks(rsym.registration_errors, world, args=(gpu,), timeout=120):
+        assert "same size on every rank" in messages["size"] and "overlaps" in messages["overlap"]
+        if not gpu:
+            assert "'tensor'" in messages["size"] and "'tensor'" in messages["overlap"]
         assert messages["sum_ok"] and messages["zero_copy_calls"] == 1
+
+
+@requires_gpus(2)
+def test_zero_copy_all_reduce_in_cuda_graph_replays():
+    for bad in run_ranks(rsym.graph_replays, min(gpu_count(), 4), args=(20,), timeout=300):
+        assert bad == []
 
 
 @pytest.mark.parametrize("nccl_here", [True, False])

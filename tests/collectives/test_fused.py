@@ -1,4 +1,6 @@
-"""The fused all-reduce + residual add + RMSNorm in host mode (CPU processes)."""
+"""The fused all-reduce + residual add + RMSNorm, in host mode (CPU processes)
+and on GPUs: numerics against float64, bitwise agreement across ranks,
+thread-block clusters, CUDA graphs, the automatic choice and bad arguments."""
 
 import random
 
@@ -9,13 +11,15 @@ import pyccl
 import ranks_collectives as rcol
 import ranks_fused as rf
 import ranks_ops as ro
+from conftest import gpu_count, host_and_gpu, host_and_gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_fused_random_cases_match_float64_reference(world):
+@pytest.mark.parametrize("gpu, world", host_and_gpu_worlds((2, 3, 4), (2, 3, 4, 6, 8)))
+def test_fused_random_cases_match_float64_reference(gpu, world):
     seed = random.randrange(1 << 20)
-    for bad, record in run_ranks(rf.fused_cases, world, args=(False, seed, 36, 8192), timeout=300):
+    cases, max_hidden = (45, 16384) if gpu else (36, 8192)
+    for bad, record in run_ranks(rf.fused_cases, world, args=(gpu, seed, cases, max_hidden), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
@@ -47,6 +51,25 @@ def test_fused_on_random_engine_configurations():
             assert bad == [], f"seed {seed} world {world} {options}: {bad} (device record {record})"
 
 
+@requires_gpus(2)
+@pytest.mark.parametrize("options", [{"fused_segments": 1}, {"fused_segments": 3, "fused_threads": 128},
+                                     {"fused_threads": 512, "fused_two_shot_bytes": 1}],
+                         ids=["one-block-per-row", "clusters-of-3", "two-shot-from-1-byte"])
+def test_fused_launch_shapes_on_gpus(options):
+    # The automatic choice among the one-kernel algorithms only (GPUs default to two kernels).
+    options = dict(options, fused_two_kernel_min_bytes=1 << 40)
+    seed = random.randrange(1 << 20)
+    for bad, record in run_ranks(rf.fused_cases, min(gpu_count(), 4), args=(True, seed, 24, 8192, options),
+                                 timeout=300):
+        assert bad == [], f"seed {seed} {options}: {bad} (device record {record})"
+
+
+@requires_gpus(2)
+def test_fused_in_cuda_graph_replays():
+    for bad in run_ranks(rf.fused_graph_replays, min(gpu_count(), 4), args=(10,), timeout=300):
+        assert bad == []
+
+
 def test_fused_at_eight_ranks():
     seed = random.randrange(1 << 20)
     for bad, record in run_ranks(rf.fused_cases, 8, args=(False, seed, 9, 2048), timeout=300):
@@ -64,9 +87,10 @@ def test_fused_rejects_bad_arguments():
             assert kind == "InvalidArgumentError" and arg in text, (label, kind, text)
 
 
-def test_fused_op_is_registered_and_passes_opcheck():
+@pytest.mark.parametrize("gpu", host_and_gpu(own=True))
+def test_fused_op_is_registered_and_passes_opcheck(gpu):
     assert hasattr(torch.ops.pyccl, "fused_all_reduce_rmsnorm")
-    for bad in run_ranks(ro.opcheck_fused, 2, args=(False,), timeout=300):
+    for bad in run_ranks(ro.opcheck_fused, 2, args=(gpu,), timeout=300):
         assert bad == {}
 
 

@@ -1,8 +1,13 @@
-"""Host-mode semaphores across processes: ordering, timeouts, abort."""
+"""Semaphores across processes, in host mode and on GPUs: ordering, timeouts,
+abort, and the kernel-side waits that give up naming the peer."""
+
+import random
 
 import pytest
 
 import ranks
+import ranks_gpu
+from conftest import gpu_worlds, host_and_gpu, requires_gpus
 from pyccl._spawn import run_ranks
 
 
@@ -31,9 +36,30 @@ def test_abort_unblocks_a_waiting_thread():
     assert "was aborted" in later
 
 
-def test_kernel_side_wait_gives_up_and_names_the_peer():
-    failures, record, took = run_ranks(ranks.selftest_peer_absent, 2, args=(False,), timeout=60)[0]
+@pytest.mark.parametrize("gpu", host_and_gpu())
+def test_kernel_side_wait_gives_up_and_names_the_peer(gpu):
+    failures, record, took = run_ranks(ranks.selftest_peer_absent, 2, args=(gpu,), timeout=120 if gpu else 60)[0]
+    if gpu:
+        assert failures >= 1
+        assert record["status"] == "timeout" and record["peer"] == 1
+        assert 1.9 <= took <= 15, took
+        return
     assert failures == 1
     assert record == {"status": "timeout", "peer": 1, "expected": 1, "observed": 0, "peers": [1],
                       "call": "a wait outside pyccl's collectives (a channel or semaphore)"}
     assert 1.9 <= took <= 8.0, took
+
+
+@requires_gpus(2)
+@pytest.mark.parametrize("world", gpu_worlds(2, 3, 4, 6, 8))
+def test_device_semaphores_order_peer_writes(world):
+    seeds = [random.randrange(1 << 31) for _ in range(20)]
+    for per_seed in run_ranks(ranks_gpu.device_selftest, world, args=((1 << 18) + 3, seeds), timeout=240):
+        assert [(m, f) for m, f, _ in per_seed] == [(0, 0)] * len(seeds)
+
+
+@requires_gpus(2)
+def test_host_semaphores_on_gpu_memory():
+    rounds = 100
+    for bad, received in run_ranks(ranks_gpu.host_semaphores_on_gpu, 2, args=(rounds,), timeout=240):
+        assert bad == 0 and received == rounds

@@ -1,4 +1,5 @@
-"""The plan interpreter in host mode (CPU processes): every library plan, run."""
+"""The plan interpreter, in host mode (CPU processes) and as its GPU kernel: every library plan, run and
+checked; long and too wide plans; plans in the automatic choice."""
 
 import random
 
@@ -7,29 +8,42 @@ import pytest
 import pyccl.algorithms
 
 import ranks_plans as rp
+from conftest import host_and_gpu, host_and_gpu_worlds, on_gpus, on_host, requires_gpus
 from pyccl._spawn import run_ranks
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_library_plans_run_in_host_mode(world):
+@pytest.mark.parametrize("gpu, world", host_and_gpu_worlds((2, 3, 4), (2, 4, 6, 8)))
+def test_library_plans_run(gpu, world):
     seed = random.randrange(1 << 20)
-    for bad, record in run_ranks(rp.library_plans, world, args=(False, seed, 6, 3000), timeout=300):
+    max_count = 200_000 if gpu else 3000
+    for bad, record in run_ranks(rp.library_plans, world, args=(gpu, seed, 6, max_count), timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
-def test_library_plans_take_the_any_shape_packet_ops_when_told():
+@pytest.mark.parametrize("gpu", host_and_gpu(gpus=3))
+def test_library_plans_take_the_any_shape_packet_ops_when_told(gpu):
     # Up to 5 ranks the LL plans' packet ops take their one-batch form; this
     # runs the form that ops over several chunks or more operands take.
     seed = random.randrange(1 << 20)
-    for bad, record in run_ranks(rp.library_plans, 3, args=(False, seed, 4, 3000),
+    for bad, record in run_ranks(rp.library_plans, 3, args=(gpu, seed, 4, 200_000 if gpu else 3000),
                                  env={"PYCCL_PLAN_GENERIC_PACKETS": "1"}, timeout=300):
         assert bad == [], f"seed {seed}: {bad} (device record {record})"
 
 
-def test_a_plan_of_many_ops_per_thread_block_runs():
+@pytest.mark.parametrize("gpu", host_and_gpu())
+def test_a_plan_of_many_ops_per_thread_block_runs(gpu):
+    # 130 ops on one thread block: on GPUs the kernel runs them through a one-op window of shared memory.
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(rp.long_plan, 2, args=(False, seed), timeout=300):
+    for bad in run_ranks(rp.long_plan, 2, args=(gpu, seed), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+def test_a_plan_wider_than_the_gpu_is_refused_when_made():
+    seed = random.randrange(1 << 20)
+    for message, ok in run_ranks(rp.too_wide, 2, args=(seed,), timeout=180):
+        assert message is not None and "must all be resident at once" in message and "1000 thread blocks" in message
+        assert ok, f"seed {seed}: the plan that fits gave a wrong result"
 
 
 @pytest.mark.parametrize("world,gpus_per_node", [(2, 1), (4, 2), (6, 3), (6, 2), (8, 4)])
@@ -138,13 +152,13 @@ def test_notebook_algorithm_runs_in_host_mode_within_a_minute():
     assert time.monotonic() - start < 60
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_tuning_table_plans_join_the_automatic_choice(world, tmp_path):
+@pytest.mark.parametrize("gpu, world", [on_host(2, id="host-2"), on_host(3, id="host-3"), on_gpus(2, id="gpu-2")])
+def test_tuning_table_plans_join_the_automatic_choice(gpu, world, tmp_path):
     import json
 
     path = tmp_path / "table.json"
     path.write_text(json.dumps(dict(rp.TUNED_TABLE, world=world)))
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(rp.tuned_plans, world, args=(False, seed), env={"PYCCL_TUNING_FILE": str(path)},
+    for bad in run_ranks(rp.tuned_plans, world, args=(gpu, seed), env={"PYCCL_TUNING_FILE": str(path)},
                          timeout=180):
         assert bad == [], f"seed {seed}: {bad}"

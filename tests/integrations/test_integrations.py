@@ -1,6 +1,8 @@
-"""pyccl.integrations in host mode: the engine-neutral GroupCommunicator, and
-the vLLM and SGLang adapters over stand-ins with the engines' signatures.
-The engines' real interfaces are checked in tests/integrations/test_engine_interfaces.py."""
+"""pyccl.integrations, in host mode and on GPUs: the engine-neutral
+GroupCommunicator (against float64, in CUDA graphs captured before any eager
+call), and the vLLM and SGLang adapters over stand-ins with the engines'
+signatures (pyccl for small messages, the NCCL path for large ones). The
+engines' real interfaces are checked in tests/integrations/test_engine_interfaces.py."""
 
 import importlib
 import random
@@ -9,14 +11,22 @@ import sys
 import pytest
 
 import ranks_integrations as ri
+from conftest import gpu_count, host_and_gpu, host_and_gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 from pyccl.errors import InvalidArgumentError
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_group_communicator_collectives_match_float64(world):
+@pytest.mark.parametrize("gpu, world", host_and_gpu_worlds((2, 3), (2, 3, 4, 6, 8)))
+def test_group_communicator_collectives_match_float64(gpu, world):
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(ri.collective_cases, world, args=(False, seed), timeout=300):
+    for bad in run_ranks(ri.collective_cases, world, args=(gpu, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
+
+
+@requires_gpus(2)
+def test_group_communicator_in_cuda_graph():
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(ri.graph_replays, min(gpu_count(), 4), args=(seed,), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
 
 
@@ -37,20 +47,25 @@ def test_group_communicator_selection_errors_and_destroy():
         assert "closed" in out["after_destroy_call"]
 
 
-def test_vllm_adapter_routes_by_size_and_falls_back():
+@pytest.mark.parametrize("gpu", host_and_gpu(own=True))
+def test_vllm_adapter_routes_by_size_and_falls_back(gpu):
     seed = random.randrange(1 << 20)
-    for res in run_ranks(ri.vllm_adapter, 2, args=(False, seed), timeout=300):
+    for res in run_ranks(ri.vllm_adapter, 2, args=(gpu, seed), timeout=300):
         assert res["bad"] == [], f"seed {seed}: {res['bad']}"
-        assert not res["pp_has_pyccl"]  # only the tensor-parallel group
         # Small messages went to pyccl; the 160 KiB ones to the NCCL path.
         assert res["fallback_calls"] == ["all_reduce", "all_gather", "reduce_scatter"]
+        assert res["destroyed"] == (True, True, True)
+        assert res["custom_captures"] == 1
+        if gpu:
+            # Captured inside ca_comm.capture(), as vLLM's graph_capture does: on graph buffers.
+            assert res["graph_buffer_calls"] == 1
+            continue
+        assert not res["pp_has_pyccl"]  # only the tensor-parallel group
         assert res["non_contiguous_to"] == "all_reduce"
         assert res["platform_names"] == "pyccl.integrations.vllm.PycclCudaCommunicator"
-        assert res["destroyed"] == (True, True, True)
         # The TP group's ca_comm: vLLM's custom all-reduce behind pyccl's graph capture; others' untouched.
         assert res["slot"] == (True, True, True)
         assert res["slot_delegates"] == [True, True, False, True]
-        assert res["custom_captures"] == 1
 
 
 def test_vllm_platform_plugin_is_opt_in(monkeypatch):

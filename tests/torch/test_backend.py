@@ -1,4 +1,4 @@
-"""The torch.distributed backend "pyccl" in host mode (CPU processes)."""
+"""The torch.distributed backend "pyccl", in host mode (CPU processes) and on GPUs."""
 
 import datetime
 import random
@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 import pyccl  # noqa: F401
 import ranks_backend as rb
+from conftest import gpu_count, host_and_gpu, host_and_gpu_worlds, requires_gpus
 from pyccl._spawn import run_ranks
 
 
@@ -18,24 +19,57 @@ def test_backend_is_registered_for_cuda_and_cpu():
     assert set(dist.Backend.backend_capability["pyccl"]) == {"cuda", "cpu"}
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_every_op_through_the_backend(world):
+@pytest.mark.parametrize("gpu, world", host_and_gpu_worlds((2, 3, 4), (2, 4, 6, 8)))
+def test_every_op_through_the_backend(gpu, world):
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(rb.every_op, world, args=("cpu:pyccl", False, seed), timeout=300):
+    backend = "cuda:pyccl,cpu:pyccl" if gpu else "cpu:pyccl"
+    for bad in run_ranks(rb.every_op, world, args=(backend, gpu, seed), timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_batch_isend_irecv_runs_its_ops_together(world):
-    # Every rank receives before it sends: one by one, the first receive would wait forever.
+@pytest.mark.parametrize("gpu, world", host_and_gpu_worlds((2, 3), (2, 4)))
+def test_batch_isend_irecv_runs_its_ops_together(gpu, world):
+    # Every rank receives before it sends: one by one, the first receive would wait forever. On GPUs 12 MB
+    # sends, past the kernels' 8 MiB buffer: a send waits for its receive, so the ring needs the group.
     seed = random.randrange(1 << 20)
-    for bad in run_ranks(rb.coalesced_p2p, world, args=("cpu:pyccl", False, seed, 300_001), timeout=300):
+    if gpu:
+        args = ("cuda:pyccl,cpu:pyccl", True, seed, 3_000_001, 5)
+    else:
+        args = ("cpu:pyccl", False, seed, 300_001)
+    for bad in run_ranks(rb.coalesced_p2p, world, args=args, timeout=300):
         assert bad == [], f"seed {seed}: {bad}"
 
 
-def test_functional_collectives_eager_and_compiled():
-    for bad in run_ranks(rb.functional_and_compile, 2, args=("cpu:pyccl", False), timeout=300):
+@pytest.mark.parametrize("gpu", host_and_gpu())
+def test_functional_collectives_eager_and_compiled(gpu):
+    world, backend = (min(gpu_count(), 4), "cuda:pyccl") if gpu else (2, "cpu:pyccl")
+    for bad in run_ranks(rb.functional_and_compile, world, args=(backend, gpu), timeout=400 if gpu else 300):
         assert bad == []
+
+
+@requires_gpus(2, own=True)
+def test_graph_captured_through_the_backend_and_nccl_hand_off():
+    for bad in run_ranks(rb.gpu_extras, min(gpu_count(), 4), args=(300,), timeout=300):
+        assert bad == []
+
+
+@requires_gpus(2)
+def test_ranks_with_different_nccl_thresholds_are_refused_at_set_up():
+    world = min(gpu_count(), 4)
+    out = run_ranks(rb.thresholds_must_agree, world, timeout=300)
+    for kind, message in out:
+        assert kind == "ValueError", (kind, message)
+        assert "PYCCL_NCCL_MIN_BYTES" in message and f"rank {world - 1} has '4096'" in message, message
+    assert len(set(out)) == 1  # every rank alike
+
+
+@requires_gpus(2, own=True)
+@pytest.mark.parametrize("backend", ["pyccl", "cpu:pyccl,cuda:pyccl"])
+def test_backend_without_set_device_binds_to_the_tensors_gpu(backend):
+    # Ranks never call torch.cuda.set_device: the group binds at its first CUDA op, to that op's GPU.
+    seed = random.randrange(1 << 20)
+    for bad in run_ranks(rb.without_set_device, 2, args=(backend, seed), timeout=300):
+        assert bad == [], f"seed {seed}: {bad}"
 
 
 def test_backend_rejects_bad_input_with_clear_errors():
