@@ -1,6 +1,6 @@
-// Reductions of the dtypes pyccl's kernels do not reduce: float64 and the
-// integers NCCL reduces (int8, uint8, int32, uint32, int64, uint64), and bool
-// as ProcessGroupNCCL reduces it.
+// Reductions of the dtypes pyccl's kernels do not reduce: float64, the
+// integers NCCL reduces (int8, uint8, int32, uint32, int64, uint64), the
+// float8 types (e4m3fn, e5m2), and bool as ProcessGroupNCCL reduces it.
 //
 // The kernels carry float32, float16 and bfloat16 only (reduce_types.hpp:
 // fp32 accumulators). For the other dtypes a reduction is two steps on the
@@ -23,6 +23,12 @@
 //   - float64 sums and multiplies in rank order, avg is that sum divided by
 //     the world size, as pyccl's float kernels do; min and max follow those
 //     kernels' Reducer: NaN loses to any number, ties keep the earlier rank's;
+//   - float8 as pyccl's kernels reduce 16-bit floats: in fp32, in rank order,
+//     rounded to the type once; sum, avg and prod saturate at the type's
+//     largest finite value, as NCCL's fp8 conversions (satfinite) do, and NaN
+//     stays NaN. NCCL itself rounds after every step of its ring or tree, so
+//     its sums of more than two ranks may differ from these in the last bit;
+//     these are the same on every rank;
 //   - bool: sum and max are "any", prod and min "all" (ProcessGroupNCCL's
 //     mapping); avg is refused, as there.
 #include "torch/gathered_reductions.hpp"
@@ -77,8 +83,8 @@ at::Tensor reduceUInt64(const at::Tensor& rows, ReduceOp op, int world) {
   return r.view(at::kUInt64);
 }
 
-/// float64 in rank order, as the float kernels' Reducer takes it.
-at::Tensor reduceDoubles(const at::Tensor& rows, ReduceOp op, int world) {
+/// Floats in rank order, as the float kernels' Reducer takes it, in the precision of `rows`.
+at::Tensor reduceFloats(const at::Tensor& rows, ReduceOp op, int world) {
   at::Tensor acc = rows[0].clone();
   for (int q = 1; q < world; ++q) {
     const at::Tensor x = rows[q];
@@ -95,6 +101,16 @@ at::Tensor reduceDoubles(const at::Tensor& rows, ReduceOp op, int world) {
   return acc;
 }
 
+/// float8 in fp32 (reduceFloats), saturated where it was computed and rounded to `st` once.
+at::Tensor reduceFloat8(const at::Tensor& rows, ReduceOp op, int world, at::ScalarType st) {
+  at::Tensor acc = reduceFloats(rows.to(at::kFloat), op, world);
+  if (op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kProd) {
+    const double largest = st == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
+    acc.clamp_(-largest, largest);  // NaN stays NaN
+  }
+  return acc.to(st);
+}
+
 at::Tensor reduceBools(const at::Tensor& rows, ReduceOp op) {
   const at::Tensor bytes = rows.to(at::kByte);
   const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
@@ -107,7 +123,8 @@ at::Tensor reduceOverRanks(const at::Tensor& rows, ReduceOp op) {
   const at::ScalarType st = rows.scalar_type();
   const int world = static_cast<int>(rows.size(0));
   if (st == at::kBool) return reduceBools(rows, op);
-  if (st == at::kDouble) return reduceDoubles(rows, op, world);
+  if (st == at::kDouble) return reduceFloats(rows, op, world);
+  if (st == at::kFloat8_e4m3fn || st == at::kFloat8_e5m2) return reduceFloat8(rows, op, world, st);
   if (st == at::kUInt64) return reduceUInt64(rows, op, world);
   return reduceIntegers(rows, op, world, st);
 }
@@ -115,6 +132,8 @@ at::Tensor reduceOverRanks(const at::Tensor& rows, ReduceOp op) {
 bool reducesByGathering(at::ScalarType st) {
   switch (st) {
     case at::kDouble:
+    case at::kFloat8_e4m3fn:
+    case at::kFloat8_e5m2:
     case at::kChar:
     case at::kByte:
     case at::kInt:

@@ -68,6 +68,8 @@ std::string dtypeName(at::ScalarType t) {
     case at::kChar: return "torch.int8";
     case at::kByte: return "torch.uint8";
     case at::kBool: return "torch.bool";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
     default: return strCat("torch ", c10::toString(t));
   }
 }
@@ -82,7 +84,7 @@ DataType reductionTypeOf(const at::Tensor& t, const char* arg) {
     default:
       throw TypeError(strCat("invalid argument '", arg, "': pyccl's kernels reduce float32, float16 and bfloat16 "
                              "(all_reduce and reduce_scatter also take float64, int8, uint8, int32, uint32, int64, "
-                             "uint64 and bool), got ", dtypeName(t.scalar_type())));
+                             "uint64, float8_e4m3fn, float8_e5m2 and bool), got ", dtypeName(t.scalar_type())));
   }
 }
 

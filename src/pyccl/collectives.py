@@ -56,8 +56,8 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
 
     Args:
         tensor: contiguous, on the communicator's device: float32, float16 or bfloat16 (the kernels), or
-            float64, int8, uint8, int32, uint32, int64, uint64 or bool (NCCL's semantics; the caller's NCCL
-            where it has one, else gathered and reduced over the ranks).
+            float64, int8, uint8, int32, uint32, int64, uint64, float8_e4m3fn, float8_e5m2 or bool (NCCL's
+            semantics; the caller's NCCL where it has one, else gathered and reduced over the ranks).
         op: "sum", "avg", "min", "max", "prod", or a ``torch.distributed.ReduceOp``.
         group: a torch process group (default: the world).
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.

@@ -501,7 +501,10 @@ def special_values(rank, world, store, on_gpu):
 #: The dtypes all-reduce and reduce-scatter reduce by gathering (csrc/torch/gathered_reductions.cpp), with their
 #: width in bits (integers) and signedness.
 GATHERED_DTYPES = {torch.float64: None, torch.int8: (8, True), torch.uint8: (8, False), torch.int32: (32, True),
-                   torch.uint32: (32, False), torch.int64: (64, True), torch.uint64: (64, False), torch.bool: None}
+                   torch.uint32: (32, False), torch.int64: (64, True), torch.uint64: (64, False), torch.bool: None,
+                   torch.float8_e4m3fn: None, torch.float8_e5m2: None}
+# The float8 types' largest finite values (sums and products saturate there) and the scale of the test's inputs.
+FLOAT8 = {torch.float8_e4m3fn: (448.0, 8.0), torch.float8_e5m2: (57344.0, 300.0)}
 
 
 def gathered_input(seed: int, rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
@@ -516,6 +519,15 @@ def gathered_input(seed: int, rank: int, count: int, dtype: torch.dtype) -> torc
         return x
     if dtype == torch.bool:
         return torch.randint(0, 2, (count,), generator=gen).bool()
+    if dtype in FLOAT8:
+        largest, scale = FLOAT8[dtype]
+        x = torch.randn(count, generator=gen, dtype=torch.float32) * scale
+        x[0] = float("nan") if rank == 0 else 1.5  # NaN loses to any number
+        x[1] = float("nan")  # ... unless every rank holds NaN
+        x[2] = -0.0 if rank % 2 == 0 else 0.0  # ties keep the earlier rank's zero
+        x[3] = largest * 0.75  # sums saturate at the largest finite value
+        x[4] = -largest * 0.75
+        return x.to(dtype)
     bits, _signed = GATHERED_DTYPES[dtype]
     raw = torch.randint(-(1 << 62), 1 << 62, (count,), generator=gen, dtype=torch.int64) * 2 + 1  # odd, all bits
     raw[:4] = torch.tensor([-1, 0, 1, (1 << 62) - 1]) * (rank + 1)
@@ -530,14 +542,16 @@ def _as_int(v, bits: int, signed: bool) -> int:
 
 def gathered_reference(inputs, op: str, dtype: torch.dtype) -> list:
     """NCCL's result, element by element, in Python numbers: integers wrap in their width; avg truncates the
-    wrapped sum; float64 in rank order, min/max ignoring NaN unless all are NaN; bool sum/max any, prod/min all."""
+    wrapped sum; float64 in rank order, min/max ignoring NaN unless all are NaN; float8 as float64, then
+    saturated at the type's largest finite value (sum, avg, prod) and rounded to the type once; bool
+    sum/max any, prod/min all."""
     columns = list(zip(*[t.tolist() for t in inputs]))
     world = len(inputs)
     out = []
     for col in columns:
         if dtype == torch.bool:
             out.append(any(col) if op in ("sum", "max") else all(col))
-        elif dtype == torch.float64:
+        elif dtype == torch.float64 or dtype in FLOAT8:
             acc = col[0]
             for x in col[1:]:
                 if op in ("sum", "avg"):
@@ -548,7 +562,14 @@ def gathered_reference(inputs, op: str, dtype: torch.dtype) -> list:
                     acc = x if (x < acc or acc != acc) else acc
                 else:
                     acc = x if (x > acc or acc != acc) else acc
-            out.append(acc / world if op == "avg" else acc)
+            if op == "avg":
+                acc = acc / world
+            if dtype in FLOAT8:
+                largest = FLOAT8[dtype][0]
+                if op in ("sum", "avg", "prod") and acc == acc:
+                    acc = max(-largest, min(largest, acc))
+                acc = torch.tensor([acc], dtype=torch.float64).to(dtype).item()
+            out.append(acc)
         else:
             bits, signed = GATHERED_DTYPES[dtype]
             if op in ("sum", "avg"):
