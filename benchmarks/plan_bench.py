@@ -35,14 +35,14 @@ M = 1 << 20
 # plan, hand-written twin, sizes, instance counts, threads per block
 # (the kernels' LL grid is 64 blocks of 1024 threads: the plans get as many
 # blocks, and as many threads in 128 blocks of 512)
-CASES = (("allreduce_allpairs_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 2, 4, 8, 16, 32, 64),
+CASES = (("allreduce_1pa_ll", "1pa_ll", (1 * K, 4 * K, 16 * K, 64 * K, 256 * K), (1, 2, 4, 8, 16, 32, 64),
           (512, 1024)),
-         ("allreduce_allpairs_ll2", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64, 128), (512, 1024)),
-         ("allreduce_allpairs_hb1", "1pa_hb", (256 * K, 1 * M, 4 * M, 8 * M), (16, 32, 64, 128), (256, 512)),
-         ("allreduce_allpairs_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)),
-         ("allreduce_allpairs_hb_push", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
+         ("allreduce_2pa_ll", "2pa_ll", (64 * K, 256 * K, 1 * M), (8, 16, 32, 64, 128), (512, 1024)),
+         ("allreduce_1pa_hb", "1pa_hb", (256 * K, 1 * M, 4 * M, 8 * M), (16, 32, 64, 128), (256, 512)),
+         ("allreduce_2pa_hb_pull", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)),
+         ("allreduce_2pa_hb", "2pa_hb", (256 * K, 1 * M, 4 * M, 16 * M), (16, 32, 64, 128), (256, 512)))
 # Plans whose twin is the pushing form of the kernel (hb_push=True); the others' is the pulling form.
-PUSHING_PLANS = ("allreduce_allpairs_hb_push",)
+PUSHING_PLANS = ("allreduce_2pa_hb",)
 ITERS, TRIALS = 20, 7
 
 

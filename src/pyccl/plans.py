@@ -2,7 +2,7 @@
 into the interpreter's binary form (``csrc/executor/plan_format.hpp``) and
 runs it on torch tensors, on GPUs or in host mode on CPU processes::
 
-    plan = pyccl.algorithms.allreduce_allpairs_hb(world).lower()
+    plan = pyccl.algorithms.allreduce_2pa_hb_pull(world).lower()
     run = PlanRunner(plan, comm, max_bytes=1 << 20)   # collective
     y = run(x)                                         # on the current stream
 

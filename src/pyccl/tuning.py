@@ -15,7 +15,7 @@ buffer, as nccl-tests counts it) takes the first entry with n <= max_bytes
 has one. ``"plan"`` means a plan of pyccl's DSL library run by the plan
 interpreter, named with its launch shape::
 
-    {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 512,
+    {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_1pa_ll", "instances": 8, "threads": 512,
      "kernel": "1pa_ll"}
 
 A plan entry's ``"kernel"`` (optional) is the fastest kernel at its sizes: what
@@ -53,10 +53,20 @@ COLLECTIVES = tuple(c for c in CANDIDATES if c != "all_reduce_symmetric")
 # and the launch shapes pyccl.tune tries for each: instances (thread blocks per
 # plan block) and threads per block.
 PLANS: Dict[str, tuple] = {
-    "all_reduce": ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb1",
-                   "allreduce_allpairs_hb", "allreduce_allpairs_hb_push", "allreduce_ring"),
+    "all_reduce": ("allreduce_1pa_ll", "allreduce_2pa_ll", "allreduce_1pa_hb",
+                   "allreduce_2pa_hb_pull", "allreduce_2pa_hb", "allreduce_ring"),
     "all_gather": ("allgather_allpairs", "allgather_ring"),
     "reduce_scatter": ("reduce_scatter_ring",),
+}
+#: The all-reduce plans' earlier names, before each took the name of its algorithm's kernel
+#: (docs/collectives.md): pyccl.algorithms still gives them, with a DeprecationWarning; a table naming one is
+#: refused, naming the new name.
+FORMER_NAMES = {
+    "allreduce_allpairs_ll": "allreduce_1pa_ll",
+    "allreduce_allpairs_ll2": "allreduce_2pa_ll",
+    "allreduce_allpairs_hb1": "allreduce_1pa_hb",
+    "allreduce_allpairs_hb_push": "allreduce_2pa_hb",
+    "allreduce_allpairs_hb": "allreduce_2pa_hb_pull",
 }
 PLAN_SHAPES = tuple((instances, threads) for instances in (8, 32, 128) for threads in (256, 512))
 _MAX_INSTANCES = 1024
@@ -265,6 +275,9 @@ def table_schema() -> dict:
 
 
 def _check_plan_entry(e: dict, where: str, names: tuple) -> None:
+    if e.get("plan") in FORMER_NAMES:
+        raise InvalidArgumentError(f"{where}: plan {e.get('plan')!r} is now named {FORMER_NAMES[e['plan']]!r}; "
+                                   "rename it in the table, or make the table again with python -m pyccl.tune")
     if e.get("plan") not in names:
         raise InvalidArgumentError(f"{where}: plan {e.get('plan')!r} is not a library plan of this collective "
                                    f"(expected one of {', '.join(names)})")

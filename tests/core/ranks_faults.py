@@ -283,7 +283,7 @@ def late_rank_after_a_verdict(rank, world, store, on_gpu, collective, timeout_s,
     comm, device = _setup(store, rank, world, on_gpu, timeout_s=timeout_s)
     entry = None
     if collective == "plan":
-        entry = pyccl.register_algorithm(algorithms.allreduce_allpairs_hb(world), "all_reduce", 0, 1 << 20, world)
+        entry = pyccl.register_algorithm(algorithms.allreduce_2pa_hb_pull(world), "all_reduce", 0, 1 << 20, world)
     n = ELEMENTS * world
     x = torch.rand(n, device=device) + rank
 

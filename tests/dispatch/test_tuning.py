@@ -71,12 +71,12 @@ def test_zero_copy_column_gives_the_symmetric_entries():
 
 def test_library_plans_compete_with_their_launch_shape():
     rows = _rows()
-    rows["all_reduce"][1]["plan:allreduce_allpairs_hb"] = 2.9  # beats 1PA LL's 3.1 at 2 KiB
-    rows["all_reduce"][1]["plan:allreduce_allpairs_hb:shape"] = [32, 512]
-    rows["all_reduce"][2]["plan:allreduce_allpairs_hb"] = 7.5  # and 2PA HB's 8.0 at 4 KiB
-    rows["all_reduce"][2]["plan:allreduce_allpairs_hb:shape"] = [32, 512]
-    rows["all_reduce"][3]["plan:allreduce_allpairs_hb"] = 25.0  # loses to NCCL's 20.0
-    rows["all_reduce"][3]["plan:allreduce_allpairs_hb:shape"] = [128, 512]
+    rows["all_reduce"][1]["plan:allreduce_2pa_hb_pull"] = 2.9  # beats 1PA LL's 3.1 at 2 KiB
+    rows["all_reduce"][1]["plan:allreduce_2pa_hb_pull:shape"] = [32, 512]
+    rows["all_reduce"][2]["plan:allreduce_2pa_hb_pull"] = 7.5  # and 2PA HB's 8.0 at 4 KiB
+    rows["all_reduce"][2]["plan:allreduce_2pa_hb_pull:shape"] = [32, 512]
+    rows["all_reduce"][3]["plan:allreduce_2pa_hb_pull"] = 25.0  # loses to NCCL's 20.0
+    rows["all_reduce"][3]["plan:allreduce_2pa_hb_pull:shape"] = [128, 512]
     rows["all_gather"] = [
         {"bytes": 1024, "pyccl_ll": 4.0, "nccl": 9.0, "plan:allgather_ring": 3.0,
          "plan:allgather_ring:shape": [8, 256]},
@@ -88,7 +88,7 @@ def test_library_plans_compete_with_their_launch_shape():
         r["pyccl_sym_2pa_hb"] = zero_copy
     table = tuning.build_table(rows, gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
     tuning.check_table(table, "with plans")
-    plan = {"algorithm": "plan", "plan": "allreduce_allpairs_hb", "instances": 32, "threads": 512}
+    plan = {"algorithm": "plan", "plan": "allreduce_2pa_hb_pull", "instances": 32, "threads": 512}
     # Each plan entry names the fastest kernel of its size: what runs where the plan cannot.
     assert table["collectives"]["all_reduce"][1:3] == [
         {"max_bytes": 2048, **plan, "kernel": "1pa_ll"}, {"max_bytes": 4096, **plan, "kernel": "2pa_hb"}]
@@ -106,12 +106,12 @@ def _noisy_rows():
     # hands; a plan 1% ahead at 4 KiB, and 10% ahead at 8 and 16 KiB.
     rows = [{"bytes": 1024, "pyccl_1pa_ll": 3.00, "pyccl_2pa_ll": 3.05},
             {"bytes": 2048, "pyccl_1pa_ll": 3.05, "pyccl_2pa_ll": 3.00},
-            {"bytes": 4096, "pyccl_1pa_ll": 3.10, "pyccl_2pa_ll": 3.08, "plan:allreduce_allpairs_ll": 3.05,
-             "plan:allreduce_allpairs_ll:shape": [8, 512]},
-            {"bytes": 8192, "pyccl_1pa_ll": 3.30, "pyccl_2pa_ll": 3.50, "plan:allreduce_allpairs_ll": 3.00,
-             "plan:allreduce_allpairs_ll:shape": [8, 512]},
-            {"bytes": 16384, "pyccl_1pa_ll": 3.60, "pyccl_2pa_ll": 3.90, "plan:allreduce_allpairs_ll": 3.20,
-             "plan:allreduce_allpairs_ll:shape": [8, 512]},
+            {"bytes": 4096, "pyccl_1pa_ll": 3.10, "pyccl_2pa_ll": 3.08, "plan:allreduce_1pa_ll": 3.05,
+             "plan:allreduce_1pa_ll:shape": [8, 512]},
+            {"bytes": 8192, "pyccl_1pa_ll": 3.30, "pyccl_2pa_ll": 3.50, "plan:allreduce_1pa_ll": 3.00,
+             "plan:allreduce_1pa_ll:shape": [8, 512]},
+            {"bytes": 16384, "pyccl_1pa_ll": 3.60, "pyccl_2pa_ll": 3.90, "plan:allreduce_1pa_ll": 3.20,
+             "plan:allreduce_1pa_ll:shape": [8, 512]},
             {"bytes": 32768, "pyccl_1pa_ll": 4.00, "pyccl_2pa_ll": 3.20}]
     return {"all_reduce": rows}
 
@@ -123,7 +123,7 @@ def test_the_margin_keeps_noise_out_of_the_table():
     table = tuning.build_table(_noisy_rows(), gpu="H200", world=4, dtype="bfloat16", date="d", command="c")
     assert table["collectives"]["all_reduce"] == [
         {"max_bytes": 4096, "algorithm": "1pa_ll"},  # 2PA LL's 1.6% lead at 2 KiB and the plan's at 4 KiB: noise
-        {"max_bytes": 16384, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 512,
+        {"max_bytes": 16384, "algorithm": "plan", "plan": "allreduce_1pa_ll", "instances": 8, "threads": 512,
          "kernel": "1pa_ll"},  # 10% ahead at two sizes in a row
         {"max_bytes": None, "algorithm": "2pa_ll"},  # 25% ahead
     ]
@@ -134,8 +134,8 @@ def test_the_margin_keeps_noise_out_of_the_table():
         ("1pa_ll", None), ("2pa_ll", None), ("plan", "2pa_ll"), ("plan", "1pa_ll"), ("2pa_ll", None)]
     # A plan that leads at one size alone gives way to the kernels.
     one = _noisy_rows()
-    del one["all_reduce"][3]["plan:allreduce_allpairs_ll"], one["all_reduce"][4]["plan:allreduce_allpairs_ll"]
-    one["all_reduce"][2]["plan:allreduce_allpairs_ll"] = 2.0
+    del one["all_reduce"][3]["plan:allreduce_1pa_ll"], one["all_reduce"][4]["plan:allreduce_1pa_ll"]
+    one["all_reduce"][2]["plan:allreduce_1pa_ll"] = 2.0
     assert [e["algorithm"] for e in tuning.build_table(one, gpu="H200", world=4, dtype="bfloat16", date="d",
                                                        command="c")["collectives"]["all_reduce"]] == ["1pa_ll",
                                                                                                      "2pa_ll"]
@@ -152,7 +152,7 @@ def test_a_plan_entry_gives_the_engine_its_kernel():
     for e in table["collectives"]["all_reduce"]:
         e.pop("kernel", None)
     assert tuning.kernel_choices(table)["all_reduce"] == [(4096, "1pa_ll"), (None, "2pa_ll")]
-    entry = {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8, "threads": 256}
+    entry = {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_1pa_ll", "instances": 8, "threads": 256}
     for kernel in ("nccl", "ll", 3):
         with pytest.raises(InvalidArgumentError, match=f"has kernel {kernel!r}"):
             tuning.check_table({"version": 1, "collectives": {"all_reduce": [dict(entry, kernel=kernel)]}}, "t")
@@ -193,7 +193,7 @@ def test_plan_entries_name_library_plans_of_their_collective():
         for name in names:
             plan = LIBRARY[name](4).lower()
             assert plan.collective["name"] == kinds[collective](4).to_dict()["name"], (collective, name)
-    entry = {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_allpairs_hb", "instances": 8, "threads": 256}
+    entry = {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_2pa_hb_pull", "instances": 8, "threads": 256}
     for change, message in (({"plan": "allgather_ring"}, "allgather_ring"), ({"plan": "nope"}, "nope"),
                             ({"instances": 0}, "'instances'"), ({"instances": "8"}, "'instances'"),
                             ({"threads": 100}, "'threads'"), ({"threads": 2048}, "'threads'")):
@@ -294,7 +294,7 @@ def test_kernel_choices_leave_nccl_and_plans_to_the_caller():
     table = {"version": 1, "gpu": "host", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",
              "collectives": {
         "all_reduce": [{"max_bytes": 4096, "algorithm": "1pa_ll"},
-                       {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8,
+                       {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_1pa_ll", "instances": 8,
                         "threads": 256},
                        {"max_bytes": 8 << 20, "algorithm": "1pa_hb"},
                        {"max_bytes": None, "algorithm": "nccl"}],
@@ -306,3 +306,17 @@ def test_kernel_choices_leave_nccl_and_plans_to_the_caller():
                                             "all_reduce_symmetric": [(None, "2pa_hb")],
                                             "all_gather": [(None, "hb")]}
     assert tuning.kernel_choices(None) == {}
+
+
+def test_the_plans_former_names_point_to_their_new_ones():
+    import pyccl.algorithms as algorithms
+
+    for old, new in tuning.FORMER_NAMES.items():
+        assert new in algorithms.LIBRARY and new in tuning.PLANS["all_reduce"], new
+        with pytest.warns(DeprecationWarning, match=f"pyccl.algorithms.{old} is now pyccl.algorithms.{new}"):
+            assert getattr(algorithms, old) is algorithms.LIBRARY[new]
+        entry = {"max_bytes": None, "algorithm": "plan", "plan": old, "instances": 8, "threads": 256}
+        with pytest.raises(InvalidArgumentError, match=f"plan '{old}' is now named '{new}'"):
+            tuning.check_table({"version": 1, "collectives": {"all_reduce": [entry]}}, "t.json")
+    with pytest.raises(AttributeError, match="no_such_plan"):
+        algorithms.no_such_plan

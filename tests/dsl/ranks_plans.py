@@ -107,7 +107,7 @@ def hierarchical_plans(rank, world, store, on_gpu, seed, calls, max_elems, gpus_
 
 
 # Library plans that only put and signal to their peers: they run across nodes.
-PUT_ONLY_PLANS = ("allgather_allpairs", "allgather_ring", "allreduce_allpairs_hb1", "allreduce_ring", "reduce_scatter_ring")
+PUT_ONLY_PLANS = ("allgather_allpairs", "allgather_ring", "allreduce_1pa_hb", "allreduce_ring", "reduce_scatter_ring")
 
 
 def library_plans_across_nodes(rank, world, store, on_gpu, seed, calls, max_elems, gpus_per_node):
@@ -190,7 +190,7 @@ def _plan_cases(name, plan, comm, device, rng, seed, calls, max_elems) -> list:
 def plan_errors(rank, world, store):
     """Bad calls give clear errors; a plan for another world size is refused."""
     comm, device = _setup(store, rank, world, False)
-    plan = algorithms.allreduce_allpairs_hb(world).lower()
+    plan = algorithms.allreduce_2pa_hb_pull(world).lower()
     runner = PlanRunner(plan, comm, max_bytes=4096)
     messages = {"rank": rank}
     for key, call in (("size", lambda: runner(torch.ones(world * 2 + 1))),
@@ -204,7 +204,7 @@ def plan_errors(rank, world, store):
         except pyccl.PycclError as e:
             messages[key] = str(e)
     try:
-        PlanRunner(algorithms.allreduce_allpairs_hb(world + 1).lower(), comm, max_bytes=4096)
+        PlanRunner(algorithms.allreduce_2pa_hb_pull(world + 1).lower(), comm, max_bytes=4096)
     except pyccl.InvalidArgumentError as e:
         messages["world"] = str(e)
     # An in-place plan works on the output: a partly overlapping one is refused.
@@ -234,21 +234,21 @@ def plan_errors(rank, world, store):
         return None
 
     # Pairs must come whole.
-    args, ops = packed(algorithms.allreduce_allpairs_ll2(world))
+    args, ops = packed(algorithms.allreduce_2pa_ll(world))
     ops[0, 2] = ops[0, 3] + 1  # one more source than destinations
     messages["pairs"] = refusal(args, ops)
     # Packets land only in the packet region, which has a slot per scratch chunk.
-    args, ops = packed(algorithms.allreduce_allpairs_ll2(world))
+    args, ops = packed(algorithms.allreduce_2pa_ll(world))
     ops[1, _OP_DSTS + 4 + 1] = 1  # reduce_put_packets' first packet destination into an output chunk
     messages["packets"] = refusal(args, ops)
     # Signals store the count their waits expect: an ordinal past the channel's signals a call is refused.
-    args, ops = packed(algorithms.allreduce_allpairs_hb(world))
+    args, ops = packed(algorithms.allreduce_2pa_hb_pull(world))
     ops[int((ops[:, 0] == 8).nonzero()[0]), 5] = 99  # the first signal's first ordinal
     messages["ordinal"] = refusal(args, ops)
     # A reduction that starts from an init stores only: the interpreter's op
     # starts from srcs[0] (the init) and stores the result to every dst
     # (srcs[0] of the DSL's reduce_put first); without a source it is refused.
-    args, ops = packed(algorithms.allreduce_allpairs_hb_push(world))
+    args, ops = packed(algorithms.allreduce_2pa_hb(world))
     row = int((ops[:, 0] == 15).nonzero()[0])
     messages["reduce_to"] = {"srcs": int(ops[row, 2]), "dsts": int(ops[row, 3]),
                              "start": ops[row, _OP_SRCS:_OP_SRCS + 4].tolist(),
@@ -256,7 +256,7 @@ def plan_errors(rank, world, store):
     ops[row, 2] = 0
     messages["no start"] = refusal(args, ops)
     # A channel signalled from two thread blocks (a hand-edited plan) is refused when packed.
-    d = algorithms.allreduce_allpairs_hb(world, instances=2).lower().to_dict()
+    d = algorithms.allreduce_2pa_hb_pull(world, instances=2).lower().to_dict()
     tbs = d["ranks"][0]["threadblocks"]
     first = next(i for i, op in enumerate(tbs[0]["ops"]) if op["op"] in ("signal", "multi_signal"))
     tbs[1]["ops"].insert(0, tbs[0]["ops"].pop(first))
@@ -278,11 +278,11 @@ def too_wide(rank, world, store, seed):
     comm, device = _setup(store, rank, world, True)
     message = None
     try:
-        PlanRunner(algorithms.allreduce_allpairs_ll(world, instances=1000).lower(), comm, max_bytes=1 << 20,
+        PlanRunner(algorithms.allreduce_1pa_ll(world, instances=1000).lower(), comm, max_bytes=1 << 20,
                    threads=1024)
     except pyccl.InvalidArgumentError as e:
         message = str(e)
-    runner = PlanRunner(algorithms.allreduce_allpairs_ll(world, instances=4).lower(), comm, max_bytes=4096)
+    runner = PlanRunner(algorithms.allreduce_1pa_ll(world, instances=4).lower(), comm, max_bytes=4096)
     inputs = [torch.randn(1024, generator=torch.Generator().manual_seed(seed * 31 + r)) for r in range(world)]
     y = runner(inputs[rank].to(device)).cpu()
     ok = torch.allclose(y.double(), sum(x.double() for x in inputs), rtol=1e-5, atol=1e-5)
@@ -297,7 +297,7 @@ def missing_peer(rank, world, store):
     import time
 
     comm, _ = _setup(store, rank, world, False, timeout_s=2.0)
-    runner = PlanRunner(algorithms.allreduce_allpairs_hb(world).lower(), comm, max_bytes=4096)
+    runner = PlanRunner(algorithms.allreduce_2pa_hb_pull(world).lower(), comm, max_bytes=4096)
     runner(torch.ones(world * 4))  # both ranks: set up and one good call
     result = None
     if rank == 0:
@@ -389,10 +389,10 @@ def notebook_example(rank, world, store):
 TUNED_TABLE = {"version": 1, "gpu": "host", "world": 0, "dtype": "float32", "date": "-", "command": "-",
                "collectives": {
                    "all_reduce": [
-                       {"max_bytes": 4096, "algorithm": "plan", "plan": "allreduce_allpairs_ll",
+                       {"max_bytes": 4096, "algorithm": "plan", "plan": "allreduce_1pa_ll",
                         "instances": 2, "threads": 64},
                        {"max_bytes": 16384, "algorithm": "2pa_hb"},
-                       {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_allpairs_hb",
+                       {"max_bytes": None, "algorithm": "plan", "plan": "allreduce_2pa_hb_pull",
                         "instances": 2, "threads": 128}],
                    "all_gather": [{"max_bytes": None, "algorithm": "plan", "plan": "allgather_ring",
                                    "instances": 1, "threads": 64}],
@@ -462,17 +462,17 @@ def call_threads(rank, world, store):
     limits: {(plan, instances, limit, nbytes): threads}, and the error of a bad size."""
     comm, _ = _setup(store, rank, world, False)
     got = {}
-    cases = (("allreduce_allpairs_ll", 1, 512, (256, 1024, 4096, 64 << 10)),
-             ("allreduce_allpairs_ll", 2, 512, (1024,)),
-             ("allreduce_allpairs_ll", 1, 1024, (64 << 10,)),
-             ("allreduce_allpairs_hb", 1, 512, (256, 1 << 20)),
-             ("allreduce_allpairs_ll2", 4, 256, (1 << 20, 96)))
+    cases = (("allreduce_1pa_ll", 1, 512, (256, 1024, 4096, 64 << 10)),
+             ("allreduce_1pa_ll", 2, 512, (1024,)),
+             ("allreduce_1pa_ll", 1, 1024, (64 << 10,)),
+             ("allreduce_2pa_hb_pull", 1, 512, (256, 1 << 20)),
+             ("allreduce_2pa_ll", 4, 256, (1 << 20, 96)))
     for name, instances, limit, sizes in cases:
         runner = PlanRunner(algorithms.LIBRARY[name](world, instances=instances).lower(), comm,
                             max_bytes=max(sizes), threads=limit)
         for n in sizes:
             got[(name, instances, limit, n)] = runner.threads_for(n)
-        if name == "allreduce_allpairs_ll" and instances == 1 and limit == 512:
+        if name == "allreduce_1pa_ll" and instances == 1 and limit == 512:
             try:
                 runner.threads_for(0)
                 got["error"] = None

@@ -87,7 +87,7 @@ def test_replication_keeps_one_pair_per_channel_in_multi_peer_ops():
 
 
 def test_other_reduce_ops_pass_the_simulator():
-    plan = algorithms.allreduce_allpairs_hb(4).lower()
+    plan = algorithms.allreduce_2pa_hb_pull(4).lower()
     for op in ("max", "min", "prod"):
         verify(plan, interleavings=3, reduce_op=op)
 
@@ -120,7 +120,7 @@ def _push_allreduce(n: int) -> Program:
 
 
 def test_fusion_and_synchronization():
-    hb = algorithms.allreduce_allpairs_hb(4).lower()
+    hb = algorithms.allreduce_2pa_hb_pull(4).lower()
     kinds = _kinds(hb)
     # Signals and waits on every peer become one op each; reductions reading
     # the three peers become one multi_reduce; the pulls of the three peers'
@@ -150,7 +150,7 @@ def test_fusion_and_synchronization():
     # output is the reduction's init (never made), and the reduction and the
     # puts of its result to every peer are one reduce_put, one pass, as the
     # pushing kernel does it.
-    hb_push = algorithms.allreduce_allpairs_hb_push(4).lower()
+    hb_push = algorithms.allreduce_2pa_hb(4).lower()
     assert _kinds(hb_push) == ["multi_put", "multi_signal", "multi_wait", "reduce_put", "multi_signal",
                                "multi_wait", "multi_copy"]
     rp = hb_push.threadblocks(2)[0]["ops"][3]
@@ -162,7 +162,7 @@ def test_fusion_and_synchronization():
     # the reduction of the peers' copies starting from the input (the copy
     # into the output never made), at world 8 too.
     for world in (4, 8):
-        hb1 = algorithms.allreduce_allpairs_hb1(world).lower()
+        hb1 = algorithms.allreduce_1pa_hb(world).lower()
         assert _kinds(hb1) == ["multi_put", "multi_signal", "multi_wait", "reduce"], world
         red = hb1.threadblocks(1)[0]["ops"][3]
         assert red["init"] == [1, "input", 0, 1] and red["dst"] == [1, "output", 0, 1]
@@ -172,7 +172,7 @@ def test_fusion_and_synchronization():
     # Seven peers and the output chunk are the interpreter's eight
     # destinations, the init and seven slots its eight sources: at world 8 it
     # all still fits one op.
-    assert _kinds(algorithms.allreduce_allpairs_hb_push(8).lower()).count("reduce_put") == 1
+    assert _kinds(algorithms.allreduce_2pa_hb(8).lower()).count("reduce_put") == 1
     ring = algorithms.allgather_ring(4).lower()
     assert "put_with_signal" in _kinds(ring) and "signal" not in _kinds(ring)
     # The first put sends the chunk the copy before it wrote: the block syncs
@@ -181,7 +181,7 @@ def test_fusion_and_synchronization():
     # 1PA LL: one packet put to every peer, and one reduction of every peer's
     # packets that starts from the input (the copy into the output fused in:
     # no copy, no sync).
-    ll = algorithms.allreduce_allpairs_ll(4).lower()
+    ll = algorithms.allreduce_1pa_ll(4).lower()
     assert _kinds(ll) == ["multi_put_packets", "reduce_packets"]
     last = ll.threadblocks(0)[0]["ops"][-1]
     assert len(last["srcs"]) == 3 and last["init"] == [0, "input", 0, 1] and last["dst"] == [0, "output", 0, 1]
@@ -200,7 +200,7 @@ def test_fusion_and_synchronization():
     assert len(ops[1]["srcs"]) == 2 and len(ops[1]["dsts"]) == 2
     # With instances, 2PA HB's staging copy becomes one copy per chunk's
     # sub-chunk: they are one multi_copy (every chunk's loads in flight at once).
-    hb2 = algorithms.allreduce_allpairs_hb(4, instances=2).lower()
+    hb2 = algorithms.allreduce_2pa_hb_pull(4, instances=2).lower()
     assert _kinds(hb2)[0] == "multi_copy" and len(hb2.threadblocks(0)[1]["ops"][0]["dsts"]) == 4, _kinds(hb2)
     # 2PA LL: chunk q to rank q for every q is one multi_put_packets of pairs;
     # the reduction of the peers' packets and the packet puts of its result are
@@ -208,7 +208,7 @@ def test_fusion_and_synchronization():
     # results are one multi_unpack. Packet ops split chunks among threads
     # alike, so none needs a sync; a packet put of part of the reduced chunks
     # stays apart and, like a plain copy of them, syncs first.
-    ll2 = algorithms.allreduce_allpairs_ll2(4).lower()
+    ll2 = algorithms.allreduce_2pa_ll(4).lower()
     assert _kinds(ll2) == ["multi_put_packets", "reduce_put_packets", "multi_unpack"], _kinds(ll2)
     first, reduced, unpack = ll2.threadblocks(0)[0]["ops"]
     assert len(first["srcs"]) == 3 and len(reduced["srcs"]) == 3 and len(reduced["dsts"]) == 3
@@ -218,7 +218,7 @@ def test_fusion_and_synchronization():
     # On 8 ranks it takes the seven peers' packets and sends to seven peers;
     # an op of the interpreter holds at most 8 of each, one being the start
     # (or the destination).
-    assert _kinds(algorithms.allreduce_allpairs_ll2(8).lower()) == ["multi_put_packets", "reduce_put_packets",
+    assert _kinds(algorithms.allreduce_2pa_ll(8).lower()) == ["multi_put_packets", "reduce_put_packets",
                                                                     "multi_unpack"]
     # Pairs that would touch each other's chunks stay apart.
     with Program("two_gets", AllGather(2), protocol="hb") as p:
@@ -353,7 +353,7 @@ def test_buffer_placement():
         return p["stage_input"][0], p["stage_output"][0], p["entry_barrier"]
 
     # All-pairs all-reduce: only scratch is shared, every rank waits on every peer.
-    for name in ("allreduce_allpairs_ll", "allreduce_allpairs_ll2", "allreduce_allpairs_hb1", "allreduce_allpairs_hb"):
+    for name in ("allreduce_1pa_ll", "allreduce_2pa_ll", "allreduce_1pa_hb", "allreduce_2pa_hb_pull"):
         assert place(algorithms.LIBRARY[name](4, instances=2).lower()) == (False, False, False), name
     # Peers write the output: it is staged. A ring waits on one neighbour only.
     assert place(algorithms.allgather_allpairs(4).lower()) == (False, True, False)

@@ -78,14 +78,14 @@ def test_bad_program_arguments_are_named(kwargs, arg):
 
 @pytest.mark.parametrize("sizes", [-5, "1K", (1024,), (1024, 512), (-1, 10), (1.0, 2.0), (True, 4), [1, 2, 3]])
 def test_lower_names_bad_sizes(sizes):
-    prog = algorithms.allreduce_allpairs_ll(2)
+    prog = algorithms.allreduce_1pa_ll(2)
     with pytest.raises(DSLError, match="invalid argument 'sizes'"):
         prog.lower(sizes)
     assert prog.lower([0, 4096]).sizes == [0, 4096] and prog.lower((64, 64)).sizes == [64, 64]
 
 
 def test_simulator_arguments_are_named():
-    program = algorithms.allreduce_allpairs_ll(2)
+    program = algorithms.allreduce_1pa_ll(2)
     plan = program.lower()
     for call, arg in [(lambda: verify(plan, interleavings=0), "interleavings"),
                       (lambda: verify(plan, interleavings="5"), "interleavings"),
@@ -186,10 +186,10 @@ def test_fuzzed_plan_files_give_clear_errors(tmp_path):
     # 2PA HB has copy_to and multi_get, its pushing form reduce_put with an
     # init, 1PA LL init on packets, 2PA LL pairs of packet
     # puts and multi_unpack: those fields get mutated too.
-    good = [algorithms.allreduce_allpairs_hb(3).lower().to_dict(),
-            algorithms.allreduce_allpairs_hb_push(3).lower().to_dict(),
-            algorithms.allreduce_allpairs_ll(3).lower().to_dict(),
-            algorithms.allreduce_allpairs_ll2(3).lower().to_dict()]
+    good = [algorithms.allreduce_2pa_hb_pull(3).lower().to_dict(),
+            algorithms.allreduce_2pa_hb(3).lower().to_dict(),
+            algorithms.allreduce_1pa_ll(3).lower().to_dict(),
+            algorithms.allreduce_2pa_ll(3).lower().to_dict()]
     rng = random.Random(random.randrange(1 << 20))
     outcomes = {"ok": 0, "error": 0}
     for i in range(400):
@@ -215,7 +215,7 @@ def test_fuzzed_plan_files_give_clear_errors(tmp_path):
 
 
 def test_plan_checks_reduction_init():
-    good = algorithms.allreduce_allpairs_ll(2).lower().to_dict()
+    good = algorithms.allreduce_1pa_ll(2).lower().to_dict()
     Plan.from_dict(good)
 
     def with_op(change):
@@ -248,9 +248,9 @@ def test_plan_checks_reduction_init():
 
 
 def test_plan_checks_pairs():
-    good = algorithms.allreduce_allpairs_ll2(3).lower().to_dict()
-    hb = algorithms.allreduce_allpairs_hb(3).lower().to_dict()
-    push = algorithms.allreduce_allpairs_hb_push(3).lower().to_dict()
+    good = algorithms.allreduce_2pa_ll(3).lower().to_dict()
+    hb = algorithms.allreduce_2pa_hb_pull(3).lower().to_dict()
+    push = algorithms.allreduce_2pa_hb(3).lower().to_dict()
     Plan.from_dict(good)
     Plan.from_dict(hb)
     Plan.from_dict(push)

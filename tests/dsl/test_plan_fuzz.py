@@ -19,8 +19,8 @@ SECONDS = 8.0
 
 
 def _library_plans():
-    return [algorithms.allreduce_allpairs_hb(2).lower(), algorithms.allreduce_ring(3).lower(),
-            algorithms.allgather_ring(2).lower(), algorithms.allreduce_allpairs_ll(4).lower()]
+    return [algorithms.allreduce_2pa_hb_pull(2).lower(), algorithms.allreduce_ring(3).lower(),
+            algorithms.allgather_ring(2).lower(), algorithms.allreduce_1pa_ll(4).lower()]
 
 
 def _paths(node, at=()):
@@ -111,7 +111,7 @@ def test_mutated_library_plans_load_or_are_refused_by_name():
 
 
 def _one_op_plan() -> dict:
-    return json.loads(json.dumps(algorithms.allreduce_allpairs_hb(2).lower().to_dict()))
+    return json.loads(json.dumps(algorithms.allreduce_2pa_hb_pull(2).lower().to_dict()))
 
 
 def _first_op_with(d: dict, key: str) -> dict:

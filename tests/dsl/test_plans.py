@@ -112,7 +112,7 @@ def test_plan_calls_reject_bad_arguments():
 
 def test_calls_run_on_whole_warps_for_their_largest_op():
     got = run_ranks(rp.call_threads, 2, timeout=120)[0]
-    ll = "allreduce_allpairs_ll"
+    ll = "allreduce_1pa_ll"
     # 1PA LL puts and reduces the whole input as 8-byte LL packets: one thread per packet.
     assert got[(ll, 1, 512, 256)] == 32
     assert got[(ll, 1, 512, 1024)] == 128
@@ -121,10 +121,10 @@ def test_calls_run_on_whole_warps_for_their_largest_op():
     assert got[(ll, 1, 1024, 64 << 10)] == 1024
     assert got[(ll, 2, 512, 1024)] == 64  # two instances: each block has half the packets
     # 2PA HB (pull) at 2 ranks copies its 2 chunks of input into staging in one op: 16-byte vectors.
-    assert got[("allreduce_allpairs_hb", 1, 512, 256)] == 32
-    assert got[("allreduce_allpairs_hb", 1, 512, 1 << 20)] == 512
-    assert got[("allreduce_allpairs_ll2", 4, 256, 1 << 20)] == 256
-    assert got[("allreduce_allpairs_ll2", 4, 256, 96)] == 32
+    assert got[("allreduce_2pa_hb_pull", 1, 512, 256)] == 32
+    assert got[("allreduce_2pa_hb_pull", 1, 512, 1 << 20)] == 512
+    assert got[("allreduce_2pa_ll", 4, 256, 1 << 20)] == 256
+    assert got[("allreduce_2pa_ll", 4, 256, 96)] == 32
     assert got["error"] is not None and "'nbytes'" in got["error"]
 
 

@@ -74,7 +74,7 @@ def test_every_shipped_table_meets_the_table_schema():
 
 
 def _a_plan() -> dict:
-    return json.loads(LIBRARY["allreduce_allpairs_hb"](2).lower().to_json())
+    return json.loads(LIBRARY["allreduce_2pa_hb_pull"](2).lower().to_json())
 
 
 def _first_op(d: dict) -> dict:
@@ -131,7 +131,7 @@ def test_the_schema_and_the_loader_both_refuse_a_misshapen_plan(what):
 def _a_table() -> dict:
     return {"version": 1, "gpu": "NVIDIA H200", "world": 2, "dtype": "bfloat16", "date": "d", "command": "c",
             "collectives": {"all_reduce": [
-                {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_allpairs_ll", "instances": 8,
+                {"max_bytes": 65536, "algorithm": "plan", "plan": "allreduce_1pa_ll", "instances": 8,
                  "threads": 512, "kernel": "1pa_ll"},
                 {"max_bytes": None, "algorithm": "2pa_hb"}]}}
 

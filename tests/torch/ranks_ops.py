@@ -248,7 +248,7 @@ def all_reduce_routes(rank, world, store, on_gpu):
     call("column-major input", transpose=True)
     call("new size", shape=(3, 11))
     nbytes = 40 * 8 * 4
-    entry = registry.register_algorithm(algorithms.allreduce_allpairs_hb(world), "all_reduce", nbytes, nbytes, world)
+    entry = registry.register_algorithm(algorithms.allreduce_2pa_hb_pull(world), "all_reduce", nbytes, nbytes, world)
     call("a plan registered for this size", shape=(40, 8))
     call("a plan registered, again", shape=(40, 8))
     registry.unregister_algorithm(entry)

@@ -8,14 +8,14 @@ from __future__ import annotations
 from ..dsl import AllReduce, PortChannel, Program, all_pairs_memory_channels, signal_and_wait
 
 
-def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
+def allreduce_1pa_ll(num_ranks: int, instances: int = 1) -> Program:
     """1PA LL: every rank sends its whole input to every peer as LL packets
     (into slot r of the peer's scratch), copies it to its output and reduces
     every peer's packets into it at once. No signal or wait: the packets'
     flags order the data, and they also tell each rank that every peer has
     entered the call, so calls need no barrier."""
     n = num_ranks
-    with Program("allreduce_allpairs_ll", AllReduce(n, chunks=1, in_place=False), protocol="ll",
+    with Program("allreduce_1pa_ll", AllReduce(n, chunks=1, in_place=False), protocol="ll",
                  instances=instances) as p:
         chans = all_pairs_memory_channels(n)
         for r in range(n):
@@ -29,7 +29,7 @@ def allreduce_allpairs_ll(num_ranks: int, instances: int = 1) -> Program:
     return p
 
 
-def allreduce_allpairs_hb1(num_ranks: int, instances: int = 1) -> Program:
+def allreduce_1pa_hb(num_ranks: int, instances: int = 1) -> Program:
     """1PA HB, as the hand-written kernel (``1pa_hb``): every rank puts its
     whole input into slot r of every peer's scratch and tells its peers; each
     rank then reduces its own input with every peer's copy (local reads only)
@@ -40,7 +40,7 @@ def allreduce_allpairs_hb1(num_ranks: int, instances: int = 1) -> Program:
     k - 1, which used the same half of the scratch (double-buffered by call
     parity), so calls need no barrier."""
     n = num_ranks
-    with Program("allreduce_allpairs_hb1", AllReduce(n, chunks=1, in_place=False), protocol="hb",
+    with Program("allreduce_1pa_hb", AllReduce(n, chunks=1, in_place=False), protocol="hb",
                  instances=instances) as p:
         chans = all_pairs_memory_channels(n)
         for r in range(n):
@@ -54,14 +54,14 @@ def allreduce_allpairs_hb1(num_ranks: int, instances: int = 1) -> Program:
     return p
 
 
-def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
+def allreduce_2pa_hb_pull(num_ranks: int, instances: int = 1) -> Program:
     """2PA HB, as the hand-written kernel pulls (``hb_push=False``): every
     rank stages its input in its scratch and tells its peers; rank r reduces
     chunk r reading every peer's staged chunk r at once, keeps the result in
     its scratch and tells its peers; every rank then pulls each other chunk
     from its owner's scratch."""
     n = num_ranks
-    with Program("allreduce_allpairs_hb", AllReduce(n, chunks=n, in_place=False), protocol="hb",
+    with Program("allreduce_2pa_hb_pull", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
         chans = all_pairs_memory_channels(n)
         for r in range(n):
@@ -78,7 +78,7 @@ def allreduce_allpairs_hb(num_ranks: int, instances: int = 1) -> Program:
     return p
 
 
-def allreduce_allpairs_hb_push(num_ranks: int, instances: int = 1) -> Program:
+def allreduce_2pa_hb(num_ranks: int, instances: int = 1) -> Program:
     """2PA HB, as the hand-written kernel pushes (``hb_push=True``, its
     default): every rank puts chunk q of its input into slot r of rank q's
     scratch and tells its peers; rank r reduces its own input chunk with its
@@ -90,7 +90,7 @@ def allreduce_allpairs_hb_push(num_ranks: int, instances: int = 1) -> Program:
     cross the links. ``reduce_put`` stores into peer memory: the plan runs
     within a node."""
     n = num_ranks
-    with Program("allreduce_allpairs_hb_push", AllReduce(n, chunks=n, in_place=False), protocol="hb",
+    with Program("allreduce_2pa_hb", AllReduce(n, chunks=n, in_place=False), protocol="hb",
                  instances=instances) as p:
         chans = all_pairs_memory_channels(n)
         for r in range(n):
@@ -109,13 +109,13 @@ def allreduce_allpairs_hb_push(num_ranks: int, instances: int = 1) -> Program:
     return p
 
 
-def allreduce_allpairs_ll2(num_ranks: int, instances: int = 1) -> Program:
+def allreduce_2pa_ll(num_ranks: int, instances: int = 1) -> Program:
     """2PA LL: chunk q of every input goes to rank q as LL packets (scratch slot
     = sender), rank q reduces them into its output chunk q and sends the result
     to every rank as packets (second scratch region); every rank unpacks the
     other ranks' results. Half the traffic of 1PA, one more hop, no signals."""
     n = num_ranks
-    with Program("allreduce_allpairs_ll2", AllReduce(n, chunks=n, in_place=False), protocol="ll",
+    with Program("allreduce_2pa_ll", AllReduce(n, chunks=n, in_place=False), protocol="ll",
                  instances=instances) as p:
         chans = all_pairs_memory_channels(n)
         for r in range(n):
