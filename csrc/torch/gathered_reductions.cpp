@@ -105,7 +105,8 @@ at::Tensor reduceFloats(const at::Tensor& rows, ReduceOp op, int world) {
 at::Tensor reduceFloat8(const at::Tensor& rows, ReduceOp op, int world, at::ScalarType st) {
   at::Tensor acc = reduceFloats(rows.to(at::kFloat), op, world);
   if (op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kProd) {
-    const double largest = st == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
+    const double largest = st == at::kFloat8_e4m3fn ? static_cast<float>(std::numeric_limits<c10::Float8_e4m3fn>::max())
+                                                    : static_cast<float>(std::numeric_limits<c10::Float8_e5m2>::max());
     acc.clamp_(-largest, largest);  // NaN stays NaN
   }
   return acc.to(st);
