@@ -8,6 +8,7 @@ import tempfile
 import torch
 
 import pyccl
+from gpu_sharing import rank_gpu
 
 
 def _comm(rank, world, store, timeout_s=30):
@@ -84,10 +85,11 @@ def gpu_calls_recorded(rank, world, store):
     against a float64 sum."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.set_device(rank)
-    comm = pyccl.Communicator(store, rank, world, device=f"cuda:{rank}", name="history")
+    gpu = rank_gpu(rank)
+    torch.cuda.set_device(gpu)
+    comm = pyccl.Communicator(store, rank, world, device=f"cuda:{gpu}", name="history")
     gen = torch.Generator().manual_seed(100 + rank)
-    x = torch.randn(512, generator=gen).to(device=f"cuda:{rank}", dtype=torch.bfloat16)
+    x = torch.randn(512, generator=gen).to(device=f"cuda:{gpu}", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         pyccl.all_reduce(x, out=y, comm=comm, algorithm="1pa_ll")

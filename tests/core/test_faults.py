@@ -173,7 +173,8 @@ def test_mismatched_calls_are_named_with_pyccl_debug(on_gpu, variant):
         assert after, "the group must stay usable after a refused call"
 
 
-@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2))])
+# On GPUs the group is torch's NCCL group, which needs a GPU per rank.
+@pytest.mark.parametrize("on_gpu", [False, pytest.param(True, marks=requires_gpus(2, own=True))])
 def test_fused_calls_with_different_rows_fail_within_the_timeout(on_gpu):
     """Ranks that pass different numbers of rows to the fused all-reduce +
     RMSNorm: the rank whose rows never come raises within the group's timeout
