@@ -159,6 +159,21 @@ std::optional<Protocol> protocolOf(const Choice& choice) {
   return parseProtocol(choice.algorithm, "algorithm");
 }
 
+PlanSlot planSlotOf(const Choice& choice, Collective c, uint64_t bytes, int worldSize) {
+  if (choice.route != Route::kPlan) return {};
+  if (choice.registeredPlan >= 0) return {strCat("registered ", choice.registeredPlan), 0};
+  const RouteEntry& e = choice.entry;
+  uint64_t limit = e.maxBytes;
+  if (limit == UINT64_MAX) {  // the next power of two from the call's bytes, at least 64 KiB
+    limit = uint64_t{1} << 16;
+    while (limit < bytes) limit <<= 1;
+  }
+  // The runner's bound is on its input; an all-gather's bytes count its whole output.
+  const uint64_t world = static_cast<uint64_t>(std::max(worldSize, 1));
+  const uint64_t inputLimit = c == Collective::kAllGather ? (limit + world - 1) / world : limit;
+  return {strCat("library ", e.algorithm, " ", e.instances, " ", e.threads, " ", limit), inputLimit};
+}
+
 std::array<uint64_t, kCollectives> defaultNcclMinBytes() {
   // all_reduce, all_gather, reduce_scatter, all_to_all, broadcast
   return {16ull << 20, 64ull << 20, 32ull << 20, 64ull << 20, 4ull << 20};

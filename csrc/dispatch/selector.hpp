@@ -143,6 +143,18 @@ std::optional<AllReduceAlgorithm> kernelOf(const Choice& choice);
 std::optional<AllReduceAlgorithm> symmetricOf(const Choice& choice);
 std::optional<Protocol> protocolOf(const Choice& choice);
 
+/// Where a plan choice's runner is kept on a communicator (executor/plan_runners.hpp): pyccl.registry sets the
+/// runner up under `key` at the plan's first use, for inputs of up to `inputLimit` bytes (0 for a registered
+/// plan: its registration's max_bytes), and every entry point then runs that one. A table's library plan gets a
+/// runner per entry, or per power of two of the call's bytes (from 64 KiB) where the entry has no limit. An empty
+/// key where the choice is no plan.
+struct PlanSlot {
+  std::string key;
+  uint64_t inputLimit = 0;
+};
+/// `bytes`: the call's, as select() takes them (an all-gather's whole output).
+PlanSlot planSlotOf(const Choice& choice, Collective c, uint64_t bytes, int worldSize);
+
 class Selector {
  public:
   /// Reads PYCCL_ALGO and PYCCL_NCCL_MIN_BYTES (InvalidArgument naming a bad value) and keeps `config`;

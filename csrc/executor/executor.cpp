@@ -330,6 +330,7 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
                          : std::string(),
       CallFacts{inputBytes, reduces ? dataTypeName(dtype) : "", program_.name.c_str()});
   const uint64_t tag = started.tag;
+  calls_.fetch_add(1, std::memory_order_relaxed);
   PlanContext ctx = context_;
   ctx.abort.call = tag;
   ctx.inputStaged = program_.stageInput || (!program_.inPlace && overlap);

@@ -7,6 +7,8 @@
 // time with the same calls in the same order on every rank.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -64,6 +66,8 @@ class PlanExecutor {
   /// executor's threads), for tensors that do not overlap.
   uint32_t threadsFor(uint64_t inputBytes) const;
   int numThreadBlocks() const { return static_cast<int>(program_.tbOffsets.size()) - 1; }
+  /// Calls run so far (begun: past the argument checks), from every entry point.
+  uint64_t calls() const { return calls_.load(std::memory_order_relaxed); }
   void close();
 
  private:
@@ -75,6 +79,7 @@ class PlanExecutor {
   uint32_t callThreads(uint64_t chunkBytes, uint64_t copiedIn, uint64_t copiedOut) const;
 
   Communicator& comm_;
+  std::atomic<uint64_t> calls_{0};
   PlanProgram program_;
   uint64_t maxChunkBytes_;
   uint32_t threads_;

@@ -69,10 +69,15 @@ void bindBackend(py::module_& m) {
         if (plans) {
           o.plans = [fn = heldAcrossThreads(std::move(*plans))](
                         const std::string& collective, const std::shared_ptr<Communicator>& comm,
-                        const Choice& choice, const at::Tensor& input, const at::Tensor& output,
-                        const std::string& op) {
+                        const std::shared_ptr<PlanRunners>& lanePlans, const Choice& choice,
+                        const at::Tensor& input, const at::Tensor& output, const std::string& op) {
+            const Collective c = parseCollective(collective, "collective");
+            const uint64_t world = static_cast<uint64_t>(comm->worldSize());
+            const uint64_t bytes = input.nbytes() * (c == Collective::kAllGather ? world : 1);
+            const PlanSlot slot = planSlotOf(choice, c, bytes, comm->worldSize());
             py::gil_scoped_acquire gil;  // for the entry's dict
-            callFromBackend(*fn, collective, comm, choice.registeredPlan, libraryEntryOf(choice), input, output, op);
+            callFromBackend(*fn, collective, comm, lanePlans, choice.registeredPlan, libraryEntryOf(choice),
+                            py::make_tuple(slot.key, slot.inputLimit), input, output, op);
           };
         }
         py::gil_scoped_release release;
@@ -92,10 +97,11 @@ void bindBackend(py::module_& m) {
           py::gil_scoped_release release;  // collective where the lane is made now
           lane = pyccl->lane(device);
         }
-        return py::make_tuple(lane.comm, lane.engine == nullptr ? py::none() : py::cast(lane.engine), lane.selector);
+        return py::make_tuple(lane.comm, lane.engine == nullptr ? py::none() : py::cast(lane.engine), lane.selector,
+                              lane.plans);
       },
       py::arg("backend"), py::arg("device"),
-      "(communicator, collective engine or None, selector) of a pyccl process group's lane on `device` (a CUDA "
+      "(communicator, collective engine or None, selector, plans) of a pyccl process group's lane on `device` (a CUDA "
       "ordinal, or -1 for CPU), made now where it was not yet: the runtime pyccl.communicator_for(group) adopts.");
   m.def(
       "_backend_graph_capture",

@@ -113,16 +113,7 @@ void bindCollectives(py::module_& m) {
   m.def(
       "check_out_placement",
       [](const std::string& collective, const at::Tensor& input, const at::Tensor& output, int rank) {
-        OutPlacement placement = OutPlacement::kSameOrApart;
-        if (collective == "all_gather") {
-          placement = OutPlacement::kInputAtRankChunk;
-        } else if (collective == "reduce_scatter") {
-          placement = OutPlacement::kOutputAtRankChunk;
-        } else {
-          PYCCL_CHECK_ARG(collective == "all_reduce" || collective == "all_to_all" || collective == "broadcast",
-                          "collective", "'", collective, "' is not a collective with an output");
-        }
-        checkOutPlacement(placement, input, output, rank);
+        checkOutPlacement(outPlacementOf(parseCollective(collective, "collective")), input, output, rank);
       },
       py::arg("collective"), py::arg("tensor"), py::arg("out"), py::arg("rank"),
       "InvalidArgumentError naming 'out' where it overlaps the input other than in place, as the engine checks.");

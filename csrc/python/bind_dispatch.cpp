@@ -113,14 +113,19 @@ void bindDispatch(py::module_& m) {
           "select",
           [](const Selector& s, const std::string& collective, const py::handle& dtype, uint64_t nbytes,
              uint64_t count, const std::optional<std::string>& algorithm, bool nccl, bool plans) {
-            const Choice ch = s.select(parseCollective(collective, "collective"), tableDtypeOf(dtype), nbytes, count,
-                                       algorithm.value_or(""), nccl, plans);
+            const Collective c = parseCollective(collective, "collective");
+            const Choice ch = s.select(c, tableDtypeOf(dtype), nbytes, count, algorithm.value_or(""), nccl, plans);
+            const PlanSlot slot = planSlotOf(ch, c, nbytes, s.config().worldSize);
             return py::make_tuple(routeName(ch.route), ch.algorithm, ch.symmetricAlgorithm, ch.registeredPlan,
-                                  libraryEntryOf(ch), choiceSourceName(ch.source));
+                                  libraryEntryOf(ch), choiceSourceName(ch.source),
+                                  slot.key.empty() ? py::object(py::none())
+                                                   : py::object(py::make_tuple(slot.key, slot.inputLimit)));
           },
           py::arg("collective"), py::arg("dtype"), py::arg("nbytes"), py::arg("count"), py::arg("algorithm"),
           py::arg("nccl"), py::arg("plans") = true,
-          "(route, algorithm, symmetric algorithm, registered plan id, library plan entry or None, source) of a call.")
+          "(route, algorithm, symmetric algorithm, registered plan id, library plan entry or None, source, plan "
+          "slot) of a call; the plan slot, (key, input byte limit) or None, is where the communicator keeps the "
+          "plan's runner (executor/plan_runners.hpp).")
       .def("forced", [](const Selector& s, const std::string& c) { return s.forcedByEnvironment(parseCollective(c, "collective")); },
            py::arg("collective"), "PYCCL_ALGO's algorithm for the collective, as read when the selector was made.")
       .def("nccl_from",

@@ -4,6 +4,7 @@
 
 #include "core/errors.hpp"
 #include "executor/executor.hpp"
+#include "executor/plan_runners.hpp"
 #include "python/bindings.hpp"
 #include "torch/tensor_collectives.hpp"
 
@@ -46,25 +47,43 @@ void bindExecutor(py::module_& m) {
            py::arg("entry_barrier"), py::arg("max_chunk_bytes"), py::arg("threads") = 512, py::arg("name") = "",
            py::keep_alive<1, 2>())
       .def("run",
-           [](PlanExecutor& e, Communicator& comm, const at::Tensor& input, const at::Tensor& output,
-              const std::string& op, bool reduces) {
-             checkTensorFor(comm, input, "tensor");
-             checkTensorFor(comm, output, "out");
-             PYCCL_CHECK_ARG(input.scalar_type() == output.scalar_type(), "out", "has dtype ",
-                             dtypeName(output.scalar_type()), ", the input ", dtypeName(input.scalar_type()));
-             const DataType dtype = reduces ? reductionTypeOf(input, "tensor") : DataType::kFloat32;
+           [](PlanExecutor& e, Communicator& comm, const std::optional<std::string>& collective,
+              const at::Tensor& input, const at::Tensor& output, const std::string& op, bool reduces) {
+             std::optional<Collective> c;
+             if (collective) c = parseCollective(*collective, "collective");
              const ReduceOp rop = reduceOpOf(op);
              py::gil_scoped_release release;
-             e.run(input.data_ptr(), input.nbytes(), output.data_ptr(), output.nbytes(), dtype,
-                   input.element_size(), rop, currentStream(comm), reduces);
+             runPlanTensor(e, comm, c, input, output, rop, reduces);
            },
-           py::arg("comm"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum", py::arg("reduces") = true)
+           py::arg("comm"), py::arg("collective"), py::arg("tensor"), py::arg("out"), py::arg("op") = "sum",
+           py::arg("reduces") = true,
+           "Runs the plan, as a call of `collective` (None: a plan of no collective pyccl names), on the current "
+           "stream (avg: the sum divided by the world size after it).")
       .def_property_readonly("max_chunk_bytes", &PlanExecutor::maxChunkBytes)
+      .def_property_readonly("calls", &PlanExecutor::calls,
+                             "Calls run so far, from every entry point (Python, the call runtime, torch.ops).")
       .def_property_readonly("num_thread_blocks", &PlanExecutor::numThreadBlocks)
       .def("threads_for", &PlanExecutor::threadsFor, py::arg("input_bytes"),
            "Threads per block that a GPU call with this many input bytes runs on (whole warps for its "
            "largest op, at most the executor's threads).")
       .def("close", &PlanExecutor::close);
+
+  py::class_<PlanRunners, std::shared_ptr<PlanRunners>>(
+      m, "PlanRunners",
+      "A communicator's set-up plans, by the selector's slot (executor/plan_runners.hpp): what every entry point "
+      "of the communicator runs a plan choice on.")
+      .def(py::init<>())
+      .def(
+          "add",
+          [](PlanRunners& r, const std::string& key, std::shared_ptr<PlanExecutor> executor, bool reduces,
+             uint64_t inputChunks, uint64_t outputChunks) {
+            PYCCL_CHECK_ARG(executor != nullptr, "executor", "must be a PlanExecutor");
+            PYCCL_CHECK_ARG(inputChunks >= 1 && outputChunks >= 1, "input_chunks", "chunk counts must be positive");
+            r.add(key, SetUpPlan{std::move(executor), reduces, inputChunks, outputChunks});
+          },
+          py::arg("key"), py::arg("executor"), py::arg("reduces"), py::arg("input_chunks"), py::arg("output_chunks"))
+      .def("keys", &PlanRunners::keys)
+      .def("clear", &PlanRunners::clear);
 }
 
 }  // namespace pyccl

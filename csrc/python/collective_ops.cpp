@@ -1,17 +1,18 @@
-// The CPU and CUDA kernels of torch.ops.pyccl.all_reduce, all_gather,
-// reduce_scatter and fused_all_reduce_rmsnorm, in C++ (no Python on the
-// path of a kernel choice): each finds its group's runtime (op_runtimes.hpp),
-// asks the group's selector, and runs a kernel choice straight on the engine.
-// Every other choice (a plan, NCCL, the collectives across nodes), a group
-// with no runtime yet, and a call with an argument to refuse go to the op's
-// Python kernel (pyccl/ops.py), which asks the same selector and raises the
-// error naming the argument. Each kernel makes its output as the Python path
-// does.
+// The CPU and CUDA kernels of every torch.ops.pyccl op (all_reduce,
+// all_gather, reduce_scatter, all_to_all, broadcast and
+// fused_all_reduce_rmsnorm), in C++, with no Python on the path of a kernel
+// choice or of a plan set up: each finds its group's runtime
+// (op_runtimes.hpp), asks the group's selector, and runs a kernel choice
+// straight on the engine, a plan choice on the plan set up for it. Every
+// other choice (a plan's first call, NCCL, the collectives across nodes), a
+// group with no runtime yet, and a call with an argument to refuse go to the
+// op's Python path (pyccl/ops.py), which asks the same selector and raises
+// the error naming the argument. Each kernel makes its output as the Python
+// path does.
 //
-// pyccl.all_reduce, all_gather, reduce_scatter and fused_all_reduce_rmsnorm
-// run the same code first (CallRuntime): one call from Python that checks,
-// chooses and launches, so an eager call's host time is the engine's plus one
-// crossing into C++.
+// pyccl.<collective> runs the same code first (CallRuntime): one call from
+// Python that checks, chooses and launches, so an eager call's host time is
+// the engine's plus one crossing into C++.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
@@ -27,35 +28,51 @@ namespace py = pybind11;
 namespace pyccl {
 namespace {
 
-/// The selector's choice for `input` where it is a kernel of `runtime`'s engine (counted then); nullopt for
-/// the caller's other path to run (and count) the call. `forced`: the call's algorithm argument ("" for none);
-/// `nccl`: the caller can hand the call to NCCL.
-std::optional<Choice> kernelChoice(const GroupRuntime& runtime, Collective c, const at::Tensor& input,
-                                   uint64_t bytes, const std::string& forced, bool nccl) {
+/// What a call runs on where `runtime` runs it itself: a kernel of its engine (`plan` empty), or a plan set up
+/// on its communicator.
+struct EngineChoice {
   Choice choice;
+  std::optional<SetUpPlan> plan;
+};
+
+/// The selector's choice for `input` where `runtime` runs it itself (counted then): a kernel of its engine, or a
+/// plan whose runner is set up; nullopt for the caller's other path to run (and count) the call. `forced`: the
+/// call's algorithm argument ("" for none); `nccl`: the caller can hand the call to NCCL.
+std::optional<EngineChoice> engineChoice(const GroupRuntime& runtime, Collective c, const at::Tensor& input,
+                                         uint64_t bytes, const std::string& forced, bool nccl) {
+  EngineChoice ec;
   try {
-    choice = runtime.selector->select(c, tableDtypeOf(input), bytes, static_cast<uint64_t>(input.numel()), forced,
-                                      nccl && input.is_cuda(), true, /*counted=*/false);
+    ec.choice = runtime.selector->select(c, tableDtypeOf(input), bytes, static_cast<uint64_t>(input.numel()),
+                                         forced, nccl && input.is_cuda(), true, /*counted=*/false);
   } catch (const Error&) {
     return std::nullopt;  // the other path asks again and raises the error
   }
-  // An all-reduce whose symmetric-buffer choice is NCCL: the Python path tells those buffers apart.
-  if (choice.route != Route::kKernel || choice.symmetricAlgorithm == "nccl") return std::nullopt;
+  const Choice& choice = ec.choice;
+  if (choice.route == Route::kPlan) {
+    // A plan not set up yet is set up on the Python path (collectively: every rank takes it there).
+    ec.plan = runtime.plans->find(planSlotOf(choice, c, bytes, runtime.comm->worldSize()).key);
+    if (!ec.plan) return std::nullopt;
+  } else if (choice.route != Route::kKernel || choice.symmetricAlgorithm == "nccl") {
+    // NCCL, across nodes, and an all-reduce whose symmetric-buffer choice is NCCL: the Python path tells those
+    // buffers apart.
+    return std::nullopt;
+  }
   runtime.selector->count(c, choice);
-  return choice;
+  return ec;
 }
 
-/// The collectives whose kernel choices both entry points run alike, by runKernelChoice: torch.ops.pyccl.<op>'s
+/// The collectives whose engine choices both entry points run alike, by runKernelChoice: torch.ops.pyccl.<op>'s
 /// C++ kernel and pyccl.<op> (CallRuntime below).
-enum class KernelCall { kAllReduce, kAllGather, kReduceScatter };
+enum class KernelCall { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
 
-/// Runs `kind` of `input` on `runtime`'s engine where the selector chooses one of its kernels: into `out`
-/// where given, else into a new tensor shaped as pyccl.<op> shapes it, which it returns. nullopt, with nothing
-/// run, where the selector chose anything else, or where a fact of the call (a dtype, a shape, the op) is for
-/// the other path to refuse or run. `launch(engineCall)` makes the engine call.
+/// Runs `kind` of `input` on `runtime` where the selector chooses one of its engine's kernels or a plan set up
+/// on it: into `out` where given, else into a new tensor shaped as pyccl.<op> shapes it, which it returns.
+/// nullopt, with nothing run, where the selector chose anything else, or where a fact of the call (a dtype, a
+/// shape, the op, the root) is for the other path to refuse or run. `root`: a broadcast's source rank.
+/// `launch(engineCall)` makes the engine call.
 template <typename Launch>
 std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& runtime, const at::Tensor& input,
-                                          std::optional<at::Tensor> out, std::optional<ReduceOp> op,
+                                          std::optional<at::Tensor> out, std::optional<ReduceOp> op, int root,
                                           const std::string& forced, bool nccl, Launch&& launch) {
   const int64_t world = runtime.comm->worldSize();
   Collective c = Collective::kAllReduce;
@@ -74,13 +91,24 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
         return std::nullopt;
       }
       break;
+    case KernelCall::kAllToAll:
+      c = Collective::kAllToAll;
+      if (input.numel() % world != 0) return std::nullopt;
+      break;
+    case KernelCall::kBroadcast:
+      c = Collective::kBroadcast;
+      if (root < 0 || root >= world) return std::nullopt;
+      break;
   }
-  const auto choice = kernelChoice(runtime, c, input, bytes, forced, nccl);
-  if (!choice) return std::nullopt;
+  const auto chosen = engineChoice(runtime, c, input, bytes, forced, nccl);
+  if (!chosen) return std::nullopt;
+  const Choice* choice = &chosen->choice;
   // The output pyccl.<op> makes where none is given: the input's shape, its first dimension times (all-gather)
   // or divided by (reduce-scatter) the world size.
   auto newOutput = [&] {
-    if (kind == KernelCall::kAllReduce) return at::empty_like(input, at::MemoryFormat::Contiguous);
+    if (kind == KernelCall::kAllReduce || kind == KernelCall::kAllToAll || kind == KernelCall::kBroadcast) {
+      return at::empty_like(input, at::MemoryFormat::Contiguous);
+    }
     std::vector<int64_t> shape = input.sizes().vec();
     if (kind == KernelCall::kReduceScatter) {
       shape[0] /= world;
@@ -93,6 +121,11 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
   };
   at::Tensor result = out ? *std::move(out) : newOutput();
   launch([&] {
+    if (chosen->plan) {
+      runPlanTensor(*chosen->plan->executor, *runtime.comm, c, input, result, op.value_or(ReduceOp::kSum),
+                    chosen->plan->reduces);
+      return;
+    }
     CollectiveEngine& engine = *runtime.engine;
     switch (kind) {
       case KernelCall::kAllReduce:
@@ -104,6 +137,12 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
       case KernelCall::kReduceScatter:
         reduceScatterTensor(engine, *runtime.comm, input, result, *op, protocolOf(*choice));
         break;
+      case KernelCall::kAllToAll:
+        allToAllTensor(engine, *runtime.comm, input, result, protocolOf(*choice));
+        break;
+      case KernelCall::kBroadcast:
+        broadcastTensor(engine, *runtime.comm, input, result, root, protocolOf(*choice));
+        break;
     }
   });
   return result;
@@ -112,7 +151,7 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
 at::Tensor allReduceKernel(const at::Tensor& x, c10::string_view op, c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
   const auto runtime = groupRuntime(groupName, input.device());
-  auto done = runtime ? runKernelChoice(KernelCall::kAllReduce, *runtime, input, std::nullopt, reduceOpNamed(op), "",
+  auto done = runtime ? runKernelChoice(KernelCall::kAllReduce, *runtime, input, std::nullopt, reduceOpNamed(op), -1, "",
                                         runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllReduce, call); })
                       : std::nullopt;
   if (!done) return pythonPath<at::Tensor>(CustomOp::kAllReduce, x, std::string(op), std::string(groupName));
@@ -123,7 +162,7 @@ at::Tensor allGatherKernel(const at::Tensor& x, int64_t groupSize, c10::string_v
   const at::Tensor input = x.contiguous();
   auto runtime = groupRuntime(groupName, input.device());
   if (runtime && runtime->comm->worldSize() != groupSize) runtime.reset();  // the Python path names the wrong size
-  auto done = runtime ? runKernelChoice(KernelCall::kAllGather, *runtime, input, std::nullopt, std::nullopt, "",
+  auto done = runtime ? runKernelChoice(KernelCall::kAllGather, *runtime, input, std::nullopt, std::nullopt, -1, "",
                                         runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllGather, call); })
                       : std::nullopt;
   if (!done) return pythonPath<at::Tensor>(CustomOp::kAllGather, x, groupSize, std::string(groupName));
@@ -136,12 +175,35 @@ at::Tensor reduceScatterKernel(const at::Tensor& x, c10::string_view op, int64_t
   auto runtime = groupRuntime(groupName, input.device());
   if (runtime && runtime->comm->worldSize() != groupSize) runtime.reset();
   auto done = runtime ? runKernelChoice(KernelCall::kReduceScatter, *runtime, input, std::nullopt, reduceOpNamed(op),
-                                        "", runtime->nccl,
+                                        -1, "", runtime->nccl,
                                         [](auto&& call) { runOnEngine(CustomOp::kReduceScatter, call); })
                       : std::nullopt;
   if (!done) {
     return pythonPath<at::Tensor>(CustomOp::kReduceScatter, x, std::string(op), groupSize, std::string(groupName));
   }
+  return *std::move(done);
+}
+
+at::Tensor allToAllKernel(const at::Tensor& x, c10::string_view groupName) {
+  const at::Tensor input = x.contiguous();
+  const auto runtime = groupRuntime(groupName, input.device());
+  auto done = runtime ? runKernelChoice(KernelCall::kAllToAll, *runtime, input, std::nullopt, std::nullopt, -1, "",
+                                        runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllToAll, call); })
+                      : std::nullopt;
+  if (!done) return pythonPath<at::Tensor>(CustomOp::kAllToAll, x, std::string(groupName));
+  return *std::move(done);
+}
+
+/// `src`: a rank of the group (the Python path names one that is not).
+at::Tensor broadcastKernel(const at::Tensor& x, int64_t src, c10::string_view groupName) {
+  const at::Tensor input = x.contiguous();
+  const auto runtime = groupRuntime(groupName, input.device());
+  const bool rankOfGroup = runtime && src >= 0 && src < runtime->comm->worldSize();
+  auto done = rankOfGroup ? runKernelChoice(KernelCall::kBroadcast, *runtime, input, std::nullopt, std::nullopt,
+                                            static_cast<int>(src), "", runtime->nccl,
+                                            [](auto&& call) { runOnEngine(CustomOp::kBroadcast, call); })
+                          : std::nullopt;
+  if (!done) return pythonPath<at::Tensor>(CustomOp::kBroadcast, x, src, std::string(groupName));
   return *std::move(done);
 }
 
@@ -207,7 +269,7 @@ std::optional<std::string> stringArg(py::handle arg) {
 /// pyccl.<op>'s call on `runtime` where its selector chooses a kernel: the result tensor, else None (nothing
 /// ran) for the Python path to run the call, or refuse it, naming the argument.
 py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::handle tensor, py::handle out,
-                            py::handle op, py::handle algorithm, bool nccl) {
+                            py::handle op, py::handle algorithm, bool nccl, py::handle src = py::none()) {
   const at::Tensor* input = tensorArg(tensor);
   const at::Tensor* given = out.is_none() ? nullptr : tensorArg(out);
   const auto forced = stringArg(algorithm);
@@ -217,13 +279,25 @@ py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::ha
       !plainTensor(*input) || (given != nullptr && !given->is_contiguous())) {
     return py::none();
   }
+  int root = -1;
+  if (kind == KernelCall::kBroadcast) {
+    // A Python int (not a bool) that is a rank; anything else is the Python path's to name.
+    if (PyBool_Check(src.ptr()) || !PyLong_Check(src.ptr())) return py::none();
+    const long value = PyLong_AsLong(src.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return py::none();
+    }
+    if (value < 0 || value >= runtime.comm->worldSize()) return py::none();
+    root = static_cast<int>(value);
+  }
   std::optional<ReduceOp> rop;
-  if (kind != KernelCall::kAllGather) {
+  if (kind == KernelCall::kAllReduce || kind == KernelCall::kReduceScatter) {
     const auto name = stringArg(op);
     if (!name) return py::none();  // a torch ReduceOp: the Python path reads it
     rop = reduceOpNamed(*name);    // None ("") and unknown names: nullopt, the Python path's to refuse
   }
-  auto done = runKernelChoice(kind, runtime, *input, given ? std::optional<at::Tensor>(*given) : std::nullopt, rop,
+  auto done = runKernelChoice(kind, runtime, *input, given ? std::optional<at::Tensor>(*given) : std::nullopt, rop, root,
                               *forced, nccl, [](auto&& call) {
                                 py::gil_scoped_release release;
                                 call();
@@ -286,19 +360,20 @@ py::object callFusedNorm(const GroupRuntime& runtime, py::handle x, py::handle r
 
 void bindCallRuntime(py::module_& m) {
   py::class_<GroupRuntime>(m, "CallRuntime",
-                           "What pyccl.all_reduce, all_gather, reduce_scatter and fused_all_reduce_rmsnorm on a "
+                           "What pyccl.all_reduce, all_gather, reduce_scatter, all_to_all, broadcast and "
+                           "fused_all_reduce_rmsnorm on a "
                            "communicator run first: the selector's choice (the engine's, for the fused call) and, "
-                           "where it is a kernel, the engine's call, in one call from Python (as "
+                           "where it is a kernel or a plan set up, its run, in one call from Python (as "
                            "torch.ops.pyccl.<op>'s C++ kernels run them). Each method returns the result, or None, "
                            "having run nothing, for the Python path to run the call (a plan, NCCL, the collectives "
                            "across nodes, the unfused norm) or refuse it, naming the argument.")
       .def(py::init([](std::shared_ptr<Communicator> comm, std::shared_ptr<CollectiveEngine> engine,
-                       std::shared_ptr<Selector> selector) {
-             PYCCL_CHECK_ARG(comm && engine && selector, "comm", "a call runtime needs a communicator, its engine "
-                             "and its selector");
-             return GroupRuntime{std::move(comm), std::move(engine), std::move(selector), false};
+                       std::shared_ptr<Selector> selector, std::shared_ptr<PlanRunners> plans) {
+             PYCCL_CHECK_ARG(comm && engine && selector && plans, "comm", "a call runtime needs a communicator, "
+                             "its engine, its selector and its plans");
+             return GroupRuntime{std::move(comm), std::move(engine), std::move(selector), std::move(plans), false};
            }),
-           py::arg("comm"), py::arg("engine"), py::arg("selector"))
+           py::arg("comm"), py::arg("engine"), py::arg("selector"), py::arg("plans"))
       .def("all_reduce",
            [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle op, py::handle algorithm,
               bool nccl) { return callKernelChoice(KernelCall::kAllReduce, r, tensor, out, op, algorithm, nccl); },
@@ -312,6 +387,17 @@ void bindCallRuntime(py::module_& m) {
            [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle op, py::handle algorithm,
               bool nccl) { return callKernelChoice(KernelCall::kReduceScatter, r, tensor, out, op, algorithm, nccl); },
            py::arg("tensor"), py::arg("out"), py::arg("op"), py::arg("algorithm"), py::arg("nccl"))
+      .def("all_to_all",
+           [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle algorithm, bool nccl) {
+             return callKernelChoice(KernelCall::kAllToAll, r, tensor, out, py::none(), algorithm, nccl);
+           },
+           py::arg("tensor"), py::arg("out"), py::arg("algorithm"), py::arg("nccl"))
+      .def("broadcast",
+           [](const GroupRuntime& r, py::handle tensor, py::handle src, py::handle out, py::handle algorithm,
+              bool nccl) {
+             return callKernelChoice(KernelCall::kBroadcast, r, tensor, out, py::none(), algorithm, nccl, src);
+           },
+           py::arg("tensor"), py::arg("src"), py::arg("out"), py::arg("algorithm"), py::arg("nccl"))
       .def("fused_all_reduce_rmsnorm",
            [](const GroupRuntime& r, py::handle tensor, py::handle residual, py::handle weight, py::handle eps,
               py::handle out, py::handle residualOut, py::handle algorithm) {
@@ -327,11 +413,15 @@ TORCH_LIBRARY_IMPL(pyccl, CPU, m) {
   m.impl("all_reduce", TORCH_FN(pyccl::allReduceKernel));
   m.impl("all_gather", TORCH_FN(pyccl::allGatherKernel));
   m.impl("reduce_scatter", TORCH_FN(pyccl::reduceScatterKernel));
+  m.impl("all_to_all", TORCH_FN(pyccl::allToAllKernel));
+  m.impl("broadcast", TORCH_FN(pyccl::broadcastKernel));
   m.impl("fused_all_reduce_rmsnorm", TORCH_FN(pyccl::fusedAllReduceRMSNormKernel));
 }
 TORCH_LIBRARY_IMPL(pyccl, CUDA, m) {
   m.impl("all_reduce", TORCH_FN(pyccl::allReduceKernel));
   m.impl("all_gather", TORCH_FN(pyccl::allGatherKernel));
   m.impl("reduce_scatter", TORCH_FN(pyccl::reduceScatterKernel));
+  m.impl("all_to_all", TORCH_FN(pyccl::allToAllKernel));
+  m.impl("broadcast", TORCH_FN(pyccl::broadcastKernel));
   m.impl("fused_all_reduce_rmsnorm", TORCH_FN(pyccl::fusedAllReduceRMSNormKernel));
 }

@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kOps = static_cast<int>(CustomOp::kCount);
 constexpr std::array<const char*, kOps> kOpNames = {"all_reduce", "all_gather", "reduce_scatter",
-                                                    "fused_all_reduce_rmsnorm"};
+                                                    "all_to_all", "broadcast", "fused_all_reduce_rmsnorm"};
 
 /// One op's Python path and counts.
 struct OpState {
@@ -40,7 +40,7 @@ CustomOp customOpNamed(const std::string& name) {
     if (name == kOpNames[k]) return static_cast<CustomOp>(k);
   }
   throw InvalidArgument(strCat("invalid argument 'op': '", name, "' (expected all_reduce, all_gather, "
-                               "reduce_scatter or fused_all_reduce_rmsnorm)"));
+                               "reduce_scatter, all_to_all, broadcast or fused_all_reduce_rmsnorm)"));
 }
 
 /// One registered runtime: weak references only, so that registering keeps nothing alive.
@@ -50,6 +50,7 @@ struct Registered {
   std::weak_ptr<Communicator> comm;
   std::weak_ptr<CollectiveEngine> engine;
   std::weak_ptr<Selector> selector;
+  std::weak_ptr<PlanRunners> plans;
   bool nccl = false;
 };
 
@@ -84,7 +85,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolvedGroup(const std::string& name) {
 }
 
 void registerRuntime(const std::string& groupName, int device, std::shared_ptr<Communicator> comm,
-                     std::shared_ptr<CollectiveEngine> engine, std::shared_ptr<Selector> selector, bool nccl) {
+                     std::shared_ptr<CollectiveEngine> engine, std::shared_ptr<Selector> selector,
+                     std::shared_ptr<PlanRunners> plans, bool nccl) {
   auto group = resolvedGroup(groupName);
   PYCCL_CHECK_ARG(group, "group_name", "'", groupName, "' names no process group");
   PYCCL_CHECK_ARG(comm != nullptr, "comm", "must be a communicator");
@@ -101,6 +103,7 @@ void registerRuntime(const std::string& groupName, int device, std::shared_ptr<C
   entry.comm = comm;
   entry.engine = engine;
   entry.selector = selector;
+  entry.plans = plans;
   entry.nccl = nccl;
 }
 
@@ -132,8 +135,10 @@ std::optional<GroupRuntime> groupRuntime(c10::string_view group, const c10::Devi
   // The entry's weak reference keeps a destroyed group's address from being reused while it is kept, so the
   // same address is the same group.
   if (entry.group.expired() || resolvedGroup(name).get() != entry.groupAddress) return std::nullopt;
-  GroupRuntime runtime{entry.comm.lock(), entry.engine.lock(), entry.selector.lock(), entry.nccl};
-  if (runtime.comm == nullptr || runtime.engine == nullptr || runtime.selector == nullptr || runtime.comm->closed()) {
+  GroupRuntime runtime{entry.comm.lock(), entry.engine.lock(), entry.selector.lock(), entry.plans.lock(),
+                       entry.nccl};
+  if (runtime.comm == nullptr || runtime.engine == nullptr || runtime.selector == nullptr || runtime.plans == nullptr ||
+      runtime.comm->closed()) {
     return std::nullopt;
   }
   return runtime;
@@ -177,14 +182,15 @@ void bindOpRuntimes(py::module_& m) {
         "Sets the Python kernel that torch.ops.pyccl.<op>'s C++ kernel hands every call to that the engine does "
         "not run.");
   m.def("register_group_runtime", &registerRuntime, py::arg("group_name"), py::arg("device"), py::arg("comm"),
-        py::arg("engine"), py::arg("selector"), py::arg("nccl"),
+        py::arg("engine"), py::arg("selector"), py::arg("plans"), py::arg("nccl"),
         "Lets torch.ops.pyccl.* on the group named `group_name` (device: CUDA ordinal, or -1 in host mode) run "
         "its selector's kernel choices straight on `engine`; `nccl`: the group takes calls handed to NCCL. "
         "Holds weak references only.");
   m.def("op_calls", [](const std::string& op) {
     const OpState& s = state(customOpNamed(op));
     return py::dict(py::arg("engine") = s.engineCalls.load(), py::arg("python") = s.pythonCalls.load());
-  }, py::arg("op"), "Calls of torch.ops.pyccl.<op> so far: run straight into the engine, and handed to Python.");
+  }, py::arg("op"), "Calls of torch.ops.pyccl.<op> so far: run in C++ ('engine': a kernel of the engine, or a plan set "
+        "up), and handed to Python.");
 }
 
 }  // namespace pyccl

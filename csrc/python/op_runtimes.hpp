@@ -1,16 +1,17 @@
 // The runtimes of torch process groups that the C++ kernels of pyccl's torch
-// custom ops (torch.ops.pyccl.all_reduce, all_gather, reduce_scatter and
-// fused_all_reduce_rmsnorm; collective_ops.cpp) run on without Python.
+// custom ops (torch.ops.pyccl.*; collective_ops.cpp) run on without Python.
 //
 // pyccl.communicator_for registers every group communicator it makes or
 // adopts (a "pyccl" group's own lane) here: the native communicator, its
-// collective engine, its selector (dispatch/selector.hpp), and whether the
-// group can take a call handed to NCCL. An op's C++ kernel finds the runtime
-// of its group by (group name, device), asks that selector, and runs a kernel
-// choice straight on the engine. Every other choice (a plan, NCCL, the
-// collectives across nodes), and a group with no runtime yet, goes to the
-// op's Python kernel (pyccl/ops.py), which runs pyccl.<op> and so asks the
-// same selector: both paths choose alike, and the choice is counted once.
+// collective engine, its selector (dispatch/selector.hpp), its set-up plans
+// (executor/plan_runners.hpp), and whether the group can take a call handed
+// to NCCL. An op's C++ kernel finds the runtime of its group by (group name,
+// device), asks that selector, and runs a kernel choice straight on the
+// engine, and a plan choice on the plan set up for it. Every other choice
+// (NCCL, the collectives across nodes, a plan not set up yet), and a group
+// with no runtime yet, goes to the op's Python path (pyccl/ops.py), which
+// runs pyccl.<op> and so asks the same selector: both paths choose alike,
+// and the choice is counted once.
 //
 // The registry holds weak references and takes no GIL: a closed communicator,
 // a destroyed group, or a new group that took a destroyed one's name is never
@@ -26,18 +27,20 @@
 #include "engine/collective_engine.hpp"
 #include "core/errors.hpp"
 #include "dispatch/selector.hpp"
+#include "executor/plan_runners.hpp"
 
 namespace pyccl {
 
 /// The ops whose kernels are C++.
-enum class CustomOp : int { kAllReduce = 0, kAllGather, kReduceScatter, kFusedNorm, kCount };
+enum class CustomOp : int { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kFusedNorm, kCount };
 
 /// What a group's calls run on.
 struct GroupRuntime {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<CollectiveEngine> engine;
   std::shared_ptr<Selector> selector;
-  bool nccl = false;  ///< the group can take a call of CUDA tensors handed to NCCL
+  std::shared_ptr<PlanRunners> plans;  ///< the communicator's set-up plans
+  bool nccl = false;                   ///< the group can take a call of CUDA tensors handed to NCCL
 };
 
 /// The runtime registered for the group named `group` on `device`, if its group, communicator, engine and
@@ -80,8 +83,8 @@ std::optional<ReduceOp> reduceOpNamed(c10::string_view op);
 /// set_op_python, register_group_runtime and op_calls.
 void bindOpRuntimes(pybind11::module_& m);
 
-/// CallRuntime: pyccl.all_reduce, all_gather and reduce_scatter's kernel choices run as the ops' C++ kernels
-/// run them (collective_ops.cpp).
+/// CallRuntime: the kernel choices of pyccl.all_reduce, all_gather, reduce_scatter, all_to_all, broadcast and
+/// fused_all_reduce_rmsnorm run as the ops' C++ kernels run them (collective_ops.cpp).
 void bindCallRuntime(pybind11::module_& m);
 
 }  // namespace pyccl

@@ -38,6 +38,7 @@
 
 #include "engine/collective_engine.hpp"
 #include "dispatch/selector.hpp"
+#include "executor/plan_runners.hpp"
 #include "torch/coalesced_p2p.hpp"
 
 namespace pyccl {
@@ -52,11 +53,12 @@ using DelegateFactory = std::function<c10::intrusive_ptr<c10d::Backend>(int devi
 using AcrossNodesRunner = std::function<void(const std::string& collective, const std::shared_ptr<Communicator>& comm,
                                              const at::Tensor& input, const at::Tensor& output, const std::string& op)>;
 
-/// Runs a call the lane's selector gave a DSL plan (pyccl.registry, in Python): collective, the lane's
-/// communicator, the choice (its registered plan or table entry), input, output, op.
+/// Sets up and runs a call the lane's selector gave a DSL plan not yet set up on the lane (pyccl.registry, in
+/// Python, keeping the runner in the lane's `plans`): collective, the lane's communicator and plans, the choice
+/// (its registered plan or table entry), input, output, op.
 using PlanRunner = std::function<void(const std::string& collective, const std::shared_ptr<Communicator>& comm,
-                                      const Choice& choice, const at::Tensor& input, const at::Tensor& output,
-                                      const std::string& op)>;
+                                      const std::shared_ptr<PlanRunners>& plans, const Choice& choice,
+                                      const at::Tensor& input, const at::Tensor& output, const std::string& op)>;
 
 struct BackendOptions {
   std::string name;  ///< unique per group, the same on every rank
@@ -162,6 +164,8 @@ class PycclBackend : public c10d::Backend {
     std::shared_ptr<Communicator> comm;
     std::shared_ptr<CollectiveEngine> engine;  ///< null where the ranks span nodes
     std::shared_ptr<Selector> selector;        ///< what runs each call, for every entry point on this lane
+    /// The plans set up on the lane (by the Python path, at a plan's first call), for every entry point.
+    std::shared_ptr<PlanRunners> plans = std::make_shared<PlanRunners>();
     bool acrossNodes = false;
   };
   /// The lane of `device` (a CUDA ordinal, or -1 for the CPU one), set up

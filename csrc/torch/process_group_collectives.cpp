@@ -85,8 +85,14 @@ bool PycclBackend::ranPlan(const Choice& choice, const char* collective, const a
                            const at::Tensor& output, const c10d::ReduceOp* op) {
   if (choice.route != Route::kPlan) return false;
   Lane& lane = laneFor(input, collective);
-  options_.plans(collective, lane.comm, choice, input, output,
-                 op == nullptr ? "sum" : reduceOpName(reduceOpOfC10d(*op)));
+  const ReduceOp rop = op == nullptr ? ReduceOp::kSum : reduceOpOfC10d(*op);
+  const Collective c = parseCollective(collective, "collective");
+  const uint64_t bytes = input.nbytes() * (c == Collective::kAllGather ? static_cast<uint64_t>(getSize()) : 1);
+  if (const auto plan = lane.plans->find(planSlotOf(choice, c, bytes, getSize()).key)) {
+    runPlanTensor(*plan->executor, *lane.comm, c, input, output, rop, plan->reduces);
+  } else {
+    options_.plans(collective, lane.comm, lane.plans, choice, input, output, reduceOpName(rop));
+  }
   return true;
 }
 

@@ -232,6 +232,28 @@ void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
               ReduceOp::kSum, protocol);
 }
 
+OutPlacement outPlacementOf(Collective c) {
+  switch (c) {
+    case Collective::kAllGather: return OutPlacement::kInputAtRankChunk;
+    case Collective::kReduceScatter: return OutPlacement::kOutputAtRankChunk;
+    default: return OutPlacement::kSameOrApart;
+  }
+}
+
+void runPlanTensor(PlanExecutor& plan, const Communicator& comm, std::optional<Collective> c,
+                   const at::Tensor& input, const at::Tensor& output, ReduceOp op, bool reduces) {
+  checkTensorFor(comm, input, "tensor");
+  checkTensorFor(comm, output, "out");
+  PYCCL_CHECK_ARG(input.scalar_type() == output.scalar_type(), "out", "has dtype ", dtypeName(output.scalar_type()),
+                  ", the input ", dtypeName(input.scalar_type()));
+  if (c) checkOutPlacement(outPlacementOf(*c), input, output, comm.rank());
+  const DataType dtype = reduces ? reductionTypeOf(input, "tensor") : DataType::kFloat32;
+  const bool average = reduces && op == ReduceOp::kAvg;
+  plan.run(input.data_ptr(), input.nbytes(), output.data_ptr(), output.nbytes(), dtype, input.element_size(),
+           average ? ReduceOp::kSum : op, currentStream(comm), reduces);
+  if (average) output.div_(comm.worldSize());
+}
+
 void sendRecvTensors(CollectiveEngine& e, const Communicator& comm, const std::vector<TensorTransfer>& transfers) {
   std::vector<CollectiveEngine::PeerTransfer> peerTransfers;
   peerTransfers.reserve(transfers.size());

@@ -10,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/collective_engine.hpp"
 #include "dispatch/selector.hpp"
+#include "engine/collective_engine.hpp"
+#include "executor/executor.hpp"
 
 namespace pyccl {
 
@@ -38,6 +39,8 @@ enum class OutPlacement { kSameOrApart, kInputAtRankChunk, kOutputAtRankChunk };
 /// InvalidArgument naming 'out' where `output` overlaps `input` other than as
 /// `placement` allows; `rank` is this rank in the communicator.
 void checkOutPlacement(OutPlacement placement, const at::Tensor& input, const at::Tensor& output, int rank);
+/// Where the output of a call of `c` may lie against its input.
+OutPlacement outPlacementOf(Collective c);
 /// The current CUDA stream of the communicator's device (nullptr in host mode).
 void* currentStream(const Communicator& comm);
 
@@ -78,5 +81,11 @@ struct TensorTransfer {
 void sendRecvTensors(CollectiveEngine& e, const Communicator& comm, const std::vector<TensorTransfer>& transfers);
 void broadcastTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                      const at::Tensor& output, int root, std::optional<Protocol> protocol);
+/// Runs the set-up plan `plan` of a call of `c` on `input` into `output`, on the current stream: both on the
+/// communicator's device, of one dtype, placed as `c` allows (nullopt: a plan of no collective pyccl names, as
+/// a send/receive pattern, placed as the plan says; the executor checks the sizes against the plan's chunks).
+/// `reduces`: the plan reduces, with `op`; avg is the sum divided by the world size after it.
+void runPlanTensor(PlanExecutor& plan, const Communicator& comm, std::optional<Collective> c,
+                   const at::Tensor& input, const at::Tensor& output, ReduceOp op, bool reduces);
 
 }  // namespace pyccl

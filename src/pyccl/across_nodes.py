@@ -127,10 +127,6 @@ def run(comm, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str 
     _check(collective, tensor, out, comm, out_elements)
     if n == 0:
         return True
-    if op == "avg":  # plans reduce with sum, min, max and prod
-        run(comm, collective, tensor, out, "sum", fallback)
-        out.div_(world)
-        return True
     elem = tensor.element_size()
     nbytes = n * elem * (world if collective == "all_gather" else 1)
     plan = _plan_for(collective, layout, nbytes)
@@ -142,7 +138,7 @@ def run(comm, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str 
     part_unit = unit // parts
     padded_part = -(-per_part // part_unit) * part_unit
     limit = 1 << max(16, (padded_part * parts * elem - 1).bit_length())
-    runner = registry._runner(comm, ("across_nodes", plan.name, limit), tensor, lambda: plan, max_bytes=limit)
+    runner = registry._runner(comm, f"across_nodes {plan.name} {limit}", tensor, lambda: plan, max_bytes=limit)
     if runner is None:
         if fallback is None:
             raise UnsupportedError(f"{collective} across nodes: the first call of {nbytes} bytes is being captured "

@@ -113,18 +113,19 @@ def _group_timeout(timeout) -> datetime.timedelta:
 
 def _plan_runner():
     """The backend's runner of the DSL plans its selector chooses (a
-    registered plan, or a library plan its tuning table names), on the Python
-    communicator adopting the lane's, whose plan runners pyccl.all_reduce & co.
-    on the group share."""
+    registered plan, or a library plan its tuning table names) and has not
+    found set up in the lane's table: on the Python communicator adopting the
+    lane's, which sets the plan up there, for every entry point on the group."""
 
-    def run(collective: str, native, plan_id: int, entry, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
-        comm = Communicator._adopt(native)
-        nbytes = tensor.numel() * tensor.element_size() * (comm.world_size if collective == "all_gather" else 1)
-        runner = registry.chosen_runner(comm, collective, plan_id, entry, nbytes, tensor)
+    def run(collective: str, native, plans, plan_id: int, entry, slot, tensor: torch.Tensor, out: torch.Tensor,
+            op: str) -> None:
+        comm = Communicator._adopt(native, plans=plans)
+        runner = registry.chosen_runner(comm, plan_id, entry, slot, tensor)
         if runner is None:
-            raise UnsupportedError(f"{collective}: the plan chosen for {nbytes} bytes cannot be set up while a CUDA "
-                                   "graph is being captured; run one call of this size eagerly first")
-        registry.run(runner, comm, tensor, out, op)
+            nbytes = tensor.numel() * tensor.element_size()
+            raise UnsupportedError(f"{collective}: the plan chosen for {nbytes} bytes of input cannot be set up while "
+                                   "a CUDA graph is being captured; run one call of this size eagerly first")
+        registry.run(runner, collective, tensor, out, op)
 
     return run
 

@@ -45,7 +45,7 @@ def _not_a_tensor(out) -> InvalidArgumentError:
 def _check_placement(collective: str, call: _Call, tensor: torch.Tensor, out: torch.Tensor) -> None:
     """Where `out` may lie against `tensor` (the input itself, apart, or in
     place as the collective defines it), for the calls that do not reach the
-    engine, which checks it itself: NCCL, plans, across nodes."""
+    engine or a plan, which check it themselves: NCCL, across nodes."""
     _C.check_out_placement(collective, tensor, out, call.comm.rank)
 
 
@@ -56,12 +56,11 @@ def _run_plan(call: _Call, collective: str, tensor: torch.Tensor, out: torch.Ten
     during a CUDA-graph capture), the selector's choice without plans runs it."""
     if call.route != "plan":
         return False
-    runner = registry.chosen_runner(call.comm, collective, call.registered_plan, call.tuned_plan, call.nbytes, tensor)
+    runner = registry.chosen_runner(call.comm, call.registered_plan, call.tuned_plan, call.plan_slot, tensor)
     if runner is None:
         call.without_plans()
         return False
-    _check_placement(collective, call, tensor, out)
-    registry.run(runner, call.comm, tensor, out, op)
+    registry.run(runner, collective, tensor, out, op)
     return True
 
 
@@ -198,6 +197,11 @@ def all_to_all(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: tor
                out: Optional[torch.Tensor], algorithm: Optional[str]) -> torch.Tensor:
     """pyccl.all_to_all on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
     `nccl` (the caller has it)."""
+    runtime = comm._runtime
+    if runtime is not None:  # as all_reduce
+        done = runtime.all_to_all(tensor, out, algorithm, nccl)
+        if done is not None:
+            return done
     call = _Call("all_to_all", tensor, comm, algorithm, nccl)
     if out is None:
         out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -219,6 +223,11 @@ def broadcast(comm, group: Optional[dist.ProcessGroup], nccl: bool, tensor: torc
               out: Optional[torch.Tensor], algorithm: Optional[str]) -> torch.Tensor:
     """pyccl.broadcast on `comm` (see there); `group`: the torch group to hand NCCL's calls to where
     `nccl` (the caller has it)."""
+    runtime = comm._runtime
+    if runtime is not None:  # as all_reduce
+        done = runtime.broadcast(tensor, src, out, algorithm, nccl)
+        if done is not None:
+            return done
     call = _Call("broadcast", tensor, comm, algorithm, nccl)
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < call.comm.world_size:
         raise InvalidArgumentError(f"invalid argument 'src': must be a rank of the group (0 to "

@@ -83,7 +83,7 @@ class Communicator:
 
     # Every attribute is set by this class: other modules call its methods.
     __slots__ = ("_device", "_group_owned", "name", "_comm", "_world_size", "_engine", "_engine_options",
-                 "_collectives_error", "_selector", "_runtime", "_engine_selectors", "_plan_runners", "_nccl_direct",
+                 "_collectives_error", "_selector", "_runtime", "_engine_selectors", "_plan_runners", "_plans", "_nccl_direct",
                  "_nccl_direct_failed", "_nccl_direct_captured", "_node_layout", "__weakref__")
 
     def __init__(
@@ -146,23 +146,27 @@ class Communicator:
         self._selector: Optional["_C.Selector"] = None
         self._runtime: Optional["_C.CallRuntime"] = None  # _run_on's
         self._engine_selectors: dict = {}  # _use_engine's, by id of the engine
-        self._plan_runners: dict = {}  # pyccl.registry's runners, by key; closed with the communicator
+        self._plan_runners: dict = {}  # pyccl.registry's runners, by their slot's key; closed with the communicator
+        self._plans = _C.PlanRunners()  # their executors, for the C++ paths (the call runtime, torch.ops)
         self._nccl_direct = None  # the NCCL communicator pyccl calls directly for the group (calls.direct_nccl)
         self._nccl_direct_failed = False
         self._nccl_direct_captured = False
 
     @classmethod
     def _adopt(cls, native: "_C.Communicator", engine: Optional["_C.CollectiveEngine"] = None,
-               selector: Optional["_C.Selector"] = None) -> "Communicator":
+               selector: Optional["_C.Selector"] = None, plans: Optional["_C.PlanRunners"] = None) -> "Communicator":
         """A Python communicator over one made in C++: a lane of a "pyccl"
         process group, running on the lane's collective engine (None: the
-        group's ranks span nodes, where the engine's kernels cannot run) and
-        choosing with the lane's selector. The group owns them: :meth:`close`
-        releases only what was made through this object, and destroying the
-        group closes the lane."""
+        group's ranks span nodes, where the engine's kernels cannot run),
+        choosing with the lane's selector, and keeping its plans in the lane's
+        table (which the group's ops run them from). The group owns them:
+        :meth:`close` releases only what was made through this object, and
+        destroying the group closes the lane."""
         with _adopted_lock:
             self = _adopted.get(id(native))
             if self is not None and self._comm is native:  # one Python face per lane, whoever asks first
+                if plans is not None and plans is not self._plans:
+                    self._share_plans(plans)
                 if self._selector is None:
                     self._run_on(engine, selector)
                     self._collectives_error = None if engine is not None else self._collectives_error
@@ -173,6 +177,8 @@ class Communicator:
             self.name = native.name
             self._comm = native
             self._world_size = native.world_size
+            if plans is not None:
+                self._plans = plans
             self._run_on(engine, selector)
             self._collectives_error = None if engine is not None else (
                 "made by the torch backend without a collective engine (the group's ranks span nodes)")
@@ -379,8 +385,26 @@ class Communicator:
         be None: no engine, or not yet). The call runtime made of both runs
         a kernel choice in one call into C++ (pyccl.calls)."""
         self._engine, self._selector = engine, selector
-        self._runtime = (_C.CallRuntime(self._comm, engine, selector)
+        self._runtime = (_C.CallRuntime(self._comm, engine, selector, self._plans)
                          if engine is not None and selector is not None else None)
+
+    def _share_plans(self, plans: "_C.PlanRunners") -> None:
+        """Keeps the plans in `plans` (a lane's table) from now on, with those set up so far."""
+        for key, runner in self._plan_runners.items():
+            plans.add(key, runner._executor, runner._reduces, runner._in_chunks, runner._out_chunks)
+        self._plans = plans
+        if self._runtime is not None:
+            self._run_on(self._engine, self._selector)
+
+    def _plan_runner(self, key: str):
+        """The plan runner set up under the selector's slot `key`, or None."""
+        return self._plan_runners.get(key)
+
+    def _add_plan_runner(self, key: str, runner) -> None:
+        """Keeps `runner` (a PlanRunner on this communicator) under the slot `key`, for every entry point: the
+        Python path, and the C++ ones (the call runtime, torch.ops.pyccl's kernels) through the plan table."""
+        self._plan_runners[key] = runner
+        self._plans.add(key, runner._executor, runner._reduces, runner._in_chunks, runner._out_chunks)
 
     def _has_direct_nccl(self) -> bool:
         return self._nccl_direct is not None
@@ -411,6 +435,7 @@ class Communicator:
         plans, its direct NCCL communicator), and the group keeps running;
         ``dist.destroy_process_group`` closes the rest."""
         runners, self._plan_runners = self._plan_runners, {}
+        self._plans.clear()
         self._engine_selectors = {}
         for runner in runners.values():  # pyccl.register_algorithm's and the tables' plans
             runner.close()

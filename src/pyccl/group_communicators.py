@@ -129,9 +129,10 @@ def _made_for(group: Optional[dist.ProcessGroup], pg, device: torch.device) -> T
         nccl = "nccl" in str(dist.get_backend(pg)).lower()
         _communicators[key] = (weakref.ref(pg, _close_when_gone(key, comm)), comm, nccl)
         if comm._engine is not None:
-            # torch.ops.pyccl.* on the group run its selector's kernel choices in C++ (csrc/python/op_runtimes.hpp).
+            # torch.ops.pyccl.* on the group run its selector's kernel choices, and plans set up, in C++
+            # (csrc/python/op_runtimes.hpp).
             _C.register_group_runtime(pg.group_name, device.index if device.type == "cuda" else -1, comm._comm,
-                                      comm._engine, comm._selector, nccl)
+                                      comm._engine, comm._selector, comm._plans, nccl)
     return comm, nccl
 
 

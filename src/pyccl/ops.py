@@ -32,12 +32,13 @@ They have no derivative: their Autograd kernel (csrc/torch/custom_ops.cpp)
 lets a call on tensors that require grad run, and a backward through its
 result raise, naming the op.
 
-The CPU and CUDA kernels of ``all_reduce``, ``all_gather``, ``reduce_scatter``
-and ``fused_all_reduce_rmsnorm`` are C++ (csrc/python/collective_ops.cpp):
+The CPU and CUDA kernels of every op are C++ (csrc/python/collective_ops.cpp):
 each asks the group's selector (the one ``pyccl.<name>`` asks) and runs a
-kernel choice straight on the engine, without Python. A plan, NCCL, the
-collectives across nodes, and a group pyccl has not set up yet go to the
-Python kernels below, which run ``pyccl.<name>``.
+kernel choice straight on the engine, and a plan choice on the plan the
+group has set up for it, without Python. A plan's first call (which sets it
+up), NCCL, the collectives across nodes, a group pyccl has not set up yet,
+and an argument to refuse go to the Python functions below, which run
+``pyccl.<name>``.
 """
 
 from __future__ import annotations
@@ -55,22 +56,19 @@ __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "fused_all_red
 _LIB = torch.library.Library("pyccl", "DEF")
 
 
-def _define(schema: str, fake, kernel_in_cpp: bool = False):
-    """Defines ``pyccl::<name>`` with `schema` (``name(args) -> result``); the
-    decorated function is its CPU (host mode) and CUDA kernel, `fake` its fake
-    implementation. With `kernel_in_cpp`, the CPU and CUDA kernel is pyccl._C's,
-    and the function the Python path it falls back to. Returns the function,
-    callable directly as well."""
+def _define(schema: str, fake):
+    """Defines ``pyccl::<name>`` with `schema` (``name(args) -> result``) and
+    `fake` its fake implementation; its CPU (host mode), CUDA and Autograd
+    kernels are pyccl._C's, and the decorated function the Python path the
+    CPU and CUDA kernels hand calls to. Returns the function, callable
+    directly as well."""
     name = schema.split("(", 1)[0]
 
     def register(kernel):
         _LIB.define(schema)
-        if not kernel_in_cpp:
-            _LIB.impl(name, kernel, "CPU")
-            _LIB.impl(name, kernel, "CUDA")
         torch.library.register_fake(f"pyccl::{name}", fake, lib=_LIB)
         # Without an Autograd kernel a backward would only warn and drop the gradient.
-        for key in ("Autograd", "CPU", "CUDA") if kernel_in_cpp else ("Autograd",):
+        for key in ("Autograd", "CPU", "CUDA"):
             if not torch._C._dispatch_has_kernel_for_dispatch_key(f"pyccl::{name}", key):
                 raise RuntimeError(f"pyccl::{name} has no {key} kernel in pyccl._C (csrc/torch/custom_ops.cpp, "
                                    "csrc/python/collective_ops.cpp)")
@@ -117,21 +115,20 @@ def _normed(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: 
             torch.empty_like(residual, memory_format=torch.contiguous_format))
 
 
-@_define("all_reduce(Tensor x, str op, str group_name) -> Tensor", _like, kernel_in_cpp=True)
+@_define("all_reduce(Tensor x, str op, str group_name) -> Tensor", _like)
 def all_reduce(x: torch.Tensor, op: str, group_name: str) -> torch.Tensor:
     """All-reduce of ``x`` over the group named ``group_name``; a new tensor."""
     return collectives.all_reduce(x.contiguous(), op, group=_group(group_name))
 
 
-@_define("all_gather(Tensor x, int group_size, str group_name) -> Tensor", _gathered, kernel_in_cpp=True)
+@_define("all_gather(Tensor x, int group_size, str group_name) -> Tensor", _gathered)
 def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
     """Every rank's ``x`` concatenated along dim 0, in rank order; ``group_size``
     is the group's size (checked)."""
     return collectives.all_gather(x.contiguous(), group=_group_of_size(group_name, group_size))
 
 
-@_define("reduce_scatter(Tensor x, str op, int group_size, str group_name) -> Tensor", _scattered,
-         kernel_in_cpp=True)
+@_define("reduce_scatter(Tensor x, str op, int group_size, str group_name) -> Tensor", _scattered)
 def reduce_scatter(x: torch.Tensor, op: str, group_size: int, group_name: str) -> torch.Tensor:
     """The reduction of ``x`` over the group, split along dim 0; this rank's
     part. ``group_size`` is the group's size (checked)."""
@@ -154,7 +151,7 @@ def broadcast(x: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
 
 
 @_define("fused_all_reduce_rmsnorm(Tensor x, Tensor residual, Tensor weight, float eps, str group_name) "
-         "-> (Tensor, Tensor)", _normed, kernel_in_cpp=True)
+         "-> (Tensor, Tensor)", _normed)
 def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                              group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """All-reduce of ``x`` + ``residual``, then RMSNorm with ``weight``: (normed, new residual)."""
@@ -163,5 +160,6 @@ def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
 
 
 for _name, _path in (("all_reduce", all_reduce), ("all_gather", all_gather), ("reduce_scatter", reduce_scatter),
+                     ("all_to_all", all_to_all), ("broadcast", broadcast),
                      ("fused_all_reduce_rmsnorm", fused_all_reduce_rmsnorm)):
     _C.set_op_python(_name, _path)

@@ -29,7 +29,11 @@ from .errors import InvalidArgumentError
 if TYPE_CHECKING:  # plans sit below the communicator: they run on any communicator's native one
     from .communicator import Communicator
 
-__all__ = ["PlanRunner", "buffer_placement", "pack_plan"]
+__all__ = ["COLLECTIVE_OF", "PlanRunner", "buffer_placement", "pack_plan"]
+
+#: The collectives pyccl calls by name, by the DSL's name of each (``Plan.collective["name"]``).
+COLLECTIVE_OF = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+                  "alltoall": "all_to_all"}
 
 _REDUCING = ("reduce", "reduce_packets", "reduce_put_packets", "channel_reduce", "multi_reduce", "reduce_put",
              "switch_reduce")
@@ -284,9 +288,18 @@ class PlanRunner:
         max_chunk = -(-max_bytes // args["input_chunks"])
         self._executor = _C.PlanExecutor(comm._comm, max_chunk_bytes=max_chunk, threads=threads, name=plan.name,
                                          **args)
-        self.calls = 0  # calls made (for tests and logs)
+        self._collective = COLLECTIVE_OF.get(plan.collective.get("name"))
 
-    def __call__(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None, op: str = "sum") -> torch.Tensor:
+    @property
+    def calls(self) -> int:
+        """Calls run so far, from every entry point (this object, pyccl.<collective>, torch.ops.pyccl)."""
+        return self._executor.calls
+
+    def __call__(self, tensor: torch.Tensor, out: Optional[torch.Tensor] = None, op: str = "sum",
+                 collective: Optional[str] = None) -> torch.Tensor:
+        """Runs the plan on `tensor` into `out` (a new tensor where None) with reduction `op` (avg: the sum,
+        then divided by the world size), on the current stream. `out` may lie against `tensor` as the plan's
+        collective allows (`collective`, a pyccl name such as "all_gather", overrides the plan's)."""
         if not isinstance(tensor, torch.Tensor):
             raise InvalidArgumentError(f"invalid argument 'tensor': expected a torch.Tensor, got {type(tensor).__name__}")
         if out is None:
@@ -295,8 +308,7 @@ class PlanRunner:
         elif not isinstance(out, torch.Tensor):
             raise InvalidArgumentError(f"invalid argument 'out': expected a torch.Tensor or None, got "
                                        f"{type(out).__name__}")
-        self._executor.run(self.comm._comm, tensor, out, op, self._reduces)
-        self.calls += 1
+        self._executor.run(self.comm._comm, collective or self._collective, tensor, out, op, self._reduces)
         return out
 
     def threads_for(self, nbytes: int) -> int:

@@ -31,15 +31,14 @@ import torch
 from . import _C
 from .dsl import Plan, Program
 from .errors import InvalidArgumentError
-from .plans import PlanRunner
+from .plans import COLLECTIVE_OF, PlanRunner
 
 __all__ = ["RegisteredAlgorithm", "chosen_runner", "library_plan", "library_runner", "register_algorithm",
            "registered_runner", "run",
            "registered_algorithms", "unregister_algorithm"]
 
 # pyccl function -> the DSL collective's name
-_COLLECTIVES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-                "all_to_all": "alltoall"}
+_COLLECTIVES = {name: dsl for dsl, name in COLLECTIVE_OF.items()}
 
 
 @dataclass(frozen=True)
@@ -107,33 +106,32 @@ def registered_algorithms() -> List[RegisteredAlgorithm]:
         return list(_registry)
 
 
-def registered_runner(comm, plan_id: int, tensor: torch.Tensor):
+def registered_runner(comm, plan_id: int, key: str, tensor: torch.Tensor):
     """The runner of the registered plan `plan_id` (the selector's choice) on
-    `comm`, set up at first use; None where it cannot be now (a CUDA-graph
-    capture) or the plan was unregistered since."""
+    `comm`, kept under `key`, set up at first use; None where it cannot be
+    now (a CUDA-graph capture) or the plan was unregistered since."""
     with _lock:
         entry = next((e for e in _registry if e.id == plan_id), None)
     if entry is None:
         return None
-    return _runner(comm, ("registered", plan_id), tensor, lambda: entry.plan, max_bytes=entry.max_bytes)
+    return _runner(comm, key, tensor, lambda: entry.plan, max_bytes=entry.max_bytes)
 
 
-def chosen_runner(comm, collective: str, plan_id: int, entry, nbytes: int, tensor: torch.Tensor):
+def chosen_runner(comm, plan_id: int, entry, slot, tensor: torch.Tensor):
     """The runner of the plan a selector chose for a call: the registered plan
-    `plan_id` (>= 0), else the library plan of the table entry `entry`; None
-    where it cannot be set up now (see registered_runner, library_runner)."""
+    `plan_id` (>= 0), else the library plan of the table entry `entry`, kept
+    on `comm` under the selector's `slot` (key, input byte limit); None where
+    it cannot be set up now (see registered_runner, library_runner)."""
+    key, input_limit = slot
     if plan_id >= 0:
-        return registered_runner(comm, plan_id, tensor)
-    return library_runner(comm, entry, collective, nbytes, tensor)
+        return registered_runner(comm, plan_id, key, tensor)
+    return library_runner(comm, entry, key, input_limit, tensor)
 
 
-def run(runner, comm, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
-    """Runs `runner` on `tensor` into `out`; "avg" as the sum over the world size."""
-    if op == "avg":
-        runner(tensor, out=out, op="sum")
-        out.div_(comm.world_size)
-    else:
-        runner(tensor, out=out, op=op)
+def run(runner, collective: str, tensor: torch.Tensor, out: torch.Tensor, op: str) -> None:
+    """Runs `runner` on `tensor` into `out` as a call of `collective` (its
+    output placed as the collective allows; avg: the sum, then divided)."""
+    runner(tensor, out=out, op=op, collective=collective)
 
 
 def _takes(plan: Plan, tensor: torch.Tensor) -> bool:
@@ -141,16 +139,15 @@ def _takes(plan: Plan, tensor: torch.Tensor) -> bool:
     return tensor.numel() * tensor.element_size() % (plan.buffers["input"] * tensor.element_size()) == 0
 
 
-def _runner(comm, key, tensor: torch.Tensor, make_plan, max_bytes: int, threads: int = 512):
+def _runner(comm, key: str, tensor: torch.Tensor, make_plan, max_bytes: int, threads: int = 512):
     """The communicator's runner under `key`, set up at first use (None while a
     CUDA graph is being captured: setting up allocates). Closed with the communicator."""
-    runners: Dict[object, PlanRunner] = comm._plan_runners
-    runner = runners.get(key)
+    runner = comm._plan_runner(key)
     if runner is None:
         if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             return None
         runner = PlanRunner(make_plan(), comm, max_bytes=max_bytes, threads=threads)
-        runners[key] = runner
+        comm._add_plan_runner(key, runner)
     return runner
 
 
@@ -176,18 +173,14 @@ def library_plan(name: str, world: int, instances: int) -> Plan:
     return cached_plan((name, world, instances), lambda: LIBRARY[name](world, instances=instances).lower())
 
 
-def library_runner(comm, entry: dict, collective: str, nbytes: int, tensor: torch.Tensor):
+def library_runner(comm, entry: dict, key: str, input_limit: int, tensor: torch.Tensor):
     """The runner for a tuning-table entry naming a library plan (``{"plan",
-    "instances", "threads", "max_bytes"}``), or None where the plan cannot take
-    the call: an input it cannot split into whole chunks, or a first use during
-    CUDA-graph capture."""
-    world = comm.world_size
-    plan = library_plan(entry["plan"], world, entry["instances"])
+    "instances", "threads", "max_bytes"}``), kept under `key` and set up for
+    inputs of up to `input_limit` bytes (the selector's slot: one runner per
+    entry, or per power of two where the entry has no limit); None where the
+    plan cannot take the call: an input it cannot split into whole chunks, or
+    a first use during CUDA-graph capture."""
+    plan = library_plan(entry["plan"], comm.world_size, entry["instances"])
     if not _takes(plan, tensor):
         return None
-    # One runner per entry; an entry without a limit gets one per power of two.
-    limit = entry["max_bytes"] if entry["max_bytes"] is not None else 1 << max(16, (nbytes - 1).bit_length())
-    # The runner's bound is on the input, and nbytes counts an all-gather's whole output.
-    input_limit = -(-limit // world) if collective == "all_gather" else limit
-    key = ("library", entry["plan"], entry["instances"], entry["threads"], limit)
     return _runner(comm, key, tensor, lambda: plan, max_bytes=input_limit, threads=entry["threads"])

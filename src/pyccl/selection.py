@@ -48,14 +48,15 @@ def _memory_of(device: torch.device) -> int:
 class _Call:
     """What every collective resolves first: the communicator, the call's
     facts, and the selector's choice for them (``route``: "kernel", "plan",
-    "nccl" or "across_nodes").
+    "nccl" or "across_nodes"; for a plan, ``plan_slot``: the key its runner
+    is kept under on the communicator, and the input bytes it is set up for).
 
     `comm` is the call's communicator (a pyccl.Communicator, checked by the
     caller); `nccl`: the caller can hand the call to NCCL (a torch group's
     communicator whose group has an NCCL backend)."""
 
     __slots__ = ("comm", "nbytes", "route", "algorithm", "symmetric", "registered_plan", "tuned_plan", "source",
-                 "nccl_here", "_question")
+                 "plan_slot", "nccl_here", "_question")
 
     def __init__(self, collective: str, tensor: torch.Tensor, comm, algorithm: Optional[str], nccl: bool = False,
                  gathers: bool = False) -> None:
@@ -76,7 +77,7 @@ class _Call:
         self._take(comm._selector.select(*question, True))
 
     def _take(self, choice: tuple) -> None:
-        route, algorithm, symmetric, plan, entry, self.source = choice
+        route, algorithm, symmetric, plan, entry, self.source, self.plan_slot = choice
         self.route, self.algorithm, self.symmetric = route, algorithm or None, symmetric or None
         self.registered_plan, self.tuned_plan = plan, entry
 

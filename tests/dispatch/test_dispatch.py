@@ -30,10 +30,14 @@ def _selector(tables=None, across=False, nccl_min=NEVER, engine=None):
 
 def _route(selector, nbytes, count=None, algorithm=None, nccl=False, plans=True, dtype=torch.float32,
            collective="all_reduce"):
-    route, algo, _symmetric, plan, entry, source = selector.select(collective, dtype, nbytes,
-                                                                   nbytes // 4 if count is None else count,
-                                                                   algorithm, nccl, plans)
+    route, algo, _symmetric, plan, entry, source, _slot = selector.select(collective, dtype, nbytes,
+                                                                          nbytes // 4 if count is None else count,
+                                                                          algorithm, nccl, plans)
     return route, algo, source, plan, entry
+
+
+def _slot(selector, nbytes, collective="all_reduce", count=None):
+    return selector.select(collective, torch.float32, nbytes, nbytes // 4 if count is None else count, None, False)[6]
 
 
 TABLE = {"float32": {"all_reduce": [(4096, "kernel", "1pa_hb", 0, 0, 1, None),
@@ -131,6 +135,30 @@ def test_forced_algorithms_come_first(monkeypatch):
     assert _route(selector, 1024, collective="all_gather")[0:3:2] == ("kernel", "default")
 
 
+def test_a_plan_choice_names_the_slot_its_runner_is_kept_in():
+    # Where a communicator keeps a plan's runner, which every entry point runs (executor/plan_runners.hpp): one per
+    # table entry with a limit, else one per power of two of the call's bytes from 64 KiB; an all-gather's runner
+    # is bounded by its input, a world's share of the bytes.
+    limited = _selector(TABLE)
+    assert _slot(limited, 8192) == ("library allreduce_ring 8 256 1048576", 1 << 20)
+    assert _slot(limited, 1 << 19) == _slot(limited, 8192)
+    assert _slot(limited, 1024) is None  # a kernel
+    open_ended = {"float32": {"all_reduce": [(None, "plan", "allreduce_ring", 4, 512, 4, None)],
+                              "all_gather": [(None, "plan", "allgather_allpairs", 1, 512, 1, None)]}}
+    selector = _selector(open_ended)
+    assert _slot(selector, 4096) == ("library allreduce_ring 4 512 65536", 1 << 16)
+    assert _slot(selector, 1 << 16) == _slot(selector, 4096)
+    assert _slot(selector, (1 << 16) + 16) == ("library allreduce_ring 4 512 131072", 1 << 17)
+    assert _slot(selector, 3 << 20, collective="all_gather") == (
+        "library allgather_allpairs 1 512 4194304", (4 << 20) // WORLD)
+    plan = pyccl.register_algorithm(algorithms.allreduce_ring(WORLD), "all_reduce", 4096, 1 << 20, WORLD)
+    try:
+        chunks = plan.plan.buffers["input"]
+        assert _slot(selector, 8192, count=chunks * 512) == (f"registered {plan.id}", 0)
+    finally:
+        pyccl.unregister_algorithm(plan)
+
+
 def test_registered_plans_come_after_forced_ones_and_before_tables(monkeypatch):
     plan = pyccl.register_algorithm(algorithms.allreduce_ring(WORLD), "all_reduce", 4096, 1 << 20, WORLD)
     try:
@@ -170,8 +198,8 @@ def test_the_trace_counts_what_was_chosen():
 
 @pytest.mark.parametrize("scenario", ["PYCCL_ALGO", "tuning file", "registered plan"])
 def test_every_entry_point_chooses_alike(scenario, tmp_path):
-    # pyccl.all_reduce, torch.ops.pyccl.all_reduce and dist.all_reduce on one "cpu:pyccl" group: the same
-    # selector (the group's), the same choice, counted in its trace.
+    # pyccl.<collective>, torch.ops.pyccl.<collective> and torch.distributed's on one "cpu:pyccl" group (all-reduce,
+    # all-to-all, broadcast): the same selector (the group's), the same choice, counted in its trace.
     table = {"version": 1, "gpu": "host", "world": WORLD, "dtype": "float32", "date": "today", "command": "test",
              "collectives": {"all_reduce": [{"max_bytes": None, "algorithm": "1pa_hb"}]}}
     path = tmp_path / "table.json"
@@ -184,10 +212,16 @@ def test_every_entry_point_chooses_alike(scenario, tmp_path):
                     "registered plan": "all_reduce plan registered (registered plan)"}[scenario]
         all_reduces = {k: v for k, v in trace.items() if k.startswith("all_reduce")}
         assert set(all_reduces) == {expected} and all_reduces[expected] >= 3, trace
+        for collective in ("all_to_all", "broadcast"):  # three calls each, through the three entry points
+            counted = {k: v for k, v in trace.items() if k.startswith(collective)}
+            if scenario == "PYCCL_ALGO":
+                assert counted == {f"{collective} kernel hb (PYCCL_ALGO)": 3}, trace
+            else:
+                assert sum(counted.values()) == 3 and all("(PYCCL_ALGO)" not in k for k in counted), trace
 
 
 def test_the_call_runtime_runs_kernel_choices_and_hands_back_the_rest():
-    # pyccl.all_reduce, all_gather, reduce_scatter and fused_all_reduce_rmsnorm's one call into C++ (as
+    # pyccl.<collective>'s and pyccl.fused_all_reduce_rmsnorm's one call into C++ (as
     # torch.ops.pyccl's kernels): it runs what the selector (the engine, for the fused call) gives a kernel, and
     # leaves everything else, unrun, to the Python path.
     seed = random.randrange(1 << 20)

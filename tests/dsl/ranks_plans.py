@@ -195,7 +195,7 @@ def plan_errors(rank, world, store):
     messages = {"rank": rank}
     for key, call in (("size", lambda: runner(torch.ones(world * 2 + 1))),
                       ("too big", lambda: runner(torch.ones(world * 4096))),
-                      ("avg", lambda: runner(torch.ones(world * 4), op="avg")),
+                      ("bogus op", lambda: runner(torch.ones(world * 4), op="mean")),
                       ("out", lambda: runner(torch.ones(world * 4), out=torch.ones(3))),
                       ("out list", lambda: runner(torch.ones(world * 4), out=[torch.ones(world * 4)])),
                       ("comm", lambda: PlanRunner(plan, "comm", max_bytes=4096))):
@@ -203,6 +203,11 @@ def plan_errors(rank, world, store):
             call()
         except pyccl.PycclError as e:
             messages[key] = str(e)
+    # avg: the plan's sum, divided by the world size.
+    parts = [torch.randn(world * 4, generator=torch.Generator().manual_seed(70 + q)) for q in range(world)]
+    mean = torch.stack([p.double() for p in parts]).mean(0)
+    messages["avg"] = "mean" if torch.allclose(runner(parts[rank], op="avg").double(), mean, rtol=1e-5,
+                                               atol=1e-6) else "wrong"
     try:
         PlanRunner(algorithms.allreduce_2pa_hb_pull(world + 1).lower(), comm, max_bytes=4096)
     except pyccl.InvalidArgumentError as e:

@@ -91,7 +91,7 @@ def test_plan_calls_reject_bad_arguments():
     for m in run_ranks(rp.plan_errors, 2, timeout=120):
         assert "'tensor'" in m["size"] and "multiple of" in m["size"]
         assert "'tensor'" in m["too big"]
-        assert "'op'" in m["avg"]
+        assert "'op'" in m["bogus op"] and m["avg"] == "mean"
         assert "'out'" in m["out"]
         assert "'out'" in m["out list"] and "list" in m["out list"]
         assert "'comm'" in m["comm"]

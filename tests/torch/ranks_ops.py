@@ -199,7 +199,7 @@ ALL_REDUCE_ROUTES = [
     ("column-major input", "engine"),
     ("new size", "engine"),
     ("a plan registered for this size", "python, the plan ran"),
-    ("a plan registered, again", "python, the plan ran"),
+    ("a plan registered, again", "engine, the plan ran"),
     ("the plan unregistered", "engine"),
     ("op spelled SUM", "engine"),
     ("op bogus", "refused"),
@@ -234,7 +234,7 @@ def all_reduce_routes(rank, world, store, on_gpu):
             x = x.t().contiguous().t()  # the same values, column-major
         plans_before = plan_runs() if "plan" in step else 0  # (asked only once the group is set up)
         got, path = _path_taken("all_reduce", lambda: torch.ops.pyccl.all_reduce(x, op, name))
-        if path == "python" and "plan" in step and plan_runs() == plans_before + 1:
+        if path in ("python", "engine") and "plan" in step and plan_runs() == plans_before + 1:
             path += ", the plan ran"
         ref = torch.stack([p.double() for p in parts])
         ref = {"sum": ref.sum(0), "max": ref.amax(0), "SUM": ref.sum(0)}[op]
@@ -281,6 +281,12 @@ OTHER_OP_ROUTES = [
     ("reduce_scatter first", "engine"),
     ("reduce_scatter again, max", "engine"),
     ("reduce_scatter rows that do not split", "refused"),
+    ("all_to_all", "engine"),
+    ("all_to_all again, bfloat16", "engine"),
+    ("all_to_all elements that do not split", "refused"),
+    ("broadcast from the last rank", "engine"),
+    ("broadcast from rank 0", "engine"),
+    ("broadcast src not a rank", "refused"),
     ("fused first", "engine"),
     ("fused again", "engine"),
     ("fused wrong residual", "refused"),
@@ -290,8 +296,9 @@ OTHER_OP_ROUTES = [
 
 
 def other_op_routes(rank, world, store, on_gpu):
-    """The C++ kernels of torch.ops.pyccl.all_gather, reduce_scatter and
-    fused_all_reduce_rmsnorm, as all_reduce_routes checks all_reduce's: which
+    """The C++ kernels of torch.ops.pyccl.all_gather, reduce_scatter,
+    all_to_all, broadcast and fused_all_reduce_rmsnorm, as all_reduce_routes
+    checks all_reduce's: which
     calls run straight into the engine, which go to Python, and the errors
     of bad arguments on either path; every result against float64. Returns
     [(step, path)] (OTHER_OP_ROUTES: what they should be)."""
@@ -333,6 +340,17 @@ def other_op_routes(rank, world, store, on_gpu):
         run(step, "reduce_scatter", lambda: torch.ops.pyccl.reduce_scatter(parts[rank].to(device), op, world, name),
             lambda got: got.shape == (4, 3) and torch.allclose(got.cpu().double(), ref, rtol=1e-5, atol=1e-5))
 
+    def exchange(step, dtype=torch.float32):
+        parts = parts_of((2 * world, 5), dtype)
+        want = torch.cat([p.chunk(world)[rank] for p in parts]).view(torch.uint8)
+        run(step, "all_to_all", lambda: torch.ops.pyccl.all_to_all(parts[rank].to(device), name),
+            lambda got: got.shape == (2 * world, 5) and torch.equal(got.cpu().view(torch.uint8), want))
+
+    def broadcast(step, src):
+        parts = parts_of((7, 3))
+        run(step, "broadcast", lambda: torch.ops.pyccl.broadcast(parts[rank].to(device), src, name),
+            lambda got: got.shape == (7, 3) and torch.equal(got.cpu(), parts[src]))
+
     def norm(step, rows=3, hidden=64):
         parts = parts_of((rows, hidden))
         residual, weight = parts_of((rows, hidden))[0], parts_of((hidden,))[0]
@@ -354,6 +372,14 @@ def other_op_routes(rank, world, store, on_gpu):
     refused("reduce_scatter rows that do not split",
             lambda: torch.ops.pyccl.reduce_scatter(torch.randn(4 * world + 1, 3).to(device), "sum", world, name),
             ["split"])
+    exchange("all_to_all")
+    exchange("all_to_all again, bfloat16", torch.bfloat16)
+    refused("all_to_all elements that do not split",
+            lambda: torch.ops.pyccl.all_to_all(torch.randn(2 * world + 1).to(device), name), ["'tensor'", "multiple"])
+    broadcast("broadcast from the last rank", world - 1)
+    broadcast("broadcast from rank 0", 0)
+    refused("broadcast src not a rank", lambda: torch.ops.pyccl.broadcast(torch.randn(4).to(device), world, name),
+            ["'src'"])
     norm("fused first")
     norm("fused again")
     refused("fused wrong residual",
