@@ -70,11 +70,8 @@ void bindBackend(py::module_& m) {
           o.plans = [fn = heldAcrossThreads(std::move(*plans))](
                         const std::string& collective, const std::shared_ptr<Communicator>& comm,
                         const std::shared_ptr<PlanRunners>& lanePlans, const Choice& choice,
-                        const at::Tensor& input, const at::Tensor& output, const std::string& op) {
-            const Collective c = parseCollective(collective, "collective");
-            const uint64_t world = static_cast<uint64_t>(comm->worldSize());
-            const uint64_t bytes = input.nbytes() * (c == Collective::kAllGather ? world : 1);
-            const PlanSlot slot = planSlotOf(choice, c, bytes, comm->worldSize());
+                        const PlanSlot& slot, const at::Tensor& input, const at::Tensor& output,
+                        const std::string& op) {
             py::gil_scoped_acquire gil;  // for the entry's dict
             callFromBackend(*fn, collective, comm, lanePlans, choice.registeredPlan, libraryEntryOf(choice),
                             py::make_tuple(slot.key, slot.inputLimit), input, output, op);

@@ -61,44 +61,38 @@ std::optional<EngineChoice> engineChoice(const GroupRuntime& runtime, Collective
   return ec;
 }
 
-/// The collectives whose engine choices both entry points run alike, by runKernelChoice: torch.ops.pyccl.<op>'s
-/// C++ kernel and pyccl.<op> (CallRuntime below).
-enum class KernelCall { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
-
-/// Runs `kind` of `input` on `runtime` where the selector chooses one of its engine's kernels or a plan set up
-/// on it: into `out` where given, else into a new tensor shaped as pyccl.<op> shapes it, which it returns.
+/// Runs collective `c` of `input` on `runtime` (as torch.ops.pyccl.<op>'s C++ kernel and pyccl.<op>, CallRuntime
+/// below, both run it) where the selector chooses one of its engine's kernels or a plan set up on it: into `out`
+/// where given, else into a new tensor shaped as pyccl.<op> shapes it, which it returns.
 /// nullopt, with nothing run, where the selector chose anything else, or where a fact of the call (a dtype, a
 /// shape, the op, the root) is for the other path to refuse or run. `root`: a broadcast's source rank.
 /// `launch(engineCall)` makes the engine call.
 template <typename Launch>
-std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& runtime, const at::Tensor& input,
+std::optional<at::Tensor> runKernelChoice(Collective c, const GroupRuntime& runtime, const at::Tensor& input,
                                           std::optional<at::Tensor> out, std::optional<ReduceOp> op, int root,
                                           const std::string& forced, bool nccl, Launch&& launch) {
   const int64_t world = runtime.comm->worldSize();
-  Collective c = Collective::kAllReduce;
   uint64_t bytes = input.nbytes();
-  switch (kind) {
-    case KernelCall::kAllReduce:
+  switch (c) {
+    case Collective::kAllReduce:
       if (!op || !reduces(input.scalar_type())) return std::nullopt;
       break;
-    case KernelCall::kAllGather:
-      c = Collective::kAllGather;
+    case Collective::kAllGather:
       bytes *= static_cast<uint64_t>(world);
       break;
-    case KernelCall::kReduceScatter:
-      c = Collective::kReduceScatter;
+    case Collective::kReduceScatter:
       if (!op || !reduces(input.scalar_type()) || input.dim() == 0 || input.size(0) % world != 0) {
         return std::nullopt;
       }
       break;
-    case KernelCall::kAllToAll:
-      c = Collective::kAllToAll;
+    case Collective::kAllToAll:
       if (input.numel() % world != 0) return std::nullopt;
       break;
-    case KernelCall::kBroadcast:
-      c = Collective::kBroadcast;
+    case Collective::kBroadcast:
       if (root < 0 || root >= world) return std::nullopt;
       break;
+    case Collective::kCount:
+      return std::nullopt;
   }
   const auto chosen = engineChoice(runtime, c, input, bytes, forced, nccl);
   if (!chosen) return std::nullopt;
@@ -106,11 +100,11 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
   // The output pyccl.<op> makes where none is given: the input's shape, its first dimension times (all-gather)
   // or divided by (reduce-scatter) the world size.
   auto newOutput = [&] {
-    if (kind == KernelCall::kAllReduce || kind == KernelCall::kAllToAll || kind == KernelCall::kBroadcast) {
+    if (c == Collective::kAllReduce || c == Collective::kAllToAll || c == Collective::kBroadcast) {
       return at::empty_like(input, at::MemoryFormat::Contiguous);
     }
     std::vector<int64_t> shape = input.sizes().vec();
-    if (kind == KernelCall::kReduceScatter) {
+    if (c == Collective::kReduceScatter) {
       shape[0] /= world;
     } else if (shape.empty()) {
       shape.push_back(world);
@@ -127,22 +121,24 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
       return;
     }
     CollectiveEngine& engine = *runtime.engine;
-    switch (kind) {
-      case KernelCall::kAllReduce:
+    switch (c) {
+      case Collective::kAllReduce:
         allReduceTensor(engine, *runtime.comm, input, result, *op, kernelOf(*choice), symmetricOf(*choice));
         break;
-      case KernelCall::kAllGather:
+      case Collective::kAllGather:
         allGatherTensor(engine, *runtime.comm, input, result, protocolOf(*choice));
         break;
-      case KernelCall::kReduceScatter:
+      case Collective::kReduceScatter:
         reduceScatterTensor(engine, *runtime.comm, input, result, *op, protocolOf(*choice));
         break;
-      case KernelCall::kAllToAll:
+      case Collective::kAllToAll:
         allToAllTensor(engine, *runtime.comm, input, result, protocolOf(*choice));
         break;
-      case KernelCall::kBroadcast:
+      case Collective::kBroadcast:
         broadcastTensor(engine, *runtime.comm, input, result, root, protocolOf(*choice));
         break;
+      case Collective::kCount:
+        break;  // refused above
     }
   });
   return result;
@@ -151,7 +147,7 @@ std::optional<at::Tensor> runKernelChoice(KernelCall kind, const GroupRuntime& r
 at::Tensor allReduceKernel(const at::Tensor& x, c10::string_view op, c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
   const auto runtime = groupRuntime(groupName, input.device());
-  auto done = runtime ? runKernelChoice(KernelCall::kAllReduce, *runtime, input, std::nullopt, reduceOpNamed(op), -1, "",
+  auto done = runtime ? runKernelChoice(Collective::kAllReduce, *runtime, input, std::nullopt, reduceOpNamed(op), -1, "",
                                         runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllReduce, call); })
                       : std::nullopt;
   if (!done) return pythonPath<at::Tensor>(CustomOp::kAllReduce, x, std::string(op), std::string(groupName));
@@ -162,7 +158,7 @@ at::Tensor allGatherKernel(const at::Tensor& x, int64_t groupSize, c10::string_v
   const at::Tensor input = x.contiguous();
   auto runtime = groupRuntime(groupName, input.device());
   if (runtime && runtime->comm->worldSize() != groupSize) runtime.reset();  // the Python path names the wrong size
-  auto done = runtime ? runKernelChoice(KernelCall::kAllGather, *runtime, input, std::nullopt, std::nullopt, -1, "",
+  auto done = runtime ? runKernelChoice(Collective::kAllGather, *runtime, input, std::nullopt, std::nullopt, -1, "",
                                         runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllGather, call); })
                       : std::nullopt;
   if (!done) return pythonPath<at::Tensor>(CustomOp::kAllGather, x, groupSize, std::string(groupName));
@@ -174,7 +170,7 @@ at::Tensor reduceScatterKernel(const at::Tensor& x, c10::string_view op, int64_t
   const at::Tensor input = x.contiguous();
   auto runtime = groupRuntime(groupName, input.device());
   if (runtime && runtime->comm->worldSize() != groupSize) runtime.reset();
-  auto done = runtime ? runKernelChoice(KernelCall::kReduceScatter, *runtime, input, std::nullopt, reduceOpNamed(op),
+  auto done = runtime ? runKernelChoice(Collective::kReduceScatter, *runtime, input, std::nullopt, reduceOpNamed(op),
                                         -1, "", runtime->nccl,
                                         [](auto&& call) { runOnEngine(CustomOp::kReduceScatter, call); })
                       : std::nullopt;
@@ -187,7 +183,7 @@ at::Tensor reduceScatterKernel(const at::Tensor& x, c10::string_view op, int64_t
 at::Tensor allToAllKernel(const at::Tensor& x, c10::string_view groupName) {
   const at::Tensor input = x.contiguous();
   const auto runtime = groupRuntime(groupName, input.device());
-  auto done = runtime ? runKernelChoice(KernelCall::kAllToAll, *runtime, input, std::nullopt, std::nullopt, -1, "",
+  auto done = runtime ? runKernelChoice(Collective::kAllToAll, *runtime, input, std::nullopt, std::nullopt, -1, "",
                                         runtime->nccl, [](auto&& call) { runOnEngine(CustomOp::kAllToAll, call); })
                       : std::nullopt;
   if (!done) return pythonPath<at::Tensor>(CustomOp::kAllToAll, x, std::string(groupName));
@@ -199,7 +195,7 @@ at::Tensor broadcastKernel(const at::Tensor& x, int64_t src, c10::string_view gr
   const at::Tensor input = x.contiguous();
   const auto runtime = groupRuntime(groupName, input.device());
   const bool rankOfGroup = runtime && src >= 0 && src < runtime->comm->worldSize();
-  auto done = rankOfGroup ? runKernelChoice(KernelCall::kBroadcast, *runtime, input, std::nullopt, std::nullopt,
+  auto done = rankOfGroup ? runKernelChoice(Collective::kBroadcast, *runtime, input, std::nullopt, std::nullopt,
                                             static_cast<int>(src), "", runtime->nccl,
                                             [](auto&& call) { runOnEngine(CustomOp::kBroadcast, call); })
                           : std::nullopt;
@@ -268,7 +264,7 @@ std::optional<std::string> stringArg(py::handle arg) {
 
 /// pyccl.<op>'s call on `runtime` where its selector chooses a kernel: the result tensor, else None (nothing
 /// ran) for the Python path to run the call, or refuse it, naming the argument.
-py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::handle tensor, py::handle out,
+py::object callKernelChoice(Collective c, const GroupRuntime& runtime, py::handle tensor, py::handle out,
                             py::handle op, py::handle algorithm, bool nccl, py::handle src = py::none()) {
   const at::Tensor* input = tensorArg(tensor);
   const at::Tensor* given = out.is_none() ? nullptr : tensorArg(out);
@@ -280,7 +276,7 @@ py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::ha
     return py::none();
   }
   int root = -1;
-  if (kind == KernelCall::kBroadcast) {
+  if (c == Collective::kBroadcast) {
     // A Python int (not a bool) that is a rank; anything else is the Python path's to name.
     if (PyBool_Check(src.ptr()) || !PyLong_Check(src.ptr())) return py::none();
     const long value = PyLong_AsLong(src.ptr());
@@ -292,12 +288,12 @@ py::object callKernelChoice(KernelCall kind, const GroupRuntime& runtime, py::ha
     root = static_cast<int>(value);
   }
   std::optional<ReduceOp> rop;
-  if (kind == KernelCall::kAllReduce || kind == KernelCall::kReduceScatter) {
+  if (c == Collective::kAllReduce || c == Collective::kReduceScatter) {
     const auto name = stringArg(op);
     if (!name) return py::none();  // a torch ReduceOp: the Python path reads it
     rop = reduceOpNamed(*name);    // None ("") and unknown names: nullopt, the Python path's to refuse
   }
-  auto done = runKernelChoice(kind, runtime, *input, given ? std::optional<at::Tensor>(*given) : std::nullopt, rop, root,
+  auto done = runKernelChoice(c, runtime, *input, given ? std::optional<at::Tensor>(*given) : std::nullopt, rop, root,
                               *forced, nccl, [](auto&& call) {
                                 py::gil_scoped_release release;
                                 call();
@@ -376,26 +372,26 @@ void bindCallRuntime(py::module_& m) {
            py::arg("comm"), py::arg("engine"), py::arg("selector"), py::arg("plans"))
       .def("all_reduce",
            [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle op, py::handle algorithm,
-              bool nccl) { return callKernelChoice(KernelCall::kAllReduce, r, tensor, out, op, algorithm, nccl); },
+              bool nccl) { return callKernelChoice(Collective::kAllReduce, r, tensor, out, op, algorithm, nccl); },
            py::arg("tensor"), py::arg("out"), py::arg("op"), py::arg("algorithm"), py::arg("nccl"))
       .def("all_gather",
            [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle algorithm, bool nccl) {
-             return callKernelChoice(KernelCall::kAllGather, r, tensor, out, py::none(), algorithm, nccl);
+             return callKernelChoice(Collective::kAllGather, r, tensor, out, py::none(), algorithm, nccl);
            },
            py::arg("tensor"), py::arg("out"), py::arg("algorithm"), py::arg("nccl"))
       .def("reduce_scatter",
            [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle op, py::handle algorithm,
-              bool nccl) { return callKernelChoice(KernelCall::kReduceScatter, r, tensor, out, op, algorithm, nccl); },
+              bool nccl) { return callKernelChoice(Collective::kReduceScatter, r, tensor, out, op, algorithm, nccl); },
            py::arg("tensor"), py::arg("out"), py::arg("op"), py::arg("algorithm"), py::arg("nccl"))
       .def("all_to_all",
            [](const GroupRuntime& r, py::handle tensor, py::handle out, py::handle algorithm, bool nccl) {
-             return callKernelChoice(KernelCall::kAllToAll, r, tensor, out, py::none(), algorithm, nccl);
+             return callKernelChoice(Collective::kAllToAll, r, tensor, out, py::none(), algorithm, nccl);
            },
            py::arg("tensor"), py::arg("out"), py::arg("algorithm"), py::arg("nccl"))
       .def("broadcast",
            [](const GroupRuntime& r, py::handle tensor, py::handle src, py::handle out, py::handle algorithm,
               bool nccl) {
-             return callKernelChoice(KernelCall::kBroadcast, r, tensor, out, py::none(), algorithm, nccl, src);
+             return callKernelChoice(Collective::kBroadcast, r, tensor, out, py::none(), algorithm, nccl, src);
            },
            py::arg("tensor"), py::arg("src"), py::arg("out"), py::arg("algorithm"), py::arg("nccl"))
       .def("fused_all_reduce_rmsnorm",

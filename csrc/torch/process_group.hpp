@@ -54,11 +54,12 @@ using AcrossNodesRunner = std::function<void(const std::string& collective, cons
                                              const at::Tensor& input, const at::Tensor& output, const std::string& op)>;
 
 /// Sets up and runs a call the lane's selector gave a DSL plan not yet set up on the lane (pyccl.registry, in
-/// Python, keeping the runner in the lane's `plans`): collective, the lane's communicator and plans, the choice
-/// (its registered plan or table entry), input, output, op.
+/// Python, keeping the runner in the lane's `plans` under `slot`): collective, the lane's communicator and plans,
+/// the choice (its registered plan or table entry), its slot (planSlotOf), input, output, op.
 using PlanRunner = std::function<void(const std::string& collective, const std::shared_ptr<Communicator>& comm,
                                       const std::shared_ptr<PlanRunners>& plans, const Choice& choice,
-                                      const at::Tensor& input, const at::Tensor& output, const std::string& op)>;
+                                      const PlanSlot& slot, const at::Tensor& input, const at::Tensor& output,
+                                      const std::string& op)>;
 
 struct BackendOptions {
   std::string name;  ///< unique per group, the same on every rank

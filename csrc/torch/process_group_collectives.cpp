@@ -88,10 +88,11 @@ bool PycclBackend::ranPlan(const Choice& choice, const char* collective, const a
   const ReduceOp rop = op == nullptr ? ReduceOp::kSum : reduceOpOfC10d(*op);
   const Collective c = parseCollective(collective, "collective");
   const uint64_t bytes = input.nbytes() * (c == Collective::kAllGather ? static_cast<uint64_t>(getSize()) : 1);
-  if (const auto plan = lane.plans->find(planSlotOf(choice, c, bytes, getSize()).key)) {
+  const PlanSlot slot = planSlotOf(choice, c, bytes, getSize());
+  if (const auto plan = lane.plans->find(slot.key)) {
     runPlanTensor(*plan->executor, *lane.comm, c, input, output, rop, plan->reduces);
   } else {
-    options_.plans(collective, lane.comm, lane.plans, choice, input, output, reduceOpName(rop));
+    options_.plans(collective, lane.comm, lane.plans, choice, slot, input, output, reduceOpName(rop));
   }
   return true;
 }

@@ -391,7 +391,7 @@ class Communicator:
     def _share_plans(self, plans: "_C.PlanRunners") -> None:
         """Keeps the plans in `plans` (a lane's table) from now on, with those set up so far."""
         for key, runner in self._plan_runners.items():
-            plans.add(key, runner._executor, runner._reduces, runner._in_chunks, runner._out_chunks)
+            runner.keep_in(plans, key)
         self._plans = plans
         if self._runtime is not None:
             self._run_on(self._engine, self._selector)
@@ -404,7 +404,7 @@ class Communicator:
         """Keeps `runner` (a PlanRunner on this communicator) under the slot `key`, for every entry point: the
         Python path, and the C++ ones (the call runtime, torch.ops.pyccl's kernels) through the plan table."""
         self._plan_runners[key] = runner
-        self._plans.add(key, runner._executor, runner._reduces, runner._in_chunks, runner._out_chunks)
+        runner.keep_in(self._plans, key)
 
     def _has_direct_nccl(self) -> bool:
         return self._nccl_direct is not None

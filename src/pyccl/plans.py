@@ -319,5 +319,10 @@ class PlanRunner:
             raise InvalidArgumentError(f"invalid argument 'nbytes': a positive byte count, got {nbytes!r}")
         return self._executor.threads_for(nbytes)
 
+    def keep_in(self, plans: "_C.PlanRunners", key: str) -> None:
+        """Adds this runner to the plan table `plans` under the selector's slot `key`, so that the C++ entry
+        points (the call runtime, torch.ops.pyccl's kernels, the "pyccl" process group) run it too."""
+        plans.add(key, self._executor, self._reduces, self._in_chunks, self._out_chunks)
+
     def close(self) -> None:
         self._executor.close()
