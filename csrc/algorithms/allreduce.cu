@@ -117,10 +117,11 @@ PYCCL_HOST_DEVICE void allReduceTwoPhaseLL(const CollectiveContext& c, const voi
   bool ok = true;
   const uint64_t myBytes = chunkBytes(c.rank);
   for (uint64_t i = lo + tid; i < hi; i += numThreads) {
-    float acc[kLanes] = {};
+    AccOf<T> acc[kLanes] = {};
     detail::reduceArrivingPacket<T, Op>(c, phase, block, lo, i, in + c.rank * chunkStride, myBytes, flag, ok, acc);
-    for (uint32_t l = 0; l < kLanes; ++l) acc[l] = Reducer<Op>::finish(acc[l], world);
-    uint32_t result[2] = {detail::wordOfLanes<T>(acc), detail::wordOfLanes<T>(acc + kLanes / 2)};
+    for (uint32_t l = 0; l < kLanes; ++l) acc[l] = finishReduction<T, Op>(acc[l], world);
+    uint32_t result[2];
+    detail::packLanes<T>(acc, result);
     for (int k = 1; k < world; ++k) {
       detail::ll2Packets(c, (c.rank + k) % world, phase, c.rank, block)[i - lo].write(result, flag);
     }
@@ -359,17 +360,17 @@ PYCCL_HOST_DEVICE void allReduceZeroCopy(const CollectiveContext& c, const Symme
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q < world) raw[q] = *reinterpret_cast<const detail::Vec16*>(p.inputs[q] + at);
       }
-      float acc[kVec] PYCCL_HOST_ZEROED;
+      AccOf<T> acc[kVec] PYCCL_HOST_ZEROED;
       PYCCL_UNROLL
       for (int q = 0; q < kMaxCollectiveRanks; ++q) {
         if (q >= world) break;
         const auto* words = reinterpret_cast<const uint32_t*>(&raw[q]);
         for (uint32_t l = 0; l < kVec; ++l) {
-          const float x = ElementTraits<T>::toFloat(detail::laneOf<T>(words, l));
+          const AccOf<T> x = ElementTraits<T>::toAcc(detail::laneOf<T>(words, l));
           acc[l] = q == 0 ? x : Reducer<Op>::apply(acc[l], x);
         }
       }
-      for (uint32_t l = 0; l < kVec; ++l) acc[l] = Reducer<Op>::finish(acc[l], world);
+      for (uint32_t l = 0; l < kVec; ++l) acc[l] = finishReduction<T, Op>(acc[l], world);
       const detail::Vec16 packed = detail::vectorOfLanes<T>(acc);
       // Staggered so that the ranks' stores spread over the links.
       for (int k = 0; k < world; ++k) {
@@ -379,12 +380,12 @@ PYCCL_HOST_DEVICE void allReduceZeroCopy(const CollectiveContext& c, const Symme
     }
     // What is left: the elements past the last whole vector, or all of them when unaligned.
     for (uint64_t e = begin + vectors * kVec + first; e < end; e += stride) {
-      float acc = 0;
+      AccOf<T> acc = 0;
       for (int q = 0; q < world; ++q) {
-        const float x = ElementTraits<T>::toFloat(reinterpret_cast<const T*>(p.inputs[q])[e]);
+        const AccOf<T> x = ElementTraits<T>::toAcc(reinterpret_cast<const T*>(p.inputs[q])[e]);
         acc = q == 0 ? x : Reducer<Op>::apply(acc, x);
       }
-      const T r = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc, world));
+      const T r = ElementTraits<T>::fromAcc(finishReduction<T, Op>(acc, world));
       for (int q = 0; q < world; ++q) reinterpret_cast<T*>(p.outputs[q])[e] = r;
     }
   }

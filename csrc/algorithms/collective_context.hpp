@@ -160,7 +160,7 @@ PYCCL_HOST_DEVICE void setLaneOf(uint32_t* words, uint32_t lane, T v) {
 }
 
 /// Packet `slot` of `block`'s share of this rank's LL region in `phase`,
-/// reduced over every rank in rank order with fp32 lanes: the peers' packets
+/// reduced over every rank in rank order in accumulator lanes (reduce_types.hpp): the peers' packets
 /// polled kPacketPollBatch ranks at a time (one round trip per batch once
 /// they have landed, not one per peer), this rank's from own(payload). `ok`
 /// turns false, and stays so, once a wait gives up (the lanes are then
@@ -168,7 +168,7 @@ PYCCL_HOST_DEVICE void setLaneOf(uint32_t* words, uint32_t lane, T v) {
 template <typename T, ReduceOp Op, typename Own>
 PYCCL_HOST_DEVICE void reducePolledPacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t slot,
                                           Own&& own, uint32_t flag, bool& ok,
-                                          float (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
+                                          AccOf<T> (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
   constexpr uint32_t kLanes = LL16Packet::kDataBytes / sizeof(T);
   for (int q0 = 0; q0 < c.worldSize; q0 += kPacketPollBatch) {
     uint32_t payloads[kPacketPollBatch][2];
@@ -179,7 +179,7 @@ PYCCL_HOST_DEVICE void reducePolledPacket(const CollectiveContext& c, uint32_t p
       if (q >= c.worldSize) break;
       if (q == c.rank) own(payloads[k]);
       for (uint32_t l = 0; l < kLanes; ++l) {
-        const float v = ElementTraits<T>::toFloat(laneOf<T>(payloads[k], l));
+        const AccOf<T> v = ElementTraits<T>::toAcc(laneOf<T>(payloads[k], l));
         acc[l] = q == 0 ? v : Reducer<Op>::apply(acc[l], v);
       }
     }
@@ -210,7 +210,7 @@ PYCCL_HOST_DEVICE bool blockBarrier(const CollectiveContext& c, uint32_t block, 
 }
 
 /// Reduces `n` elements of the `world` 16-byte aligned sources in rank order
-/// (fp32 accumulation) and stores the result at each of the `numDsts`
+/// (in the accumulator of T, reduce_types.hpp) and stores the result at each of the `numDsts`
 /// destinations (any alignment, in the order given). 16-byte vectors,
 /// registers only.
 template <typename T, ReduceOp Op>
@@ -223,33 +223,33 @@ PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint
     if ((reinterpret_cast<uintptr_t>(dsts[d]) & 15) == 0) alignedDsts |= 1u << d;
   }
   for (uint64_t v = tid; v < vectors; v += numThreads) {
-    float acc[kVec] = {};
+    AccOf<T> acc[kVec] = {};
     for (int q = 0; q < world; ++q) {
       const Vec16 raw = reinterpret_cast<const Vec16*>(sources[q])[v];
       const auto* words = reinterpret_cast<const uint32_t*>(&raw);
       for (uint32_t l = 0; l < kVec; ++l) {
-        const float x = ElementTraits<T>::toFloat(laneOf<T>(words, l));
+        const AccOf<T> x = ElementTraits<T>::toAcc(laneOf<T>(words, l));
         acc[l] = q == 0 ? x : Reducer<Op>::apply(acc[l], x);
       }
     }
-    for (uint32_t l = 0; l < kVec; ++l) acc[l] = Reducer<Op>::finish(acc[l], world);
+    for (uint32_t l = 0; l < kVec; ++l) acc[l] = finishReduction<T, Op>(acc[l], world);
     const Vec16 packed = vectorOfLanes<T>(acc);
     auto store = [&](char* d, bool aligned) {
       if (aligned) {
         reinterpret_cast<Vec16*>(d)[v] = packed;
       } else {
-        for (uint32_t l = 0; l < kVec; ++l) reinterpret_cast<T*>(d)[v * kVec + l] = ElementTraits<T>::fromFloat(acc[l]);
+        for (uint32_t l = 0; l < kVec; ++l) reinterpret_cast<T*>(d)[v * kVec + l] = ElementTraits<T>::fromAcc(acc[l]);
       }
     };
     for (int d = 0; d < numDsts; ++d) store(dsts[d], (alignedDsts >> d) & 1);
   }
   for (uint64_t k = vectors * kVec + tid; k < n; k += numThreads) {
-    float acc = 0;
+    AccOf<T> acc = 0;
     for (int q = 0; q < world; ++q) {
-      const float x = ElementTraits<T>::toFloat(reinterpret_cast<const T*>(sources[q])[k]);
+      const AccOf<T> x = ElementTraits<T>::toAcc(reinterpret_cast<const T*>(sources[q])[k]);
       acc = q == 0 ? x : Reducer<Op>::apply(acc, x);
     }
-    const T r = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc, world));
+    const T r = ElementTraits<T>::fromAcc(finishReduction<T, Op>(acc, world));
     for (int d = 0; d < numDsts; ++d) reinterpret_cast<T*>(dsts[d])[k] = r;
   }
 }
@@ -259,7 +259,7 @@ PYCCL_HOST_DEVICE void reduceSources(const char* const* sources, int world, uint
 template <typename T, ReduceOp Op>
 PYCCL_HOST_DEVICE void reduceArrivingPacket(const CollectiveContext& c, uint32_t phase, uint32_t block, uint64_t lo,
                                             uint64_t i, const char* mine, uint64_t mineBytes, uint32_t flag,
-                                            bool& ok, float (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
+                                            bool& ok, AccOf<T> (&acc)[LL16Packet::kDataBytes / sizeof(T)]) {
   reducePolledPacket<T, Op>(
       c, phase, block, i - lo, [&](uint32_t (&payload)[2]) { packPayload<LL16Packet>(mine, i, mineBytes, payload); },
       flag, ok, acc);
@@ -297,11 +297,11 @@ PYCCL_HOST_DEVICE void reduceLL(const CollectiveContext& c, const void* input, u
   // 2. Reduce in rank order as the peers' packets arrive.
   bool ok = true;
   for (uint64_t i = lo + tid; i < hi; i += numThreads) {
-    float acc[kLanes] = {};
+    AccOf<T> acc[kLanes] = {};
     detail::reduceArrivingPacket<T, Op>(c, phase, block, lo, i, mine, bytes, flag, ok, acc);
     const uint64_t first = i * kLanes;
     for (uint32_t l = 0; l < kLanes && first + l < count; ++l) {
-      out[first + l] = ElementTraits<T>::fromFloat(Reducer<Op>::finish(acc[l], c.worldSize));
+      out[first + l] = ElementTraits<T>::fromAcc(finishReduction<T, Op>(acc[l], c.worldSize));
     }
   }
   syncBlock();

@@ -68,7 +68,7 @@ constexpr uint32_t kFusedLanes = LL16Packet::kDataBytes / sizeof(T);
 
 template <typename T>
 PYCCL_HOST_DEVICE float laneFloat(const uint32_t (&payload)[2], uint32_t lane) {
-  return ElementTraits<T>::toFloat(laneOf<T>(payload, lane));
+  return ElementTraits<T>::toAcc(laneOf<T>(payload, lane));
 }
 
 /// squares + v * v in one rounding (an explicit fused multiply-add, on the
@@ -96,7 +96,7 @@ template <typename T>
 PYCCL_HOST_DEVICE void addResidual(const float (&acc)[kFusedLanes<T>], const uint32_t (&residual)[2],
                                    uint32_t (&out)[2]) {
   for (uint32_t l = 0; l < kFusedLanes<T>; ++l) {
-    setLaneOf<T>(out, l, ElementTraits<T>::fromFloat(acc[l] + laneFloat<T>(residual, l)));
+    setLaneOf<T>(out, l, ElementTraits<T>::fromAcc(acc[l] + laneFloat<T>(residual, l)));
   }
 }
 
@@ -145,7 +145,7 @@ PYCCL_HOST_DEVICE void normalizePacket(char* out, const FusedNormSlice& s, uint6
                                        const uint32_t (&w)[2], float scale) {
   uint32_t n[2];
   for (uint32_t l = 0; l < kFusedLanes<T>; ++l) {
-    setLaneOf<T>(n, l, ElementTraits<T>::fromFloat(laneFloat<T>(v, l) * scale * laneFloat<T>(w, l)));
+    setLaneOf<T>(n, l, ElementTraits<T>::fromAcc(laneFloat<T>(v, l) * scale * laneFloat<T>(w, l)));
   }
   unpackPayload<LL16Packet>(out, i, s.bytes, n);
 }
@@ -404,9 +404,9 @@ namespace detail {
 template <typename T, typename Unit>
 PYCCL_HOST_DEVICE float unitLane(const Unit& u, uint32_t l) {
   if constexpr (std::is_same_v<Unit, T>) {
-    return ElementTraits<T>::toFloat(u);  // one element: no words to read it through
+    return ElementTraits<T>::toAcc(u);  // one element: no words to read it through
   } else {
-    return ElementTraits<T>::toFloat(laneOf<T>(reinterpret_cast<const uint32_t*>(&u), l));
+    return ElementTraits<T>::toAcc(laneOf<T>(reinterpret_cast<const uint32_t*>(&u), l));
   }
 }
 
@@ -416,9 +416,9 @@ template <typename T, typename Unit>
 PYCCL_HOST_DEVICE Unit addUnit(const Unit& sum, const Unit& residual, float& squares) {
   Unit out;
   for (uint32_t l = 0; l < sizeof(Unit) / sizeof(T); ++l) {
-    const T r = ElementTraits<T>::fromFloat(unitLane<T>(sum, l) + unitLane<T>(residual, l));
+    const T r = ElementTraits<T>::fromAcc(unitLane<T>(sum, l) + unitLane<T>(residual, l));
     setLaneOf<T>(reinterpret_cast<uint32_t*>(&out), l, r);
-    squares = addSquare(ElementTraits<T>::toFloat(r), squares);
+    squares = addSquare(ElementTraits<T>::toAcc(r), squares);
   }
   return out;
 }
@@ -429,7 +429,7 @@ PYCCL_HOST_DEVICE Unit normalizeUnit(const Unit& v, const Unit& w, float scale) 
   Unit out;
   for (uint32_t l = 0; l < sizeof(Unit) / sizeof(T); ++l) {
     setLaneOf<T>(reinterpret_cast<uint32_t*>(&out), l,
-                 ElementTraits<T>::fromFloat(unitLane<T>(v, l) * scale * unitLane<T>(w, l)));
+                 ElementTraits<T>::fromAcc(unitLane<T>(v, l) * scale * unitLane<T>(w, l)));
   }
   return out;
 }

@@ -269,14 +269,11 @@ Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t
     return named(forced, nccl, ChoiceSource::kArgument);
   }
   if (!forcedByEnv_[ci].empty()) return named(forcedByEnv_[ci], nccl, ChoiceSource::kEnvironment);
-  // A reduction of a dtype the kernels and plans do not reduce (float64, integers, bool): the caller's NCCL;
-  // else, on one node, the engine, which reduces them after gathering (gathered_reductions.cpp); across nodes,
-  // the collectives run across nodes (which refuse them).
-  if (dtype == TableDtype::kOther && (c == Collective::kAllReduce || c == Collective::kReduceScatter)) {
-    if (nccl) return routed(Route::kNccl, "nccl", ChoiceSource::kDefault);
-    if (config_.acrossNodes) return routed(Route::kAcrossNodes, "", ChoiceSource::kAcrossNodes);
-    return routed(Route::kKernel, defaultKernel_(c, bytes, false), ChoiceSource::kDefault);
-  }
+  // Plans reduce only the float dtypes the tables are kept for: a reduction of any other (float64, float8, the
+  // integers, bool) takes no plan, registered or in a table.
+  const bool otherReduction =
+      dtype == TableDtype::kOther && (c == Collective::kAllReduce || c == Collective::kReduceScatter);
+  if (otherReduction) plans = false;
   // 2. A registered plan.
   PlanRegistry& r = registry();
   if (plans && r.size.load(std::memory_order_relaxed) != 0) {
@@ -290,9 +287,10 @@ Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t
       }
     }
   }
-  // 3. Across nodes: NCCL from its threshold, else pyccl.across_nodes.
+  // 3. Across nodes: NCCL from its threshold, else pyccl.across_nodes (which reduces the float dtypes only: the
+  // others go to NCCL where the caller has it, else there to be refused).
   if (config_.acrossNodes && runsAcrossNodes(c)) {
-    if (nccl && bytes >= ncclMinBytes(c)) return routed(Route::kNccl, "nccl", ChoiceSource::kAcrossNodes);
+    if (nccl && (bytes >= ncclMinBytes(c) || otherReduction)) return routed(Route::kNccl, "nccl", ChoiceSource::kAcrossNodes);
     return routed(Route::kAcrossNodes, "", ChoiceSource::kAcrossNodes);
   }
   // 4 and 5.

@@ -4,15 +4,16 @@
 // across nodes. It is made here and nowhere else, for every entry point
 // (pyccl.*, torch.ops.pyccl.*, the "pyccl" process group, NCCL's C API), in this order:
 //
-//   1. a forced algorithm: the call's own argument, else PYCCL_ALGO; then,
-//      for an all-reduce or reduce-scatter of a dtype the kernels do not
-//      reduce (kOther: float64, integers, bool), NCCL where the caller has
-//      it, else (on one node) the engine, which reduces it after gathering;
+//   1. a forced algorithm: the call's own argument, else PYCCL_ALGO;
 //   2. a plan registered with pyccl.register_algorithm (process-wide
 //      registry below) for the collective, world size and byte range, whose
-//      chunks divide the input;
+//      chunks divide the input; plans reduce float32, float16 and bfloat16
+//      only, so a reduction of another dtype (kOther: float64, float8, the
+//      integers, bool) takes no plan here or at step 4;
 //   3. on ranks that span nodes (all-reduce, all-gather, reduce-scatter): NCCL
-//      from its threshold where the caller has it, else across nodes;
+//      from its threshold where the caller has it (a kOther reduction at any
+//      size: the collectives across nodes reduce the float dtypes only), else
+//      across nodes;
 //   4. the tuning table of the call's dtype (kernel, NCCL or library plan
 //      entries; where a plan cannot take the call, its entry's fallback),
 //      unless PYCCL_NCCL_MIN_BYTES turns tables off;

@@ -302,6 +302,8 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
   if (closed_) throw ClosedError(strCat("plan: communicator '", comm_.name(), "' is closed"));
   comm_.checkUsable("plan");
   PYCCL_CHECK_ARG(op != ReduceOp::kAvg, "op", "avg is not supported by plans (use sum and divide)");
+  PYCCL_CHECK_ARG(!reduces || isFloatType(dtype), "tensor", "plans reduce float32, float16 and bfloat16, got ",
+                  dataTypeName(dtype), " (the built-in kernels reduce it: pass no plan)");
   const uint64_t unit = static_cast<uint64_t>(program_.inputChunks) * elementSize;
   PYCCL_CHECK_ARG(inputBytes > 0 && inputBytes % unit == 0, "tensor", "has ", inputBytes,
                   " bytes; this plan splits its input into ", program_.inputChunks,
@@ -369,7 +371,7 @@ void PlanExecutor::run(const void* input, uint64_t inputBytes, void* output, uin
 #endif
   (void)stream;
   Communicator::HostKernelScope active(comm_);
-  dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
+  dispatchFloat(dtype, [&]<typename T>() {
     std::vector<std::thread> threads;
     for (int t = 0; t < tbs; ++t) {
       threads.emplace_back([&ctx, op, t, lean = lean_, maxOps = maxOpsPerBlock_] {

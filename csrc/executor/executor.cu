@@ -135,7 +135,7 @@ void runPlanDevice(const PlanContext& context, int numThreadBlocks, uint32_t thr
   auto s = static_cast<cudaStream_t>(stream);
   const uint64_t shared = stagedOpBytes(maxOpsPerBlock);
   const KernelLaunch launch{threads, programmatic, static_cast<uint32_t>(shared)};
-  dispatchReduction(dtype, op, [&]<typename T, ReduceOp>() {
+  dispatchFloat(dtype, [&]<typename T>() {
     auto kernel = !roomy ? planKernel<T, false, false> : lean ? planKernel<T, true, true> : planKernel<T, true, false>;
     launchCollectiveKernel(kernel, static_cast<uint32_t>(numThreadBlocks), launch, s, context, static_cast<int>(op),
                            opsFit(maxOpsPerBlock), addressesFit(maxOpsPerBlock));

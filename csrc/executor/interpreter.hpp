@@ -74,9 +74,9 @@ PYCCL_HOST_DEVICE void reduceElements(const OpOperands& ops, Reduce reduce, bool
     for (int e = 0; e < numExtra; ++e) storeVec(extra[e], v, packed);
   }
   for (uint64_t i = vectors * kVec + tid; i < n; i += numThreads) {
-    float acc = ElementTraits<T>::toFloat(elementAt<T>(inputs[0], i));
-    for (int k = 1; k < numInputs; ++k) acc = reduce(acc, ElementTraits<T>::toFloat(elementAt<T>(inputs[k], i)));
-    const T r = ElementTraits<T>::fromFloat(acc);
+    float acc = ElementTraits<T>::toAcc(elementAt<T>(inputs[0], i));
+    for (int k = 1; k < numInputs; ++k) acc = reduce(acc, ElementTraits<T>::toAcc(elementAt<T>(inputs[k], i)));
+    const T r = ElementTraits<T>::fromAcc(acc);
     reinterpret_cast<T*>(dst)[i] = r;
     for (int e = 0; e < numExtra; ++e) reinterpret_cast<T*>(extra[e])[i] = r;
   }

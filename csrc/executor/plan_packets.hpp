@@ -46,7 +46,7 @@ PYCCL_HOST_DEVICE bool reducePacketsAnyShape(const PlanContext& c, const PlanChu
     const uint32_t lanes = chunkElems - i * kLanes < kLanes ? static_cast<uint32_t>(chunkElems - i * kLanes) : kLanes;
     T* elems = reinterpret_cast<T*>(outBase + j * c.chunkBytes) + i * kLanes;  // this packet's elements
     const T* first = reinterpret_cast<const T*>(startBase + j * c.chunkBytes) + i * kLanes;
-    for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toFloat(first[l]);
+    for (uint32_t l = 0; l < lanes; ++l) acc[l] = ElementTraits<T>::toAcc(first[l]);
     for (int s0 = 0; ok && s0 < numSrcs; s0 += kPacketPollBatch) {
       uint32_t payloads[kPacketPollBatch][2];
       ok = pollSourcePackets(c, srcs, numSrcs, s0, j, i, call, flag, payloads);
@@ -54,7 +54,7 @@ PYCCL_HOST_DEVICE bool reducePacketsAnyShape(const PlanContext& c, const PlanChu
       for (int k = 0; k < kPacketPollBatch; ++k) {
         if (!ok || s0 + k >= numSrcs) break;
         for (uint32_t l = 0; l < lanes; ++l) {
-          const float x = ElementTraits<T>::toFloat(elementAt<T>(reinterpret_cast<const char*>(payloads[k]), l));
+          const float x = ElementTraits<T>::toAcc(elementAt<T>(reinterpret_cast<const char*>(payloads[k]), l));
           acc[l] = applyReduce(redOp, acc[l], x);
         }
       }
@@ -62,7 +62,7 @@ PYCCL_HOST_DEVICE bool reducePacketsAnyShape(const PlanContext& c, const PlanChu
     if (!ok) break;
     uint32_t result[2] = {0, 0};  // zero past the chunk's end, as packPayload pads
     for (uint32_t l = 0; l < lanes; ++l) {
-      const T r = ElementTraits<T>::fromFloat(acc[l]);
+      const T r = ElementTraits<T>::fromAcc(acc[l]);
       elems[l] = r;
       setElementAt<T>(reinterpret_cast<char*>(result), l, r);
     }
@@ -109,7 +109,7 @@ struct ResolvedPacketSources {
 /// The payload's lane `l` as fp32.
 template <typename T>
 PYCCL_HOST_DEVICE float laneAt(const uint32_t (&words)[2], uint32_t l) {
-  return ElementTraits<T>::toFloat(detail::laneOf<T>(words, l));
+  return ElementTraits<T>::toAcc(detail::laneOf<T>(words, l));
 }
 
 /// One batch: the op's dsts[0] = `startBase` (one of its chunks) reduced
@@ -147,8 +147,7 @@ PYCCL_HOST_DEVICE bool reducePacketsOneBatch(const OpOperands& ops, const char* 
       for (uint32_t l = 0; l < kLanes; ++l) acc[l] = reduce(acc[l], laneAt<T>(payloads[k], l));
     }
     uint32_t result[2];
-    PYCCL_UNROLL
-    for (uint32_t w = 0; w < 2; ++w) result[w] = detail::wordOfLanes<T>(acc + w * (4 / sizeof(T)));
+    detail::packLanes<T>(acc, result);
     unpackPayload<LL16Packet>(outBase, i, bytes, result);
     PYCCL_UNROLL
     for (int d = 0; d < kResolvedOperands; ++d) {

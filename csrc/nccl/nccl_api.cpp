@@ -9,11 +9,11 @@
 // choice, with plans left out (they are made in Python). What pyccl has no
 // algorithm for goes to the real NCCL, loaded at run time (PYCCL_NCCL_LIBRARY,
 // else libnccl.so.2) and running on a communicator of its own made beside
-// pyccl's: reductions of dtypes the kernels do not reduce, PreMulSum ops,
-// Reduce, Gather and Scatter, the sizes the selector gives to NCCL, and every
-// collective of ranks that span nodes. Without it those calls fail with
-// ncclInvalidUsage. Calls that need NCCL's own communicator (its device API,
-// ncclCommShrink) are refused on pyccl's, with a message that says so.
+// pyccl's: PreMulSum ops, Reduce, Gather and Scatter, the sizes the selector
+// gives to NCCL, and every collective of ranks that span nodes. Without it
+// those calls fail with ncclInvalidUsage. Calls that need NCCL's own
+// communicator (its device API, ncclCommShrink) are refused on pyccl's, with
+// a message that says so.
 //
 // The unique id names a store served by the process that made it
 // (core/tcp_store.hpp), as NCCL's names its root's bootstrap socket;
@@ -267,12 +267,21 @@ TableDtype tableDtypeOf(ncclDataType_t t) {
   }
 }
 
-/// The dtype pyccl's kernels reduce, or nullopt.
+/// The dtype pyccl's kernels reduce (every NCCL data type), or nullopt.
 std::optional<DataType> reducedDtype(ncclDataType_t t) {
   switch (t) {
-    case ncclFloat32: return DataType::kFloat32;
+    case ncclInt8: return DataType::kInt8;
+    case ncclUint8: return DataType::kUInt8;
+    case ncclInt32: return DataType::kInt32;
+    case ncclUint32: return DataType::kUInt32;
+    case ncclInt64: return DataType::kInt64;
+    case ncclUint64: return DataType::kUInt64;
     case ncclFloat16: return DataType::kFloat16;
+    case ncclFloat32: return DataType::kFloat32;
+    case ncclFloat64: return DataType::kFloat64;
     case ncclBfloat16: return DataType::kBFloat16;
+    case ncclFloat8e4m3: return DataType::kFloat8E4M3;
+    case ncclFloat8e5m2: return DataType::kFloat8E5M2;
     default: return std::nullopt;
   }
 }
@@ -612,20 +621,16 @@ void checkRoot(const ncclComm* c, int root) {
 }
 
 /// The selector's choice for a call of `collective`, counted as what runs it: a kernel choice, or nullopt where
-/// the call goes to NCCL. The selector itself hands NCCL its sizes and the reductions of dtypes the kernels lack;
-/// NCCL also takes what this library cannot run on pyccl: PreMulSum ops, every call of ranks without an engine
-/// (makeComm made sure NCCL is there), and a kernel forced on such a dtype (torch's entry points gather those
-/// before reducing; this one has no tensors to do it with). Without NCCL those calls are refused here.
+/// the call goes to NCCL. The selector itself hands NCCL its sizes; NCCL also takes what this library cannot
+/// run on pyccl: PreMulSum ops and every call of ranks without an engine (makeComm made sure NCCL is there).
+/// Without NCCL a PreMulSum op is refused here.
 std::optional<Choice> choose(ncclComm* c, Collective collective, ncclDataType_t dtype, uint64_t bytes,
-                             uint64_t count, bool reduction, bool premulSum) {
+                             uint64_t count, bool premulSum) {
   const bool nccl = c->real != nullptr;
-  const bool kernelsReduce = !reduction || reducedDtype(dtype).has_value();
-  if ((premulSum || !kernelsReduce) && !nccl) {
-    throw NcclFailure(premulSum ? ncclInvalidUsage : ncclInvalidArgument,
-                      strCat("invalid argument '", premulSum ? "op" : "datatype", "': pyccl's kernels reduce "
-                             "float32, float16 and bfloat16 with sum, prod, max, min and avg; ",
-                             premulSum ? "a PreMulSum op" : kDtypeNames[dtype], " needs the real NCCL, and none "
-                             "is loaded", c->device < 0 ? " (host mode has none)" : " (PYCCL_NCCL_LIBRARY)"));
+  if (premulSum && !nccl) {
+    throw NcclFailure(ncclInvalidUsage, strCat("invalid argument 'op': pyccl's kernels reduce with sum, prod, max, "
+                                               "min and avg; a PreMulSum op needs the real NCCL, and none is loaded",
+                                               c->device < 0 ? " (host mode has none)" : " (PYCCL_NCCL_LIBRARY)"));
   }
   if (premulSum) {
     countForwarded(c, strCat(collectiveName(collective), " premul_sum"));
@@ -633,7 +638,7 @@ std::optional<Choice> choose(ncclComm* c, Collective collective, ncclDataType_t 
   }
   Choice choice = c->selector->select(collective, tableDtypeOf(dtype), bytes, count, "", nccl, /*plans=*/false,
                                       /*counted=*/false);
-  if (choice.route != Route::kKernel || c->engine == nullptr || !kernelsReduce) {
+  if (choice.route != Route::kKernel || c->engine == nullptr) {
     choice.route = Route::kNccl;
     choice.algorithm = "nccl";
   }
@@ -1135,7 +1140,7 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuf
     checkBuffer(c, sendbuff, bytes, "sendbuff");
     checkBuffer(c, recvbuff, bytes, "recvbuff");
     checkPlacement(sendbuff, bytes, recvbuff, bytes, recvbuff, "sendbuff == recvbuff");
-    const std::optional<Choice> choice = choose(c, Collective::kAllReduce, datatype, bytes, count, true, !reduceOp);
+    const std::optional<Choice> choice = choose(c, Collective::kAllReduce, datatype, bytes, count, !reduceOp);
     if (!choice) {
       submit(c, stream, true, [=] {
         checkReal(realNccl()->allReduce(sendbuff, recvbuff, count, datatype, op, c->real, stream), "ncclAllReduce");
@@ -1165,7 +1170,7 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuf
     checkPlacement(sendbuff, chunk, recvbuff, chunk * c->nranks, static_cast<char*>(recvbuff) + c->rank * chunk,
                    "sendbuff == recvbuff + rank * sendcount");
     const std::optional<Choice> choice =
-        choose(c, Collective::kAllGather, datatype, chunk * c->nranks, sendcount, false, false);
+        choose(c, Collective::kAllGather, datatype, chunk * c->nranks, sendcount, false);
     if (!choice) {
       submit(c, stream, true, [=] {
         checkReal(realNccl()->allGather(sendbuff, recvbuff, sendcount, datatype, c->real, stream), "ncclAllGather");
@@ -1196,7 +1201,7 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* rec
     checkPlacement(sendbuff, chunk * c->nranks, recvbuff, chunk,
                    static_cast<const char*>(recvbuff) - c->rank * chunk, "recvbuff == sendbuff + rank * recvcount");
     const std::optional<Choice> choice = choose(c, Collective::kReduceScatter, datatype, chunk * c->nranks,
-                                                recvcount * c->nranks, true, !reduceOp);
+                                                recvcount * c->nranks, !reduceOp);
     if (!choice) {
       submit(c, stream, true, [=] {
         checkReal(realNccl()->reduceScatter(sendbuff, recvbuff, recvcount, datatype, op, c->real, stream),
@@ -1227,7 +1232,7 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuf
     if (c->rank == root) checkBuffer(c, sendbuff, bytes, "sendbuff");
     checkBuffer(c, recvbuff, bytes, "recvbuff");
     if (c->rank == root) checkPlacement(sendbuff, bytes, recvbuff, bytes, recvbuff, "sendbuff == recvbuff");
-    const std::optional<Choice> choice = choose(c, Collective::kBroadcast, datatype, bytes, count, false, false);
+    const std::optional<Choice> choice = choose(c, Collective::kBroadcast, datatype, bytes, count, false);
     if (!choice) {
       submit(c, stream, true, [=] {
         checkReal(realNccl()->broadcast(sendbuff, recvbuff, count, datatype, root, c->real, stream), "ncclBroadcast");
@@ -1283,7 +1288,7 @@ PYCCL_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff
     checkBuffer(c, sendbuff, total, "sendbuff");
     checkBuffer(c, recvbuff, total, "recvbuff");
     checkPlacement(sendbuff, total, recvbuff, total, recvbuff, "sendbuff == recvbuff");
-    const std::optional<Choice> choice = choose(c, Collective::kAllToAll, datatype, total, count, false, false);
+    const std::optional<Choice> choice = choose(c, Collective::kAllToAll, datatype, total, count, false);
     if (!choice) {
       const RealNccl* real = realNccl();
       submit(c, stream, true, [=] {

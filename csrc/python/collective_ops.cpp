@@ -203,10 +203,10 @@ at::Tensor broadcastKernel(const at::Tensor& x, int64_t src, c10::string_view gr
   return *std::move(done);
 }
 
-/// Whether a fused call of `input` runs fused by the automatic choice: a dtype the kernels reduce, at most
+/// Whether a fused call of `input` runs fused by the automatic choice: a dtype the fused kernels take, at most
 /// kFusedMaxBytes (above it, pyccl.all_reduce, then torch's add and rms_norm: the Python path).
 bool fusedByDefault(const at::Tensor& input) {
-  return input.nbytes() <= kFusedMaxBytes && reducesDtype(input.scalar_type());
+  return input.nbytes() <= kFusedMaxBytes && isFloatDtype(input.scalar_type());
 }
 
 /// The fused all-reduce + residual add + RMSNorm of `input` on `runtime`'s engine, into `out` and `residualOut`
@@ -327,7 +327,7 @@ py::object callFusedNorm(const GroupRuntime& runtime, py::handle x, py::handle r
   if (forced->empty()) {
     if (!fusedByDefault(*input)) return py::none();
   } else {
-    if (*forced == "unfused" || !reducesDtype(input->scalar_type())) return py::none();
+    if (*forced == "unfused" || !isFloatDtype(input->scalar_type())) return py::none();
     try {
       algo = parseFusedNormAlgorithm(*forced, "algorithm");
     } catch (const Error&) {

@@ -55,7 +55,7 @@ c10::intrusive_ptr<c10d::Work> PycclBackend::runAcrossNodes(
     Lane& lane, const char* op, const char* collective, const at::Tensor& input, const at::Tensor& output,
     const c10d::ReduceOp* reduceOp, c10d::OpType type,
     const std::function<c10::intrusive_ptr<c10d::Work>()>& delegateCall) {
-  if (reduceOp == nullptr || (reducesDtype(input.scalar_type()) && pycclReduces(*reduceOp))) {
+  if (reduceOp == nullptr || (isFloatDtype(input.scalar_type()) && pycclReduces(*reduceOp))) {
     const char* name = "sum";
     if (reduceOp != nullptr) name = reduceOpName(reduceOpOfC10d(*reduceOp));
     options_.acrossNodes(collective, lane.comm, input, output, name);

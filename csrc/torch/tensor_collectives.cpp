@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "core/errors.hpp"
-#include "torch/gathered_reductions.hpp"
 
 namespace pyccl {
 namespace {
@@ -74,18 +73,53 @@ std::string dtypeName(at::ScalarType t) {
   }
 }
 
-bool reduces(at::ScalarType st) { return reducesDtype(st) || reducesByGathering(st); }
+namespace {
 
-DataType reductionTypeOf(const at::Tensor& t, const char* arg) {
-  switch (t.scalar_type()) {
+/// The kernels' dtype of `st`, where they reduce it (bool aside).
+std::optional<DataType> kernelTypeOf(at::ScalarType st) {
+  switch (st) {
     case at::kFloat: return DataType::kFloat32;
     case at::kHalf: return DataType::kFloat16;
     case at::kBFloat16: return DataType::kBFloat16;
-    default:
-      throw TypeError(strCat("invalid argument '", arg, "': pyccl's kernels reduce float32, float16 and bfloat16 "
-                             "(all_reduce and reduce_scatter also take float64, int8, uint8, int32, uint32, int64, "
-                             "uint64, float8_e4m3fn, float8_e5m2 and bool), got ", dtypeName(t.scalar_type())));
+    case at::kDouble: return DataType::kFloat64;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kInt: return DataType::kInt32;
+    case at::kUInt32: return DataType::kUInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kUInt64: return DataType::kUInt64;
+    case at::kFloat8_e4m3fn: return DataType::kFloat8E4M3;
+    case at::kFloat8_e5m2: return DataType::kFloat8E5M2;
+    default: return std::nullopt;
   }
+}
+
+}  // namespace
+
+bool reduces(at::ScalarType st) { return st == at::kBool || kernelTypeOf(st).has_value(); }
+
+std::pair<DataType, ReduceOp> reductionOf(const at::Tensor& t, ReduceOp op, const char* arg) {
+  if (t.scalar_type() == at::kBool) {
+    PYCCL_CHECK_ARG(op != ReduceOp::kAvg, "op",
+                    "avg does not apply to bool tensors (sum and max give any, prod and min give all)");
+    const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
+    return {DataType::kUInt8, any ? ReduceOp::kMax : ReduceOp::kMin};
+  }
+  const std::optional<DataType> dtype = kernelTypeOf(t.scalar_type());
+  if (!dtype) {
+    throw TypeError(strCat("invalid argument '", arg, "': all_reduce and reduce_scatter reduce float32, float16, "
+                           "bfloat16, float64, int8, uint8, int32, uint32, int64, uint64, float8_e4m3fn, "
+                           "float8_e5m2 and bool, got ", dtypeName(t.scalar_type())));
+  }
+  return {*dtype, op};
+}
+
+DataType floatTypeOf(const at::Tensor& t, const char* arg, const char* what) {
+  if (!isFloatDtype(t.scalar_type())) {
+    throw TypeError(strCat("invalid argument '", arg, "': ", what, " float32, float16 and bfloat16, got ",
+                           dtypeName(t.scalar_type())));
+  }
+  return *kernelTypeOf(t.scalar_type());
 }
 
 ReduceOp reduceOpOf(const std::string& op) {
@@ -123,15 +157,8 @@ void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Te
   PYCCL_CHECK_ARG(input.numel() == output.numel(), "out", "has ", output.numel(), " elements, the input ",
                   input.numel());
   checkOutPlacement(OutPlacement::kSameOrApart, input, output, comm.rank());
-  if (reducesByGathering(input.scalar_type())) {
-    checkGatheredReduction(input.scalar_type(), op);
-    const at::Tensor rows = at::empty({comm.worldSize(), input.numel()}, input.options());
-    allGatherTensor(e, comm, input, rows, std::nullopt);
-    output.view({-1}).copy_(reduceOverRanks(rows, op));
-    return;
-  }
-  const DataType dtype = reductionTypeOf(input, "tensor");
-  e.allReduce(input.data_ptr(), output.data_ptr(), static_cast<uint64_t>(input.numel()), dtype, op, algorithm,
+  const auto [dtype, kernelOp] = reductionOf(input, op, "tensor");
+  e.allReduce(input.data_ptr(), output.data_ptr(), static_cast<uint64_t>(input.numel()), dtype, kernelOp, algorithm,
               currentStream(comm), symmetricAlgorithm);
 }
 
@@ -155,17 +182,9 @@ void reduceScatterTensor(CollectiveEngine& e, const Communicator& comm, const at
                   input.numel() / comm.worldSize(),
                   input.numel() % comm.worldSize() ? " (and the input must divide evenly)" : "");
   checkOutPlacement(OutPlacement::kOutputAtRankChunk, input, output, comm.rank());
-  if (reducesByGathering(input.scalar_type())) {
-    checkGatheredReduction(input.scalar_type(), op);
-    // Row q: rank q's chunk of the input meant for this rank.
-    const at::Tensor rows = at::empty({comm.worldSize(), output.numel()}, input.options());
-    allToAllTensor(e, comm, input, rows, std::nullopt);
-    output.view({-1}).copy_(reduceOverRanks(rows, op));
-    return;
-  }
-  const DataType dtype = reductionTypeOf(input, "tensor");
+  const auto [dtype, kernelOp] = reductionOf(input, op, "tensor");
   const uint64_t chunk = output.nbytes();
-  runExchange(e, comm, ExchangeKind::kReduceScatter, input, chunk, output, 0, chunk, 0, dtype, op, protocol);
+  runExchange(e, comm, ExchangeKind::kReduceScatter, input, chunk, output, 0, chunk, 0, dtype, kernelOp, protocol);
 }
 
 void allToAllTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
@@ -184,7 +203,7 @@ void allToAllTensor(CollectiveEngine& e, const Communicator& comm, const at::Ten
 void allReduceRMSNormTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                             const at::Tensor& residual, const at::Tensor& weight, const at::Tensor& normed,
                             const at::Tensor& residualOut, double eps, std::optional<FusedNormAlgorithm> algorithm) {
-  const DataType dtype = reductionTypeOf(input, "tensor");
+  const DataType dtype = floatTypeOf(input, "tensor", "the fused all-reduce + RMSNorm takes");
   PYCCL_CHECK_ARG(input.dim() >= 1, "tensor", "must have at least one dimension (rows x hidden)");
   const struct {
     const at::Tensor& t;
@@ -247,7 +266,9 @@ void runPlanTensor(PlanExecutor& plan, const Communicator& comm, std::optional<C
   PYCCL_CHECK_ARG(input.scalar_type() == output.scalar_type(), "out", "has dtype ", dtypeName(output.scalar_type()),
                   ", the input ", dtypeName(input.scalar_type()));
   if (c) checkOutPlacement(outPlacementOf(*c), input, output, comm.rank());
-  const DataType dtype = reduces ? reductionTypeOf(input, "tensor") : DataType::kFloat32;
+  const DataType dtype =
+      reduces ? floatTypeOf(input, "tensor", "plans reduce (the built-in kernels reduce the other dtypes)")
+              : DataType::kFloat32;
   const bool average = reduces && op == ReduceOp::kAvg;
   plan.run(input.data_ptr(), input.nbytes(), output.data_ptr(), output.nbytes(), dtype, input.element_size(),
            average ? ReduceOp::kSum : op, currentStream(comm), reduces);

@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch/selector.hpp"
@@ -18,14 +19,20 @@ namespace pyccl {
 
 /// torch's name of a dtype ("torch.int32", not c10's "Int").
 std::string dtypeName(at::ScalarType t);
-/// Whether pyccl's kernels and plans reduce tensors of `st` (float32, float16, bfloat16). The all-reduce and
-/// reduce-scatter below take float64, the integers and bool too (gathered_reductions.hpp).
-inline bool reducesDtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
-/// Whether allReduceTensor and reduceScatterTensor reduce tensors of `st`: the kernels' dtypes, and those
-/// reduced by gathering.
+/// float32, float16 and bfloat16: the dtypes of plans, of the fused all-reduce + RMSNorm and of the
+/// collectives across nodes.
+inline bool isFloatDtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
+/// Whether allReduceTensor and reduceScatterTensor reduce tensors of `st`: every dtype NCCL reduces (float32,
+/// float16, bfloat16, float64, int8, uint8, int32, uint32, int64, uint64, float8_e4m3fn, float8_e5m2), and
+/// bool as ProcessGroupNCCL reduces it.
 bool reduces(at::ScalarType st);
-/// The kernels' reduction dtype of `t`; TypeError naming `arg` and the dtype otherwise.
-DataType reductionTypeOf(const at::Tensor& t, const char* arg);
+/// What the kernels reduce for a reduction `op` of `t`: its dtype, and the op; bool as uint8 0/1 bytes, sum
+/// and max giving "any", prod and min "all" (ProcessGroupNCCL's mapping). TypeError naming `arg` for a dtype
+/// that does not reduce; InvalidArgument naming 'op' for avg of bool.
+std::pair<DataType, ReduceOp> reductionOf(const at::Tensor& t, ReduceOp op, const char* arg);
+/// The dtype of `t` for the float-only calls (isFloatDtype); otherwise TypeError naming `arg`, saying
+/// "<what> float32, float16 and bfloat16".
+DataType floatTypeOf(const at::Tensor& t, const char* arg, const char* what);
 /// "sum", "avg", "min", "max", "prod"; InvalidArgument otherwise.
 ReduceOp reduceOpOf(const std::string& op);
 /// Contiguous and on the communicator's device; InvalidArgument naming `arg` otherwise.
@@ -47,8 +54,7 @@ void* currentStream(const Communicator& comm);
 /// The selector's table dtype of `t` (dispatch/selector.hpp).
 TableDtype tableDtypeOf(const at::Tensor& t);
 
-/// `symmetricAlgorithm`: as CollectiveEngine::allReduce takes it. float64, the integers and bool are reduced
-/// by gathering (gathered_reductions.hpp), whatever the algorithm; so are they by reduceScatterTensor.
+/// `symmetricAlgorithm`: as CollectiveEngine::allReduce takes it. Every dtype of reduces() (reductionOf).
 void allReduceTensor(CollectiveEngine& e, const Communicator& comm, const at::Tensor& input,
                      const at::Tensor& output, ReduceOp op, std::optional<AllReduceAlgorithm> algorithm,
                      std::optional<AllReduceAlgorithm> symmetricAlgorithm = std::nullopt);

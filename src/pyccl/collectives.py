@@ -10,14 +10,13 @@ scratch buffers.
     import torch.distributed as dist, pyccl
     dist.init_process_group("gloo")       # or nccl: pyccl only needs its store
     torch.cuda.set_device(rank)
-    y = pyccl.all_reduce(x)               # x: float32/float16/bfloat16 on cuda
+    y = pyccl.all_reduce(x)               # x: on cuda (every dtype NCCL reduces)
     g = pyccl.all_gather(x)               # any dtype; shape (world * x.shape[0], ...)
 
 Tensors must be contiguous (a non-contiguous tensor raises; pass
-``x.contiguous()``). The kernels reduce float32, float16 and bfloat16 (16-bit
-values are reduced in fp32); all-reduce and reduce-scatter also take float64,
-the integers NCCL reduces and bool (through the caller's NCCL where it has
-one, else gathered and reduced over the ranks: docs/collectives.md); data
+``x.contiguous()``). All-reduce and reduce-scatter reduce every dtype NCCL
+reduces (float32, float16, bfloat16, float64, float8 and the integers, each
+as NCCL does: docs/collectives.md, "Reduction dtypes"), and bool; data
 movement takes every dtype.
 """
 
@@ -55,9 +54,9 @@ def all_reduce(tensor: torch.Tensor, op="sum", group: Optional[dist.ProcessGroup
     """All-reduces ``tensor`` over the ranks of ``group`` (or of ``comm``).
 
     Args:
-        tensor: contiguous, on the communicator's device: float32, float16 or bfloat16 (the kernels), or
-            float64, int8, uint8, int32, uint32, int64, uint64, float8_e4m3fn, float8_e5m2 or bool (NCCL's
-            semantics; the caller's NCCL where it has one, else gathered and reduced over the ranks).
+        tensor: contiguous, on the communicator's device: float32, float16, bfloat16, float64, int8, uint8,
+            int32, uint32, int64, uint64, float8_e4m3fn, float8_e5m2 (NCCL's semantics) or bool (sum and max
+            give any, prod and min all).
         op: "sum", "avg", "min", "max", "prod", or a ``torch.distributed.ReduceOp``.
         group: a torch process group (default: the world).
         out: where the result goes (may be ``tensor`` itself); a new tensor if None.

@@ -28,8 +28,9 @@ __all__ = ["ALGORITHMS", "NCCL_MIN_BYTES", "REDUCIBLE_DTYPES", "new_engine", "ne
 #: The algorithms each collective can be forced to (algorithm= or PYCCL_ALGO) and tuned to: the selector's.
 ALGORITHMS: Dict[str, Tuple[str, ...]] = {c: tuning.CANDIDATES[c] for c in tuning.COLLECTIVES}
 
-#: The dtypes pyccl's kernels and plans reduce (data movement takes any dtype). All-reduce and reduce-scatter
-#: also take float64, the integers and bool, through the caller's NCCL or gathered (docs/collectives.md).
+#: The dtypes pyccl's plans, fused all-reduce + RMSNorm and collectives across nodes reduce (data movement takes
+#: any dtype). The kernels' all-reduce and reduce-scatter also reduce float64, float8 and the integers NCCL
+#: reduces, and bool (docs/collectives.md, "Reduction dtypes").
 REDUCIBLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 #: Where no tuning table decides: from these sizes (bytes of the whole buffer) the torch group's NCCL runs. The

@@ -498,16 +498,16 @@ def special_values(rank, world, store, on_gpu):
     return bad
 
 
-#: The dtypes all-reduce and reduce-scatter reduce by gathering (csrc/torch/gathered_reductions.cpp), with their
-#: width in bits (integers) and signedness.
-GATHERED_DTYPES = {torch.float64: None, torch.int8: (8, True), torch.uint8: (8, False), torch.int32: (32, True),
+#: The dtypes the kernels reduce besides float32, float16 and bfloat16 (csrc/device/reduce_types.hpp), and bool,
+#: with their width in bits (integers) and signedness.
+OTHER_REDUCTION_DTYPES = {torch.float64: None, torch.int8: (8, True), torch.uint8: (8, False), torch.int32: (32, True),
                    torch.uint32: (32, False), torch.int64: (64, True), torch.uint64: (64, False), torch.bool: None,
                    torch.float8_e4m3fn: None, torch.float8_e5m2: None}
 # The float8 types' largest finite values (sums and products saturate there) and the scale of the test's inputs.
 FLOAT8 = {torch.float8_e4m3fn: (448.0, 8.0), torch.float8_e5m2: (57344.0, 300.0)}
 
 
-def gathered_input(seed: int, rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+def other_dtype_input(seed: int, rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
     """Rank `rank`'s input: fresh random values over the whole range of an integer dtype (so sums and
     products wrap), float64 with a NaN and signed zeros in places, bool at random."""
     gen = torch.Generator().manual_seed(seed * 7919 + rank)
@@ -528,7 +528,7 @@ def gathered_input(seed: int, rank: int, count: int, dtype: torch.dtype) -> torc
         x[3] = largest * 0.75  # sums saturate at the largest finite value
         x[4] = -largest * 0.75
         return x.to(dtype)
-    bits, _signed = GATHERED_DTYPES[dtype]
+    bits, _signed = OTHER_REDUCTION_DTYPES[dtype]
     raw = torch.randint(-(1 << 62), 1 << 62, (count,), generator=gen, dtype=torch.int64) * 2 + 1  # odd, all bits
     raw[:4] = torch.tensor([-1, 0, 1, (1 << 62) - 1]) * (rank + 1)
     narrow = {8: torch.int8, 32: torch.int32, 64: torch.int64}[bits]
@@ -540,7 +540,7 @@ def _as_int(v, bits: int, signed: bool) -> int:
     return v - (1 << bits) if signed and v >= 1 << (bits - 1) else v
 
 
-def gathered_reference(inputs, op: str, dtype: torch.dtype) -> list:
+def other_dtype_reference(inputs, op: str, dtype: torch.dtype) -> list:
     """NCCL's result, element by element, in Python numbers: integers wrap in their width; avg truncates the
     wrapped sum; float64 in rank order, min/max ignoring NaN unless all are NaN; float8 as float64, then
     saturated at the type's largest finite value (sum, avg, prod) and rounded to the type once; bool
@@ -571,7 +571,7 @@ def gathered_reference(inputs, op: str, dtype: torch.dtype) -> list:
                 acc = torch.tensor([acc], dtype=torch.float64).to(dtype).item()
             out.append(acc)
         else:
-            bits, signed = GATHERED_DTYPES[dtype]
+            bits, signed = OTHER_REDUCTION_DTYPES[dtype]
             if op in ("sum", "avg"):
                 acc = _as_int(sum(col), bits, signed)
                 if op == "avg":
@@ -600,10 +600,12 @@ def _same(got: list, want: list) -> bool:
     return len(got) == len(want)
 
 
-def gathered_reductions(rank, world, store, seed, count, through_group, on_gpu=False):
-    """Every dtype reduced by gathering, every op, all-reduce (in and out of place) and reduce-scatter, on a
-    communicator of its own (host mode, or `on_gpu`) or (`through_group`) through dist on a "cpu:pyccl" group;
-    the cases that differ from NCCL's results, and the messages of the refused ones (avg of bool, int16)."""
+def other_dtype_reductions(rank, world, store, seed, counts, through_group, on_gpu=False):
+    """Every dtype of OTHER_REDUCTION_DTYPES, every op, all-reduce (in and out of place) and reduce-scatter, of
+    each of `counts` elements: on a communicator of its own (host mode, or `on_gpu`), by the selector's choice
+    and forced to each kernel (all-reduce 1pa_ll, 2pa_ll, 1pa_hb, 2pa_hb; reduce-scatter ll, hb), or
+    (`through_group`) through dist on a "cpu:pyccl" group; the cases that differ from NCCL's results, and the
+    messages of the refused ones (avg of bool, int16)."""
     import torch.distributed as dist
 
     device = "cpu"
@@ -615,35 +617,51 @@ def gathered_reductions(rank, world, store, seed, count, through_group, on_gpu=F
     bad, refused = [], []
     ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
            "prod": dist.ReduceOp.PRODUCT}
+    all_reduce_algos = [None] if through_group else [None, "1pa_ll", "2pa_ll", "1pa_hb", "2pa_hb"]
+    reduce_scatter_algos = [None] if through_group else [None, "ll", "hb"]
     try:
-        for case, dtype in enumerate(GATHERED_DTYPES):
-            inputs = [gathered_input(seed + case, r, count, dtype) for r in range(world)]
-            for op in ops:
-                if dtype == torch.bool and op == "avg":
-                    continue
-                want = gathered_reference(inputs, op, dtype)
-                x = inputs[rank].to(device, copy=True)  # the inputs stay for the reference
-                if through_group:
-                    dist.all_reduce(x, op=ops[op])
-                    got = x
-                else:
-                    got = pyccl.all_reduce(x, op, comm=comm)
-                    pyccl.all_reduce(x, op, out=x, comm=comm)  # in place
-                    if not _same(x.tolist(), want):
-                        bad.append(f"all_reduce {dtype} {op} in place")
-                if not _same(got.tolist(), want):
-                    bad.append(f"all_reduce {dtype} {op}")
-                # Reduce-scatter: rank r's part of the reduced whole.
+        for count in counts:
+            for case, dtype in enumerate(OTHER_REDUCTION_DTYPES):
+                inputs = [other_dtype_input(seed + case + count, r, count, dtype) for r in range(world)]
                 part = count // world
-                whole = inputs[rank][:part * world].to(device, copy=True)
-                out = torch.empty(part, dtype=dtype, device=device)
-                if through_group:
-                    dist.reduce_scatter_tensor(out, whole, op=ops[op])
-                else:
-                    pyccl.reduce_scatter(whole, op, out=out, comm=comm)
-                want_rs = gathered_reference([t[:part * world] for t in inputs], op, dtype)
-                if not _same(out.tolist(), want_rs[rank * part:(rank + 1) * part]):
-                    bad.append(f"reduce_scatter {dtype} {op}")
+                for op in ops:
+                    if dtype == torch.bool and op == "avg":
+                        continue
+                    want = other_dtype_reference(inputs, op, dtype)
+                    want_rs = other_dtype_reference([t[:part * world] for t in inputs], op, dtype)
+                    for algo in all_reduce_algos:
+                        label = f"all_reduce {dtype} {op} x {count} ({algo or 'chosen'})"
+                        x = inputs[rank].to(device, copy=True)  # the inputs stay for the reference
+                        if through_group:
+                            dist.all_reduce(x, op=ops[op])
+                            got = x
+                        else:
+                            got = pyccl.all_reduce(x, op, comm=comm, algorithm=algo)
+                            pyccl.all_reduce(x, op, out=x, comm=comm, algorithm=algo)  # in place
+                            if not _same(x.tolist(), want):
+                                bad.append(label + " in place")
+                        if not _same(got.tolist(), want):
+                            bad.append(label)
+                    # Reduce-scatter: rank r's part of the reduced whole.
+                    for algo in reduce_scatter_algos:
+                        whole = inputs[rank][:part * world].to(device, copy=True)
+                        out = torch.empty(part, dtype=dtype, device=device)
+                        if through_group:
+                            dist.reduce_scatter_tensor(out, whole, op=ops[op])
+                        else:
+                            pyccl.reduce_scatter(whole, op, out=out, comm=comm, algorithm=algo)
+                        if not _same(out.tolist(), want_rs[rank * part:(rank + 1) * part]):
+                            bad.append(f"reduce_scatter {dtype} {op} x {count} ({algo or 'chosen'})")
+        # Every float8 bit pattern through the conversions to and from the accumulator: rank 0's patterns plus
+        # -0.0 from the others (the sum's identity) give the patterns back, saturated where infinite.
+        for dtype, (largest, _scale) in FLOAT8.items() if not through_group else ():
+            patterns = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+            x = (patterns if rank == 0 else torch.full((256,), -0.0).to(dtype)).to(device)
+            want = [max(-largest, min(largest, v)) if v == v else v for v in patterns.float().tolist()]
+            want = torch.tensor(want).to(dtype).tolist()
+            for algo in all_reduce_algos:
+                if not _same(pyccl.all_reduce(x, "sum", comm=comm, algorithm=algo).tolist(), want):
+                    bad.append(f"all_reduce {dtype} of every bit pattern ({algo or 'chosen'})")
         for dtype, op, what in ((torch.bool, "avg", "op"), (torch.int16, "sum", "tensor")):
             x = torch.ones(8, dtype=dtype, device=device)
             try:

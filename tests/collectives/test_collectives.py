@@ -313,15 +313,17 @@ def test_destroyed_groups_give_up_their_communicators():
 @pytest.mark.parametrize("gpu, world, through_group", [
     on_host(2, False, id="host-2"), on_host(3, False, id="host-3"), on_host(3, True, id="host-3-group"),
     on_gpus(2, False, id="gpu-2")])
-def test_float64_integer_and_bool_reductions_give_nccls_results(gpu, world, through_group):
+def test_float64_float8_integer_and_bool_reductions_give_nccls_results(gpu, world, through_group):
     """float64, int8, uint8, int32, uint32, int64, uint64, float8_e4m3fn, float8_e5m2 and bool, every op,
-    all-reduce (in and out of place) and reduce-scatter: NCCL's results (integers wrap in their width, avg
-    truncates, unsigned compare as unsigned; float64 in rank order, NaN losing to numbers; float8 likewise,
-    saturated and rounded once) on fresh random inputs over each type's whole range. avg of bool and int16 are refused naming the argument, and the communicator stays usable. On GPUs,
-    a communicator without NCCL: the engine gathers, ATen reduces on the same stream."""
+    all-reduce (in and out of place) and reduce-scatter, reduced by the kernels (each one forced in turn, and
+    the selector's choice), at a size of vector tails and one of several vectors per block: NCCL's results
+    (integers wrap in their width, avg truncates, unsigned compare as unsigned; float64 in rank order, NaN
+    losing to numbers; float8 likewise, saturated and rounded once) on fresh random inputs over each type's
+    whole range. avg of bool and int16 are refused naming the argument, and the communicator stays usable."""
     seed = random.randrange(1 << 20)
-    for bad, refused, usable in run_ranks(rcol.gathered_reductions, world, args=(seed, 96, through_group, gpu),
-                                          timeout=240):
+    counts = (97, 2053) if not through_group else (97,)
+    for bad, refused, usable in run_ranks(rcol.other_dtype_reductions, world,
+                                          args=(seed, counts, through_group, gpu), timeout=400):
         assert bad == [], f"seed {seed}: {bad}"
         if gpu:
             assert [r[2] for r in refused] == ["InvalidArgumentError", "PycclTypeError"], refused

@@ -95,7 +95,7 @@ def call_runtime(rank, world, store, seed):
             "all_reduce, new output": (runtime.all_reduce(x, None, "sum", None, False), total),
             "all_reduce, into out": (runtime.all_reduce(x, torch.empty_like(x), "SUM", "2pa_ll", False), total),
             "all_gather": (runtime.all_gather(x, None, None, False), torch.cat([t.double() for t in everyone])),
-            "all_reduce of int32 (gathered)": (runtime.all_reduce(ints[rank], None, "sum", None, False),
+            "all_reduce of int32": (runtime.all_reduce(ints[rank], None, "sum", None, False),
                                                sum(t.double() for t in ints)),
             "reduce_scatter": (runtime.reduce_scatter(x, None, "max", None, False),
                                torch.stack([t.double() for t in everyone]).amax(0).chunk(world)[rank]),

@@ -82,22 +82,31 @@ def test_a_plan_entry_that_cannot_run_takes_its_fallback_from_the_calls_dtype_ta
         _selector({"float32": {"all_reduce": [(None, "kernel", "1pa_hb", 0, 0, 1)]}})
 
 
-def test_reductions_the_kernels_do_not_do_go_to_nccl_else_to_the_engine():
-    """float64, integers and bool (the "other" table dtype): an all-reduce or reduce-scatter goes to the caller's
-    NCCL at any size, tables and registered plans aside (plans reduce floats only); without NCCL, the engine
-    (which reduces them after gathering). Data movement of those dtypes is chosen as any other."""
-    tables = {"other": {"all_reduce": [(None, "kernel", "1pa_ll", 0, 0, 1, None)]}}
+def test_reductions_of_the_other_dtypes_take_their_table_and_no_plan():
+    """float64, float8, the integers and bool (the "other" table dtype): an all-reduce or reduce-scatter is
+    chosen as a float one is, from the "other" table, except that no plan takes it (plans reduce floats only):
+    neither a registered plan nor a table's plan entry, whose fallback runs instead. Across nodes they go to the
+    caller's NCCL at any size (the collectives across nodes reduce floats only)."""
+    tables = {"other": {"all_reduce": [(4096, "kernel", "1pa_ll", 0, 0, 1, None),
+                                       (1 << 20, "plan", "allreduce_ring", 8, 256, 4, "2pa_hb"),
+                                       (None, "nccl", "nccl", 0, 0, 1, None)]}}
     plan = pyccl.register_algorithm(algorithms.allreduce_ring(WORLD), "all_reduce", 0, 1 << 30, WORLD)
     try:
         selector = _selector(tables)
-        for dtype in (torch.float64, torch.int32, torch.bool):
-            for collective in ("all_reduce", "reduce_scatter"):
-                assert _route(selector, 1024, nccl=True, dtype=dtype, collective=collective)[:3] == (
-                    "nccl", "nccl", "default")
-                assert _route(selector, 1024, dtype=dtype, collective=collective)[0:3:2] == ("kernel", "default")
+        for dtype in (torch.float64, torch.int32, torch.uint8, torch.float8_e4m3fn, torch.bool):
+            assert _route(selector, 1024, dtype=dtype)[:3] == ("kernel", "1pa_ll", "table")
+            assert _route(selector, 1024, nccl=True, dtype=dtype)[:3] == ("kernel", "1pa_ll", "table")
+            assert _route(selector, 8192, dtype=dtype)[:3] == ("kernel", "2pa_hb", "table")
+            assert _route(selector, 4 << 20, nccl=True, dtype=dtype)[:3] == ("nccl", "nccl", "table")
+            assert _route(selector, 4 << 20, dtype=dtype)[0:3:2] == ("kernel", "default")
+            # No table for reduce-scatter: the defaults (NCCL's threshold is NEVER here).
+            assert _route(selector, 1024, nccl=True, dtype=dtype, collective="reduce_scatter")[0:3:2] == (
+                "kernel", "default")
+            # Data movement of those dtypes: the defaults (no table, no plan registered for it).
             assert _route(selector, 1024, dtype=dtype, collective="all_gather")[0:3:2] == ("kernel", "default")
-        # A forced algorithm still comes first; across nodes without NCCL, the collectives run across nodes.
-        assert _route(selector, 1024, algorithm="2pa_hb", dtype=torch.int64)[:3] == ("kernel", "2pa_hb", "argument")
+        # A forced algorithm still comes first; across nodes, NCCL at any size, else the collectives across
+        # nodes (which refuse them).
+        assert _route(selector, 1024, algorithm="2pa_ll", dtype=torch.int64)[:3] == ("kernel", "2pa_ll", "argument")
         far = _selector(tables, across=True)
         assert _route(far, 1024, dtype=torch.int64)[0] == "across_nodes"
         assert _route(far, 1024, nccl=True, dtype=torch.int64)[0] == "nccl"

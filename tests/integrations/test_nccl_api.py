@@ -87,7 +87,7 @@ def test_loaded_by_path_in_host_mode():
     for r in run_ranks(rn.all_reduce_by_path, 2, args=(False, seed, (1, 3000, 50_000)), timeout=180, env=env):
         assert r["bad"] == [], f"seed {seed}: {r['bad']}"
         assert "all_reduce kernel" in r["trace"]
-        assert "int32" in r["int32"] and "real NCCL" in r["int32"], r["int32"]
+        assert r["int32"] == "ok", r["int32"]  # reduced by the kernels: host mode has no real NCCL
 
 
 @requires_gpus(2, own=True)  # rank r on cuda:r, and torch's NCCL (which refuses ranks that share a GPU)
@@ -96,10 +96,9 @@ def test_loaded_by_path_on_gpus(world):
     seed = random.randrange(1 << 20)
     for r in run_ranks(rn.all_reduce_by_path, world, args=(True, seed, (1, 3000, 1 << 20, 9 << 20)), timeout=300):
         assert r["bad"] == [], f"seed {seed}: {r['bad']}"
-        # The tables' kernels ran the floating-point all-reduces; the int32 one went to torch's NCCL.
+        # The tables' kernels ran the floating-point all-reduces; the int32 one too (the "other" dtypes' table).
         assert "all_reduce kernel" in r["trace"] and "(table)" in r["trace"], r["trace"]
         assert r["int32"] == "ok", r["int32"]
-        assert "all_reduce int32 forwarded" in r["trace"] or "all_reduce nccl" in r["trace"], r["trace"]
         assert r["version"] >= 21900
 
 
@@ -115,7 +114,8 @@ def test_the_library_reads_pyccl_tuning_file(tmp_path):
     env = {"CUDA_VISIBLE_DEVICES": "", "PYCCL_LOG_LEVEL": "ERROR", "PYCCL_TUNING_FILE": str(path)}
     for r in run_ranks(rn.all_reduce_by_path, 2, args=(False, 1, (1000,)), timeout=180, env=env):
         assert r["bad"] == []
-        assert "all_reduce kernel 2pa_ll (table)=3" in r["trace"], r["trace"]
+        # The three float all-reduces and the int32 one (the file's table serves the dtypes without a table).
+        assert "all_reduce kernel 2pa_ll (table)=4" in r["trace"], r["trace"]
 
 
 def test_a_bad_tuning_file_fails_the_init_naming_it(tmp_path):

@@ -418,7 +418,7 @@ def gpu_extras(rank, world, store, replays):
         if r % 50 == 0:
             torch.cuda.synchronize()
     counts = torch.arange(5, dtype=torch.int32, device=device) + rank
-    dist.all_reduce(counts)  # int32: the NCCL delegate
+    dist.all_reduce(counts)  # int32: the kernels (the "other" dtypes' choice)
     if counts.cpu().tolist() != [world * i + world * (world - 1) // 2 for i in range(5)]:
         bad.append(("int32 all_reduce", counts.cpu().tolist()))
     torch.cuda.synchronize()
