@@ -13,7 +13,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=4)
     args = parser.parse_args()
     if os.environ.get("PYCCL_VLLM") != "1":
-        raise SystemExit("set PYCCL_VLLM=1 so that every vLLM process loads pyccl's platform plugin")
+        raise SystemExit("set PYCCL_VLLM=1 so that every vLLM process runs pyccl's general plugin")
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, tensor_parallel_size=args.tp)

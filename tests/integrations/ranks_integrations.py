@@ -184,8 +184,12 @@ class _StandInCudaCommunicator:
 def vllm_stand_in_modules() -> dict:
     """A minimal ``vllm`` package: the modules the adapter imports, by name."""
     names = ["vllm", "vllm.distributed", "vllm.distributed.device_communicators",
-             "vllm.distributed.device_communicators.cuda_communicator", "vllm.platforms", "vllm.platforms.cuda"]
+             "vllm.distributed.device_communicators.cuda_communicator", "vllm.distributed.parallel_state",
+             "vllm.platforms", "vllm.platforms.cuda"]
     mods = {n: types.ModuleType(n) for n in names}
+    mods["vllm"].__version__ = "0.26.0"
+    mods["vllm.distributed.parallel_state"]._ENABLE_CUSTOM_ALL_REDUCE = True
+    mods["vllm.distributed"].parallel_state = mods["vllm.distributed.parallel_state"]
     mods["vllm.distributed.device_communicators.cuda_communicator"].CudaCommunicator = _StandInCudaCommunicator
 
     class CudaPlatform:
@@ -195,7 +199,7 @@ def vllm_stand_in_modules() -> dict:
 
     mods["vllm.platforms.cuda"].CudaPlatform = CudaPlatform
     mods["vllm.platforms"].cuda = mods["vllm.platforms.cuda"]
-    mods["vllm.platforms"].cuda_platform_plugin = lambda: "vllm.platforms.cuda.CudaPlatform"
+    mods["vllm.platforms"].current_platform = types.SimpleNamespace(is_cuda=lambda: True)
     return mods
 
 
@@ -245,7 +249,15 @@ def vllm_adapter(rank: int, world: int, store, on_gpu: bool, seed: int) -> dict:
     # Non-contiguous input: the NCCL path.
     tp.all_reduce(xs[rank].to(device).t())
     res["non_contiguous_to"] = tp.fallback_calls[-1]
-    res["platform_names"] = pv.PycclCudaPlatform.get_device_communicator_cls()
+    # vLLM's --disable-custom-all-reduce: pyccl stays out of the TP group too (no collective: every rank alike).
+    sys.modules["vllm.distributed.parallel_state"]._ENABLE_CUSTOM_ALL_REDUCE = False
+    off = pv.PycclCudaCommunicator(cpu_group=cpu_group, device=device, device_group=device_group, unique_name="tp:1")
+    res["disabled_has_pyccl"] = off.pyccl_comm is not None
+    sys.modules["vllm.distributed.parallel_state"]._ENABLE_CUSTOM_ALL_REDUCE = True
+    off.destroy()
+    os.environ["PYCCL_VLLM"] = "1"
+    res["plugin_patched"] = pv.general_plugin()
+    res["platform_names"] = sys.modules["vllm.platforms.cuda"].CudaPlatform.get_device_communicator_cls()
     comm = tp.pyccl_comm.comm
     tp.destroy()
     res["destroyed"] = (tp.destroyed, comm.closed, tp.pyccl_comm is None)

@@ -5,6 +5,7 @@ signatures (pyccl for small messages, the NCCL path for large ones). The
 engines' real interfaces are checked in tests/integrations/test_engine_interfaces.py."""
 
 import importlib
+import logging
 import random
 import sys
 
@@ -62,40 +63,55 @@ def test_vllm_adapter_routes_by_size_and_falls_back(gpu):
             continue
         assert not res["pp_has_pyccl"]  # only the tensor-parallel group
         assert res["non_contiguous_to"] == "all_reduce"
-        assert res["platform_names"] == "pyccl.integrations.vllm.PycclCudaCommunicator"
+        assert res["plugin_patched"] and res["platform_names"] == "pyccl.integrations.vllm.PycclCudaCommunicator"
+        assert not res["disabled_has_pyccl"]  # --disable-custom-all-reduce turns pyccl off too
         # The TP group's ca_comm: vLLM's custom all-reduce behind pyccl's graph capture; others' untouched.
         assert res["slot"] == (True, True, True)
         assert res["slot_delegates"] == [True, True, False, True]
 
 
-def test_vllm_platform_plugin_is_opt_in(monkeypatch):
-    for name, module in ri.vllm_stand_in_modules().items():
+def test_vllm_general_plugin_is_opt_in(monkeypatch, caplog):
+    mods = ri.vllm_stand_in_modules()
+    for name, module in mods.items():
         monkeypatch.setitem(sys.modules, name, module)
     import pyccl.integrations.vllm as pv
 
     monkeypatch.setattr(pv, "_made", {})
+    cuda = mods["vllm.platforms.cuda"].CudaPlatform
+    vllms_own = cuda.get_device_communicator_cls()
 
     monkeypatch.delenv("PYCCL_VLLM", raising=False)
-    assert pv.platform_plugin() is None
+    assert pv.general_plugin() is False
     monkeypatch.setenv("PYCCL_VLLM", "no")
-    assert pv.platform_plugin() is None
+    assert pv.general_plugin() is False
     # Before, any word but 1/true/yes/on read as off without a word.
     monkeypatch.setenv("PYCCL_VLLM", "enabled")
     with pytest.raises(InvalidArgumentError, match="'PYCCL_VLLM'.*'enabled'"):
-        pv.platform_plugin()
+        pv.general_plugin()
+    assert cuda.get_device_communicator_cls() == vllms_own
     monkeypatch.setenv("PYCCL_VLLM", "1")
-    assert pv.platform_plugin() == pv.PLATFORM_QUALNAME
-    monkeypatch.setattr(sys.modules["vllm.platforms"], "cuda_platform_plugin", lambda: None)
-    assert pv.platform_plugin() is None  # no CUDA platform: vLLM chooses as without pyccl
-    # vLLM resolves the names it is given with import_module + getattr.
-    module, _, name = pv.PLATFORM_QUALNAME.rpartition(".")
-    platform = getattr(importlib.import_module(module), name)
-    assert platform.get_device_communicator_cls() == pv.COMMUNICATOR_QUALNAME
-    assert platform is pv.PycclCudaPlatform  # made once
-    pv.patch()
-    assert sys.modules["vllm.platforms.cuda"].CudaPlatform.get_device_communicator_cls() == pv.COMMUNICATOR_QUALNAME
+    monkeypatch.setattr(mods["vllm.platforms"].current_platform, "is_cuda", lambda: False)
+    assert pv.general_plugin() is False  # another platform: vLLM runs as without pyccl
+    assert cuda.get_device_communicator_cls() == vllms_own
+    monkeypatch.setattr(mods["vllm.platforms"].current_platform, "is_cuda", lambda: True)
+    assert pv.general_plugin() is True and pv.general_plugin() is True  # vLLM may call it more than once
+    # vLLM resolves the name it is given with import_module + getattr.
+    assert cuda.get_device_communicator_cls() == pv.COMMUNICATOR_QUALNAME
+    module, _, name = pv.COMMUNICATOR_QUALNAME.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is pv.PycclCudaCommunicator  # made once
     with pytest.raises(AttributeError, match="NoSuchClass"):
         pv.NoSuchClass
+
+
+def test_an_untested_engine_version_is_named_once(caplog):
+    from pyccl.integrations.group import warn_if_untested
+
+    with caplog.at_level(logging.WARNING, logger="pyccl"):
+        assert not warn_if_untested("vLLM", "0.26.0", "0.26.0")
+        assert warn_if_untested("vLLM", "0.99.1", "0.26.0")
+        assert warn_if_untested("vLLM", "0.99.1", "0.26.0")
+    said = [r.getMessage() for r in caplog.records if "0.99.1" in r.getMessage()]
+    assert len(said) == 1 and "tested for vLLM 0.26.0" in said[0] and "vLLM 0.99.1 is installed" in said[0], said
 
 
 def test_sglang_adapter_installs_into_the_tp_group():

@@ -5,7 +5,7 @@
   (out-of-place all-reduce, all-gather and reduce-scatter along a dimension,
   send/recv, ``should_use``, ``destroy``). It needs no engine.
 - :mod:`pyccl.integrations.vllm`: vLLM's device communicator with pyccl in
-  front, and the ``vllm.platform_plugins`` entry point that installs it.
+  front, and the ``vllm.general_plugins`` entry point that installs it.
 - :mod:`pyccl.integrations.sglang`: SGLang's GroupCoordinator with pyccl as
   its custom all-reduce, and the ``sglang.srt.plugins`` entry point.
 

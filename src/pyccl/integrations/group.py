@@ -26,9 +26,24 @@ from ..errors import ClosedError, InvalidArgumentError
 from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
 from ..group_communicators import communicator_for
 
-__all__ = ["GroupCommunicator", "REDUCIBLE_DTYPES"]
+__all__ = ["GroupCommunicator", "REDUCIBLE_DTYPES", "warn_if_untested"]
 
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "fused_all_reduce_rmsnorm")
+
+
+_warned_versions: set = set()
+
+
+def warn_if_untested(engine: str, installed: str, tested: str) -> bool:
+    """Logs a warning, once per engine and version, where the ``installed`` version of ``engine`` is not the one
+    its adapter was written and tested for; returns whether it differs."""
+    if installed == tested:
+        return False
+    if (engine, installed) not in _warned_versions:
+        _warned_versions.add((engine, installed))
+        logger.warning("pyccl's %s adapter is written and tested for %s %s; %s %s is installed: it runs as far "
+                       "as that version's interfaces are the same", engine, engine, tested, engine, installed)
+    return True
 
 
 def _positive_dim(dim: int, tensor: torch.Tensor) -> int:

@@ -1,7 +1,9 @@
 """pyccl inside SGLang: the tensor-parallel GroupCoordinator's collectives through pyccl.
 
 Written for SGLang 0.5.17 (the release built against torch 2.11); the steps
-are in ``examples/sglang/README.md``.
+are in ``examples/sglang/README.md``. Another SGLang version works as far as
+its interfaces are the same; a warning names the versions when the hooks go
+in.
 
 SGLang's ``GroupCoordinator`` picks an all-reduce per call from the
 communicators it holds; the first it asks is the custom all-reduce,
@@ -36,7 +38,7 @@ import torch
 from .. import _env
 from .._logging import logger
 from ..graphs import graph_capture
-from .group import GroupCommunicator
+from .group import GroupCommunicator, warn_if_untested
 
 __all__ = ["PycclCustomAllreduce", "SGLANG_VERSION", "enabled", "install", "patch", "plugin"]
 
@@ -187,12 +189,21 @@ HOOKS = (
 )
 
 
+def _check_version() -> None:
+    try:
+        import sglang
+    except ImportError:  # patch(coordinator_cls) on a class of your own, without SGLang
+        return
+    warn_if_untested("SGLang", getattr(sglang, "__version__", "unknown"), SGLANG_VERSION)
+
+
 def plugin() -> None:
     """SGLang's ``sglang.srt.plugins`` entry point: with ``PYCCL_SGLANG`` set,
     registers :data:`HOOKS` with SGLang's HookRegistry (applied by SGLang in
     every process); otherwise does nothing."""
     if not enabled():
         return
+    _check_version()
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for owner, attribute, kind, hook in HOOKS:
@@ -206,6 +217,7 @@ def patch(coordinator_cls: Optional[type] = None) -> None:
     ``coordinator_cls``, only the coordinator's hooks on that class. Idempotent."""
     import importlib
 
+    _check_version()
     only_coordinator = coordinator_cls is not None
     if coordinator_cls is None:
         from sglang.srt.distributed.parallel_state import GroupCoordinator as coordinator_cls

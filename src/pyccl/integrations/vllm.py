@@ -1,7 +1,8 @@
-"""pyccl inside vLLM: a device communicator and the platform plugin that installs it.
+"""pyccl inside vLLM: a device communicator and the general plugin that installs it.
 
 Written for vLLM 0.26.0 (the release built against torch 2.11); the steps are
-in ``examples/vllm/README.md``.
+in ``examples/vllm/README.md``. Another vLLM version works as far as its
+interfaces are the same; a warning names the versions when it is made.
 
 vLLM builds one device communicator per process group, of the class its
 platform names (``Platform.get_device_communicator_cls``), and sends the
@@ -11,7 +12,8 @@ its own custom ops, so torch.compile and CUDA graphs see one opaque call).
 front: for the tensor-parallel group, a call that
 :meth:`GroupCommunicator.should_use` accepts runs pyccl's kernels; the rest
 (large messages, odd dtypes, non-contiguous tensors, send/recv) go to
-``CudaCommunicator`` as before.
+``CudaCommunicator`` as before. pyccl is one of the custom all-reduces vLLM
+chooses from, so ``--disable-custom-all-reduce`` turns it off too.
 
 vLLM captures its CUDA graphs inside ``GroupCoordinator.graph_capture``, which
 enters the device communicator's ``ca_comm.capture()``. The TP group's
@@ -22,12 +24,14 @@ tensors where the size calls for it, as vLLM's custom all-reduce does.
 
 Two ways to install it, in every vLLM process:
 
-* the platform plugin: pyccl's package declares the ``vllm.platform_plugins``
-  entry point ``pyccl``; with ``PYCCL_VLLM=1`` in the environment it
-  activates :class:`PycclCudaPlatform` (vLLM's CUDA platform naming this
-  communicator) wherever vLLM's own CUDA platform would be active;
-* :func:`patch`, for processes you start yourself: it makes vLLM's CUDA
-  platform name this communicator.
+* the general plugin: pyccl's package declares the ``vllm.general_plugins``
+  entry point ``pyccl``, which vLLM calls in every process it starts (the API
+  server, the engine core, each worker); with ``PYCCL_VLLM=1`` in the
+  environment, where vLLM's CUDA platform is the current one, it makes that
+  platform name this communicator (:func:`patch`). A general plugin, unlike
+  a platform plugin (vLLM activates at most one), leaves the platform vLLM
+  chose alone;
+* :func:`patch`, for processes you start yourself.
 
 The classes derive from vLLM's, so they are made on first access (module
 ``__getattr__``): importing this module needs no vLLM, and vLLM finds
@@ -42,16 +46,14 @@ from typing import Any, Iterator, Optional
 from .. import _env
 from .._logging import logger
 from ..graphs import graph_capture
-from .group import GroupCommunicator
+from .group import GroupCommunicator, warn_if_untested
 
-__all__ = ["COMMUNICATOR_QUALNAME", "PLATFORM_QUALNAME", "VLLM_VERSION", "CustomAllreduceSlot", "enabled", "patch",
-           "platform_plugin"]
+__all__ = ["COMMUNICATOR_QUALNAME", "VLLM_VERSION", "CustomAllreduceSlot", "enabled", "general_plugin", "patch"]
 
 #: The vLLM release this adapter is written and tested for.
 VLLM_VERSION = "0.26.0"
 COMMUNICATOR_QUALNAME = "pyccl.integrations.vllm.PycclCudaCommunicator"
-PLATFORM_QUALNAME = "pyccl.integrations.vllm.PycclCudaPlatform"
-#: The environment variable that turns the platform plugin on.
+#: The environment variable that turns the general plugin on.
 ENABLE_ENV = "PYCCL_VLLM"
 
 _made: dict = {}
@@ -63,19 +65,21 @@ def enabled() -> bool:
     return _env.flag(ENABLE_ENV, False)
 
 
-def platform_plugin() -> Optional[str]:
-    """vLLM's ``vllm.platform_plugins`` entry point: the qualified name of
-    :class:`PycclCudaPlatform` when ``PYCCL_VLLM`` is set and vLLM's own CUDA
-    platform would be active (its detection, through NVML, initializes no CUDA
-    context), else None (vLLM then picks its platform as without pyccl)."""
+def general_plugin() -> bool:
+    """vLLM's ``vllm.general_plugins`` entry point, called by vLLM in every
+    process it starts: with ``PYCCL_VLLM`` set and vLLM's CUDA platform the
+    current one, :func:`patch`; otherwise nothing (vLLM then runs as without
+    pyccl). Returns whether it patched (vLLM ignores the value). Safe to call
+    more than once, as vLLM may."""
     if not enabled():
-        return None
-    from vllm.platforms import cuda_platform_plugin
+        return False
+    from vllm.platforms import current_platform
 
-    if cuda_platform_plugin() is None:
-        logger.info("%s is set, but vLLM's CUDA platform is not active here: pyccl stays out", ENABLE_ENV)
-        return None
-    return PLATFORM_QUALNAME
+    if not current_platform.is_cuda():
+        logger.info("%s is set, but vLLM's current platform is not CUDA: pyccl stays out", ENABLE_ENV)
+        return False
+    patch()
+    return True
 
 
 def patch() -> None:
@@ -85,6 +89,14 @@ def patch() -> None:
 
     vllm_cuda.CudaPlatform.get_device_communicator_cls = classmethod(lambda cls: COMMUNICATOR_QUALNAME)
     logger.info("vLLM's CUDA platform now names %s", COMMUNICATOR_QUALNAME)
+
+
+def _custom_all_reduce_enabled() -> bool:
+    """vLLM's switch of its custom all-reduces (off with ``--disable-custom-all-reduce``), as it reads it when it
+    builds a device communicator."""
+    from vllm.distributed import parallel_state
+
+    return bool(getattr(parallel_state, "_ENABLE_CUSTOM_ALL_REDUCE", True))
 
 
 class CustomAllreduceSlot:
@@ -130,7 +142,10 @@ class CustomAllreduceSlot:
 
 
 def _make_communicator_cls() -> type:
+    import vllm
     from vllm.distributed.device_communicators.cuda_communicator import CudaCommunicator
+
+    warn_if_untested("vLLM", getattr(vllm, "__version__", "unknown"), VLLM_VERSION)
 
     class PycclCudaCommunicator(CudaCommunicator):
         """vLLM's CudaCommunicator with pyccl's collectives in front, for the
@@ -140,6 +155,10 @@ def _make_communicator_cls() -> type:
             super().__init__(*args, **kwargs)
             self.pyccl_comm: Optional[GroupCommunicator] = None
             is_tp = self.unique_name.split(":")[0] == "tp"
+            if is_tp and self.world_size > 1 and not _custom_all_reduce_enabled():
+                logger.info("vLLM's custom all-reduce is disabled (--disable-custom-all-reduce): pyccl stays out "
+                            "of group %s", self.unique_name)
+                is_tp = False
             if is_tp and self.world_size > 1:  # (a CPU device runs pyccl's host mode)
                 self.pyccl_comm = GroupCommunicator(self.cpu_group, self.device, self.device_group)
                 # vLLM's graph_capture enters ca_comm.capture(): pyccl's graph buffers come with it.
@@ -171,21 +190,7 @@ def _make_communicator_cls() -> type:
     return PycclCudaCommunicator
 
 
-def _make_platform_cls() -> type:
-    from vllm.platforms.cuda import CudaPlatform
-
-    class PycclCudaPlatform(CudaPlatform):
-        """vLLM's CUDA platform, naming pyccl's device communicator."""
-
-        @classmethod
-        def get_device_communicator_cls(cls) -> str:
-            return COMMUNICATOR_QUALNAME
-
-    PycclCudaPlatform.__module__ = __name__
-    return PycclCudaPlatform
-
-
-_MAKERS = {"PycclCudaCommunicator": _make_communicator_cls, "PycclCudaPlatform": _make_platform_cls}
+_MAKERS = {"PycclCudaCommunicator": _make_communicator_cls}
 
 
 def __getattr__(name: str) -> type:

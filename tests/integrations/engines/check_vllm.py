@@ -52,13 +52,21 @@ def interface_problems() -> list:
         problems.append("GroupCoordinator.graph_capture no longer enters the device communicator's ca_comm.capture()")
     if not isinstance(inspect.getattr_static(interface.Platform, "get_device_communicator_cls"), classmethod):
         problems.append("Platform.get_device_communicator_cls is no longer a classmethod")
-    found = load_plugins_by_group("vllm.platform_plugins")
-    if found.get("pyccl") is not pv.platform_plugin:
-        problems.append(f"vLLM's plugin loader does not find pyccl's entry point: {sorted(found)}")
-    # No GPU here: with PYCCL_VLLM set, the plugin still stays out.
+    found = load_plugins_by_group("vllm.general_plugins")
+    if found.get("pyccl") is not pv.general_plugin:
+        problems.append(f"vLLM's plugin loader does not find pyccl's general plugin: {sorted(found)}")
+    if "pyccl" in load_plugins_by_group("vllm.platform_plugins"):
+        problems.append("pyccl still declares a platform plugin (vLLM activates only one)")
+    # No GPU here: with PYCCL_VLLM set, the plugin still stays out (vLLM's current platform is not CUDA).
     os.environ[pv.ENABLE_ENV] = "1"
-    if pv.platform_plugin() is not None:
-        problems.append("the platform plugin activates without vLLM's CUDA platform")
+    if pv.general_plugin() is not False:
+        problems.append("the general plugin patched vLLM without its CUDA platform")
+    # --disable-custom-all-reduce reaches the communicator through this switch.
+    from vllm.distributed import parallel_state
+
+    if not hasattr(parallel_state, "_ENABLE_CUSTOM_ALL_REDUCE") or not hasattr(parallel_state,
+                                                                            "set_custom_all_reduce"):
+        problems.append("vLLM's parallel_state has no _ENABLE_CUSTOM_ALL_REDUCE / set_custom_all_reduce")
     return problems
 
 
@@ -96,6 +104,15 @@ def communicator_rank(rank: int, world: int, store, seed: int) -> dict:
     pyccl_comm = comm.pyccl_comm.comm
     comm.destroy()
     res["closed"] = pyccl_comm.closed
+    # vLLM's --disable-custom-all-reduce (EngineArgs sets it through set_custom_all_reduce): pyccl stays out too.
+    from vllm.distributed.parallel_state import set_custom_all_reduce
+
+    set_custom_all_reduce(False)
+    off = pv.PycclCudaCommunicator(cpu_group=group, device=torch.device("cpu"), device_group=group,
+                                   unique_name="tp:1")
+    res["disabled_has_pyccl"] = off.pyccl_comm is not None
+    off.destroy()
+    set_custom_all_reduce(True)
     dist.destroy_process_group()
     return res
 
