@@ -108,6 +108,7 @@ def selection_and_errors(rank: int, world: int, store) -> dict:
         "empty": gc.should_use(torch.randn(0, 8)),
         "not_a_tensor": gc.should_use([1.0, 2.0]),
         "fused_limit": gc.should_use(x, "fused_all_reduce_rmsnorm"),
+        "unsupported": gc.unsupported,  # one node: None
     }
     errors = {}
     for label, call in [("collective", lambda: gc.should_use(x, "all_to_all")),

@@ -38,7 +38,7 @@ def test_group_communicator_selection_errors_and_destroy():
         assert not out["gather_counts_world"] and out["gather_small"]
         assert not out["int_reduce"] and out["int_gather"]
         assert not out["non_contiguous"] and not out["empty"] and not out["not_a_tensor"]
-        assert out["fused_limit"]
+        assert out["fused_limit"] and out["unsupported"] is None
         for label, arg in [("collective", "'collective'"), ("dim", "'dim'"), ("rs_divides", "'input_'"),
                            ("dst", "'dst'"), ("max_bytes", "'max_bytes'")]:
             kind, text = out["errors"][label]
@@ -101,6 +101,28 @@ def test_vllm_general_plugin_is_opt_in(monkeypatch, caplog):
     assert getattr(importlib.import_module(module), name) is pv.PycclCudaCommunicator  # made once
     with pytest.raises(AttributeError, match="NoSuchClass"):
         pv.NoSuchClass
+
+
+def _topology(nodes, p2p=None):
+    ranks = [{"rank": r, "node": n, "same_node": n == nodes[0]} for r, n in enumerate(nodes)]
+    world = len(nodes)
+    return {"ranks": ranks, "p2p": p2p or [[True] * world for _ in range(world)]}
+
+
+def test_should_use_stays_out_of_groups_the_kernels_cannot_serve():
+    """The facts should_use decides by besides the call (unsupported_reason): one node, peer access between
+    every pair of GPUs as the communicator's probe found it, at most 8 ranks. The engine's own path runs
+    otherwise, and no call raises."""
+    from pyccl.integrations.group import MAX_KERNEL_RANKS, unsupported_reason
+
+    assert unsupported_reason(_topology(["a", "a"]), 0, on_gpu=True) is None
+    assert "span 2 nodes" in unsupported_reason(_topology(["a", "a", "b", "b"]), 1, on_gpu=True)
+    no_p2p = [[True, False], [False, True]]
+    assert "no peer access between the GPUs of ranks 0 and 1" in unsupported_reason(_topology(["a", "a"], no_p2p),
+                                                                                    0, on_gpu=True)
+    assert unsupported_reason(_topology(["a", "a"], no_p2p), 0, on_gpu=False) is None  # host mode: no GPUs
+    many = ["a"] * (MAX_KERNEL_RANKS + 1)
+    assert f"at most {MAX_KERNEL_RANKS}" in unsupported_reason(_topology(many), 0, on_gpu=True)
 
 
 def test_an_untested_engine_version_is_named_once(caplog):

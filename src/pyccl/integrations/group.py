@@ -26,7 +26,7 @@ from ..errors import ClosedError, InvalidArgumentError
 from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
 from ..group_communicators import communicator_for
 
-__all__ = ["GroupCommunicator", "REDUCIBLE_DTYPES", "warn_if_untested"]
+__all__ = ["GroupCommunicator", "MAX_KERNEL_RANKS", "REDUCIBLE_DTYPES", "unsupported_reason", "warn_if_untested"]
 
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "fused_all_reduce_rmsnorm")
 
@@ -44,6 +44,30 @@ def warn_if_untested(engine: str, installed: str, tested: str) -> bool:
         logger.warning("pyccl's %s adapter is written and tested for %s %s; %s %s is installed: it runs as far "
                        "as that version's interfaces are the same", engine, engine, tested, engine, installed)
     return True
+
+
+#: The world sizes pyccl's kernels run (csrc/algorithms/collective_context.hpp, kMaxCollectiveRanks).
+MAX_KERNEL_RANKS = 8
+
+
+def unsupported_reason(topology: dict, rank: int, on_gpu: bool) -> Optional[str]:
+    """Why pyccl's kernels cannot serve a group of this ``topology`` (a communicator's ``topology()``), or None:
+    ranks on more than one node (there pyccl would stage every message through the host), a pair of GPUs whose
+    peer access the communicator's probe did not prove, or more ranks than the kernels run. Every rank of a group
+    sees the same topology, so every rank gives the same answer."""
+    ranks = topology["ranks"]
+    if len(ranks) > MAX_KERNEL_RANKS:
+        return f"{len(ranks)} ranks: pyccl's kernels run at most {MAX_KERNEL_RANKS}"
+    if not all(r["same_node"] for r in ranks):
+        nodes = sorted({str(r["node"]) for r in ranks})
+        return f"the ranks span {len(nodes)} nodes"
+    if on_gpu:
+        p2p = topology["p2p"]
+        missing = [(a, b) for a in range(len(ranks)) for b in range(len(ranks)) if a != b and not p2p[a][b]]
+        if missing:
+            a, b = missing[0]
+            return f"no peer access between the GPUs of ranks {a} and {b} (the communicator's probe)"
+    return None
 
 
 def _positive_dim(dim: int, tensor: torch.Tensor) -> int:
@@ -89,9 +113,16 @@ class GroupCommunicator:
         self.world_size = self.comm.world_size
         self.rank = self.comm.rank
         self._max_bytes = max_bytes
+        #: Why pyccl's kernels cannot serve this group (unsupported_reason), or None.
+        self.unsupported: Optional[str] = unsupported_reason(self.comm.topology(), self.rank,
+                                                             self.device.type == "cuda")
         #: Set to stop routing calls here (the engine's own path takes them).
-        self.disabled = self.world_size < 2
-        logger.info("pyccl group communicator: rank %d of %d on %s", self.rank, self.world_size, self.device)
+        self.disabled = self.world_size < 2 or self.unsupported is not None
+        if self.unsupported is not None:
+            logger.info("pyccl group communicator: rank %d of %d stays out (%s); the engine's own path runs",
+                        self.rank, self.world_size, self.unsupported)
+        else:
+            logger.info("pyccl group communicator: rank %d of %d on %s", self.rank, self.world_size, self.device)
 
     # -- selection ----------------------------------------------------------------------------------------------
 
@@ -106,9 +137,12 @@ class GroupCommunicator:
 
     def should_use(self, tensor: torch.Tensor, collective: str = "all_reduce") -> bool:
         """Whether ``collective`` on ``tensor`` should go through pyccl: the
-        tensor is contiguous, on this device, of a dtype the collective takes,
-        and at most :meth:`max_bytes` (the message of an all-gather is the
-        gathered tensor). False when disabled or closed; never raises for a tensor."""
+        group is one pyccl's kernels serve (one node, peer access proven, at
+        most MAX_KERNEL_RANKS ranks: :attr:`unsupported`), the tensor is
+        contiguous, on this device, of a dtype the collective takes, and at
+        most :meth:`max_bytes` (the message of an all-gather is the gathered
+        tensor). False when disabled or closed; never raises for a tensor.
+        Every rank answers alike for the same call."""
         if collective not in _COLLECTIVES:
             raise InvalidArgumentError(f"invalid argument 'collective': {collective!r} is not one of "
                                        f"{', '.join(_COLLECTIVES)}")
