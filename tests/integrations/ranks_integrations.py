@@ -351,6 +351,16 @@ class _StandInGroupCoordinator:
         dist.all_reduce(total, group=self.device_group)
         return total.chunk(self.world_size, dim=dim)[self.rank_in_group]
 
+    def all_gather_into_tensor(self, output, input):  # noqa: A002 - SGLang's names
+        self.native_calls.append("all_gather_into_tensor")
+        dist.all_gather_into_tensor(output, input, group=self.device_group)
+
+    def reduce_scatter_tensor(self, output, input):  # noqa: A002 - SGLang's names
+        self.native_calls.append("reduce_scatter_tensor")
+        total = input.clone()
+        dist.all_reduce(total, group=self.device_group)
+        output.copy_(total.reshape(-1).chunk(self.world_size)[self.rank_in_group].view_as(output))
+
 
 def sglang_adapter(rank: int, world: int, store, seed: int) -> dict:
     """patch() on the stand-in GroupCoordinator: the TP group's ca_comm becomes
@@ -390,6 +400,19 @@ def sglang_adapter(rank: int, world: int, store, seed: int) -> dict:
     lists = [torch.empty_like(mine) for _ in range(world)]
     tp.all_gather(mine, 0, lists)  # the list form stays SGLang's
     res["native_calls"] = list(tp.native_calls)
+    # The *_into_tensor forms: pyccl where the output fits, SGLang's own path where it does not.
+    gathered = torch.empty((world * mine.shape[0],) + tuple(mine.shape[1:]), dtype=mine.dtype)
+    tp.all_gather_into_tensor(gathered, mine)
+    if not torch.equal(gathered, torch.cat(xs, 0)):
+        res["bad"].append("all_gather_into_tensor")
+    scattered = torch.empty((mine.shape[0] // world,) + tuple(mine.shape[1:]), dtype=mine.dtype)
+    tp.reduce_scatter_tensor(scattered, mine)
+    if not _close(scattered, exact.chunk(world, 0)[rank], scale.chunk(world, 0)[rank], mine.dtype):
+        res["bad"].append("reduce_scatter_tensor")
+    res["into_native_calls"] = list(tp.native_calls[len(res["native_calls"]):])
+    tp.all_gather_into_tensor(torch.empty(world * mine.numel() + 1, dtype=mine.dtype)[1:], mine.reshape(-1))
+    tp.reduce_scatter_tensor(torch.empty(scattered.shape, dtype=torch.float32), mine)
+    res["into_native_calls_odd"] = list(tp.native_calls[len(res["native_calls"]):])
     residual = _inputs(seed, 4, 1, (2, 64), torch.bfloat16)[0]
     weight = (1 + 0.1 * _inputs(seed, 5, 1, (64,), torch.float64)[0]).to(torch.bfloat16)
     normed, new_residual = ca.fused_allreduce_rmsnorm(mine, residual, weight, 1e-5)

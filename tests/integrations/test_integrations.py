@@ -145,6 +145,9 @@ def test_sglang_adapter_installs_into_the_tp_group():
         assert not res["big_half_taken"]
         assert res["previous_captures"] == 1
         assert res["native_calls"] == ["all_gather"]  # only the output-list form
+        assert res["into_native_calls"] == []  # the *_into_tensor forms through pyccl
+        # An output SGLang's path takes (here: of another dtype; and an offset view pyccl takes too).
+        assert res["into_native_calls_odd"] == ["reduce_scatter_tensor"], res["into_native_calls_odd"]
         assert res["fused_residual_ok"] and res["fused_norm_ok"] and res["fused_declines_big"]
         assert res["closed"] == (True, True, True)
 
@@ -181,7 +184,8 @@ def test_sglang_plugin_is_opt_in(monkeypatch):
     ps.plugin()
     base = "sglang.srt.distributed.parallel_state.GroupCoordinator."
     assert registered == [(base + "__init__", "after"), (base + "all_gather", "around"),
-                          (base + "reduce_scatter_along_dim", "around"),
+                          (base + "reduce_scatter_along_dim", "around"), (base + "all_gather_into_tensor", "around"),
+                          (base + "reduce_scatter_tensor", "around"),
                           ("sglang.srt.layers.flashinfer_comm_fusion.flashinfer_allreduce_residual_rmsnorm", "around")]
 
 

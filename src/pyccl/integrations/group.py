@@ -193,6 +193,18 @@ class GroupCommunicator:
         part = reduce_scatter(moved, comm=self.comm)
         return part.movedim(0, dim).contiguous() if dim != 0 else part
 
+    def all_gather_into(self, output: torch.Tensor, input_: torch.Tensor) -> None:
+        """Every rank's ``input_`` concatenated in rank order into ``output`` (``world_size`` times its elements,
+        laid out as ``torch.distributed.all_gather_into_tensor`` lays them out)."""
+        self._check_open("all_gather_into")
+        all_gather(input_, out=output, comm=self.comm)
+
+    def reduce_scatter_into(self, output: torch.Tensor, input_: torch.Tensor) -> None:
+        """Part r of the sum over the ranks of ``input_`` (its elements in ``world_size`` equal parts, as
+        ``torch.distributed.reduce_scatter_tensor`` splits them) into ``output`` on rank r."""
+        self._check_open("reduce_scatter_into")
+        reduce_scatter(input_, out=output, comm=self.comm)
+
     def fused_all_reduce_rmsnorm(self, input_: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                  eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
         """``pyccl.fused_all_reduce_rmsnorm`` on this group: (normed, new residual)."""

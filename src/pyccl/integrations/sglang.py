@@ -12,8 +12,9 @@ communicators it holds; the first it asks is the custom all-reduce,
 :class:`PycclCustomAllreduce` fills that slot for the tensor-parallel group:
 pyccl takes what :meth:`GroupCommunicator.should_use` accepts, and SGLang's
 own custom all-reduce (kept inside it) or its later choices take the rest. The
-group's ``all_gather`` and ``reduce_scatter_along_dim`` go through pyccl the
-same way, outside torch.compile tracing. So does SGLang's fused all-reduce +
+group's ``all_gather``, ``reduce_scatter_along_dim``, ``all_gather_into_tensor``
+and ``reduce_scatter_tensor`` go through pyccl the same way, outside
+torch.compile tracing. So does SGLang's fused all-reduce +
 residual add + RMSNorm, which on NVIDIA GPUs it sends to FlashInfer
 (``flashinfer_allreduce_residual_rmsnorm``, with
 ``--enable-flashinfer-allreduce-fusion``): for the attention's tensor-parallel
@@ -153,6 +154,39 @@ def _around_reduce_scatter(original, coordinator, input_, dim=-1):
     return original(coordinator, input_, dim)
 
 
+def _into_tensor_group(coordinator, output, input_, collective: str) -> Optional[GroupCommunicator]:
+    """pyccl's side of ``coordinator`` where it takes the ``*_into_tensor`` call of ``output`` and ``input_``
+    (should_use on the input; an output of the input's dtype and device, contiguous, of the size the collective
+    gives); else None."""
+    group = _pyccl_of(coordinator)
+    if group is None or torch.compiler.is_compiling() or not group.should_use(input_, collective):
+        return None
+    want = input_.numel() * group.world_size if collective == "all_gather" else input_.numel() // group.world_size
+    if not (isinstance(output, torch.Tensor) and output.dtype == input_.dtype and output.device == input_.device
+            and output.is_contiguous() and output.numel() == want
+            and (collective == "all_gather" or input_.numel() % group.world_size == 0)):
+        return None
+    return group
+
+
+def _into_tensor_hook(collective: str, run: str):
+    """The around-hook of GroupCoordinator's ``<collective>`` into a tensor: GroupCommunicator.<run> where pyccl
+    takes the call (_into_tensor_group), else SGLang's own method."""
+
+    def hook(original, coordinator, output, input):  # noqa: A002 - SGLang's names
+        group = _into_tensor_group(coordinator, output, input, collective)
+        if group is None:
+            return original(coordinator, output, input)
+        getattr(group, run)(output, input)
+        return None
+
+    return hook
+
+
+_around_all_gather_into_tensor = _into_tensor_hook("all_gather", "all_gather_into")
+_around_reduce_scatter_tensor = _into_tensor_hook("reduce_scatter", "reduce_scatter_into")
+
+
 def _fusion_group(use_attn_tp_group: bool, x, residual, weight) -> Optional[GroupCommunicator]:
     """pyccl's side of the TP group, where it reduces over the same ranks as
     the fusion would (the attention's TP group is the whole TP group) and
@@ -185,6 +219,8 @@ HOOKS = (
     (_COORDINATOR, "__init__", "after", _after_init),
     (_COORDINATOR, "all_gather", "around", _around_all_gather),
     (_COORDINATOR, "reduce_scatter_along_dim", "around", _around_reduce_scatter),
+    (_COORDINATOR, "all_gather_into_tensor", "around", _around_all_gather_into_tensor),
+    (_COORDINATOR, "reduce_scatter_tensor", "around", _around_reduce_scatter_tensor),
     (_FUSION_MODULE, _FUSION_FUNCTION, "around", _around_fused_norm),
 )
 

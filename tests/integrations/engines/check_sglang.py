@@ -25,7 +25,9 @@ def interface_problems() -> list:
     if sglang.__version__ != ps.SGLANG_VERSION:
         problems.append(f"SGLang {sglang.__version__} installed, the adapter is for {ps.SGLANG_VERSION}")
     # The hooks' positional parameters after (original, self) are the wrapped methods' own.
-    expect = {"all_gather": ps._around_all_gather, "reduce_scatter_along_dim": ps._around_reduce_scatter}
+    expect = {"all_gather": ps._around_all_gather, "reduce_scatter_along_dim": ps._around_reduce_scatter,
+              "all_gather_into_tensor": ps._around_all_gather_into_tensor,
+              "reduce_scatter_tensor": ps._around_reduce_scatter_tensor}
     for method, hook in expect.items():
         theirs = [p for p in params(getattr(GroupCoordinator, method))[1:]]
         ours = params(hook)[2:]
@@ -90,6 +92,14 @@ def coordinator_rank(rank: int, world: int, store, seed: int) -> dict:
     part = coord.reduce_scatter_along_dim(mine, dim=0)
     if not _close(part, exact.chunk(world, 0)[rank], scale.chunk(world, 0)[rank], torch.bfloat16):
         res["bad"].append("reduce_scatter_along_dim")
+    gathered = torch.empty((world * 4, 96), dtype=torch.bfloat16)
+    coord.all_gather_into_tensor(gathered, mine)
+    if not torch.equal(gathered, torch.cat(xs, 0)):
+        res["bad"].append("all_gather_into_tensor")
+    scattered = torch.empty((4 // world, 96), dtype=torch.bfloat16)
+    coord.reduce_scatter_tensor(scattered, mine)
+    if not _close(scattered, exact.chunk(world, 0)[rank], scale.chunk(world, 0)[rank], torch.bfloat16):
+        res["bad"].append("reduce_scatter_tensor")
     residual = _inputs(seed, 2, 1, (4, 96), torch.bfloat16)[0]
     weight = (1 + 0.1 * _inputs(seed, 3, 1, (96,), torch.float64)[0]).to(torch.bfloat16)
     fused = coord.fused_allreduce_rmsnorm(mine, residual, weight, 1e-5)
