@@ -508,30 +508,29 @@ PYCCL_HOST_DEVICE AccOf<T> finishReduction(AccOf<T> a, int worldSize) {
   return a;
 }
 
-/// Calls fn.template operator()<T, Op>() for the runtime dtype and op. Sum and
-/// product of a signed integer run as its unsigned type's (the same bits).
+/// Whether an integer's `op` gives the same bits for its signed and unsigned
+/// type (sum and product wrap alike), so that one kernel serves both.
+constexpr bool bitsAgreeAcrossSignedness(ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kProd; }
+
+/// Calls fn.template operator()<T, Op>() for the runtime dtype and op; a
+/// signed integer's sum and product as its unsigned type's.
 template <typename Fn>
 void dispatchReduction(DataType dtype, ReduceOp op, Fn&& fn) {
+  auto call = [&]<typename T, ReduceOp Op>() {
+    if constexpr (std::is_integral_v<T> && bitsAgreeAcrossSignedness(Op)) {
+      fn.template operator()<std::make_unsigned_t<T>, Op>();
+    } else {
+      fn.template operator()<T, Op>();
+    }
+  };
   auto withOp = [&](auto typeTag) {
     using T = decltype(typeTag);
     switch (op) {
-      case ReduceOp::kSum:
-        if constexpr (std::is_integral_v<T>) {
-          fn.template operator()<std::make_unsigned_t<T>, ReduceOp::kSum>();
-        } else {
-          fn.template operator()<T, ReduceOp::kSum>();
-        }
-        break;
-      case ReduceOp::kAvg: fn.template operator()<T, ReduceOp::kAvg>(); break;
-      case ReduceOp::kMin: fn.template operator()<T, ReduceOp::kMin>(); break;
-      case ReduceOp::kMax: fn.template operator()<T, ReduceOp::kMax>(); break;
-      case ReduceOp::kProd:
-        if constexpr (std::is_integral_v<T>) {
-          fn.template operator()<std::make_unsigned_t<T>, ReduceOp::kProd>();
-        } else {
-          fn.template operator()<T, ReduceOp::kProd>();
-        }
-        break;
+      case ReduceOp::kSum: call.template operator()<T, ReduceOp::kSum>(); break;
+      case ReduceOp::kAvg: call.template operator()<T, ReduceOp::kAvg>(); break;
+      case ReduceOp::kMin: call.template operator()<T, ReduceOp::kMin>(); break;
+      case ReduceOp::kMax: call.template operator()<T, ReduceOp::kMax>(); break;
+      case ReduceOp::kProd: call.template operator()<T, ReduceOp::kProd>(); break;
     }
   };
   switch (dtype) {
@@ -573,7 +572,7 @@ void forEachReduction(Fn&& fn) {
   for (DataType dtype : kAll) {
     const bool signedInteger = dtype == DataType::kInt8 || dtype == DataType::kInt32 || dtype == DataType::kInt64;
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
-      if (signedInteger && (op == ReduceOp::kSum || op == ReduceOp::kProd)) continue;
+      if (signedInteger && bitsAgreeAcrossSignedness(op)) continue;  // the unsigned type's, listed there
       dispatchReduction(dtype, op, fn);
     }
   }

@@ -290,7 +290,9 @@ Choice Selector::choose(Collective c, TableDtype dtype, uint64_t bytes, uint64_t
   // 3. Across nodes: NCCL from its threshold, else pyccl.across_nodes (which reduces the float dtypes only: the
   // others go to NCCL where the caller has it, else there to be refused).
   if (config_.acrossNodes && runsAcrossNodes(c)) {
-    if (nccl && (bytes >= ncclMinBytes(c) || otherReduction)) return routed(Route::kNccl, "nccl", ChoiceSource::kAcrossNodes);
+    if (nccl && (bytes >= ncclMinBytes(c) || otherReduction)) {
+      return routed(Route::kNccl, "nccl", ChoiceSource::kAcrossNodes);
+    }
     return routed(Route::kAcrossNodes, "", ChoiceSource::kAcrossNodes);
   }
   // 4 and 5.

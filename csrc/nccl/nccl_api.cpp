@@ -245,9 +245,6 @@ ncclResult_t resultOf(const Error& e) {
 // Dtypes and ops.
 // ---------------------------------------------------------------------------------------------------------------
 
-const char* const kDtypeNames[ncclNumTypes] = {"int8",    "uint8",   "int32",    "uint32",        "int64",
-                                               "uint64",  "float16", "float32",  "float64",       "bfloat16",
-                                               "float8_e4m3", "float8_e5m2"};
 const uint32_t kDtypeBytes[ncclNumTypes] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 
 uint32_t dtypeBytes(ncclDataType_t t) {

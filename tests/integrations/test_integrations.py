@@ -115,14 +115,14 @@ def test_should_use_stays_out_of_groups_the_kernels_cannot_serve():
     otherwise, and no call raises."""
     from pyccl.integrations.group import MAX_KERNEL_RANKS, unsupported_reason
 
-    assert unsupported_reason(_topology(["a", "a"]), 0, on_gpu=True) is None
-    assert "span 2 nodes" in unsupported_reason(_topology(["a", "a", "b", "b"]), 1, on_gpu=True)
+    assert unsupported_reason(_topology(["a", "a"]), on_gpu=True) is None
+    assert "span 2 nodes" in unsupported_reason(_topology(["a", "a", "b", "b"]), on_gpu=True)
     no_p2p = [[True, False], [False, True]]
     assert "no peer access between the GPUs of ranks 0 and 1" in unsupported_reason(_topology(["a", "a"], no_p2p),
-                                                                                    0, on_gpu=True)
-    assert unsupported_reason(_topology(["a", "a"], no_p2p), 0, on_gpu=False) is None  # host mode: no GPUs
+                                                                                    on_gpu=True)
+    assert unsupported_reason(_topology(["a", "a"], no_p2p), on_gpu=False) is None  # host mode: no GPUs
     many = ["a"] * (MAX_KERNEL_RANKS + 1)
-    assert f"at most {MAX_KERNEL_RANKS}" in unsupported_reason(_topology(many), 0, on_gpu=True)
+    assert f"at most {MAX_KERNEL_RANKS}" in unsupported_reason(_topology(many), on_gpu=True)
 
 
 def test_an_untested_engine_version_is_named_once(caplog):

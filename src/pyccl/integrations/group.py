@@ -50,7 +50,7 @@ def warn_if_untested(engine: str, installed: str, tested: str) -> bool:
 MAX_KERNEL_RANKS = 8
 
 
-def unsupported_reason(topology: dict, rank: int, on_gpu: bool) -> Optional[str]:
+def unsupported_reason(topology: dict, on_gpu: bool) -> Optional[str]:
     """Why pyccl's kernels cannot serve a group of this ``topology`` (a communicator's ``topology()``), or None:
     ranks on more than one node (there pyccl would stage every message through the host), a pair of GPUs whose
     peer access the communicator's probe did not prove, or more ranks than the kernels run. Every rank of a group
@@ -114,8 +114,7 @@ class GroupCommunicator:
         self.rank = self.comm.rank
         self._max_bytes = max_bytes
         #: Why pyccl's kernels cannot serve this group (unsupported_reason), or None.
-        self.unsupported: Optional[str] = unsupported_reason(self.comm.topology(), self.rank,
-                                                             self.device.type == "cuda")
+        self.unsupported: Optional[str] = unsupported_reason(self.comm.topology(), self.device.type == "cuda")
         #: Set to stop routing calls here (the engine's own path takes them).
         self.disabled = self.world_size < 2 or self.unsupported is not None
         if self.unsupported is not None:
