@@ -4,12 +4,19 @@
 # installs the build and test tools that are missing, and builds pyccl
 # (incrementally; skipped when no source changed). Works offline where torch,
 # scikit-build-core, ninja and pytest are already installed (GPU machines).
+#
+# scripts/engines.sh runs it for another environment too, through these variables:
+#   PYCCL_VENV        the environment (default .venv)
+#   PYCCL_TORCH       exactly this torch release (default: any >= 2.6, else 2.11.0 from PyPI)
+#   PYCCL_BUILD_DIR   the build folder (default build/<wheel tag>), one per environment
+#   PYCCL_HOST_ONLY=1 host mode alone, without the CUDA kernels (CMakeLists.txt)
+#   PYCCL_NO_BUILD=1  everything but the build
 set -euo pipefail
 
 PYCCL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PYCCL_VENV:-$PYCCL_ROOT/.venv}"
 BASE_PY="${PYTHON:-python3}"
-TORCH_PIN="2.11.0"
+TORCH_PIN="${PYCCL_TORCH:-2.11.0}"
 
 log() { echo "[setup] $*" >&2; }
 
@@ -37,10 +44,13 @@ wait_for() {  # $1: pid, $2: seconds; succeeds once the process has ended
   ! kill -0 "$1" 2>/dev/null
 }
 
-has_torch() {  # $1: python; succeeds for torch >= 2.6
-  "$1" - <<'PY' 2>/dev/null
-import sys, torch
-major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+has_torch() {  # $1: python; succeeds for torch >= 2.6, or for exactly $PYCCL_TORCH where it is set
+  PYCCL_TORCH="${PYCCL_TORCH:-}" "$1" - <<'PY' 2>/dev/null
+import os, sys, torch
+release = torch.__version__.split("+")[0]
+if os.environ["PYCCL_TORCH"]:
+    sys.exit(0 if release == os.environ["PYCCL_TORCH"] else 1)
+major, minor = (int(x) for x in release.split(".")[:2])
 sys.exit(0 if (major, minor) >= (2, 6) else 1)
 PY
 }
@@ -146,16 +156,21 @@ if [ -n "$old_dist" ]; then
   fi
 fi
 
+# PYCCL_NO_BUILD=1: the environment alone (scripts/engines.sh builds the engines' base beside their installs).
+if [ "${PYCCL_NO_BUILD:-0}" = 1 ]; then
+  return 0 2>/dev/null || exit 0
+fi
+
 # Rebuild only when a build input changed.
 stamp="$VENV/.pyccl-build-stamp"
 digest="$(cd "$PYCCL_ROOT" && find csrc src/pyccl/tuning_tables CMakeLists.txt pyproject.toml scripts/torch_build_info.py scripts/build_metadata.py -type f \
-            -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${CXX:-}-$([ -f "$verbs_h" ] && echo verbs || true)"
+            -print0 | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)-${PYCCL_CUDA_ARCHS:-}-${PYCCL_HOST_ONLY:-}-${CXX:-}-$([ -f "$verbs_h" ] && echo verbs || true)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ] || ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c "import pyccl._C" 2>/dev/null; then
   log "building pyccl (log: $VENV/pyccl-build.log)"
   start=$(date +%s)
   # The build imports torch, which would import the half-built pyccl through its backend entry point.
   if ! (cd "$PYCCL_ROOT" && with_progress "building pyccl" "$VENV/pyccl-build.log" \
-          env TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -m pip install --no-build-isolation --no-deps -v -e .); then
+          env TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -m pip install --no-build-isolation --no-deps -v -e . ${PYCCL_BUILD_DIR:+"-Cbuild-dir=$PYCCL_BUILD_DIR"}); then
     tail -n 60 "$VENV/pyccl-build.log" >&2
     log "build failed; full log in $VENV/pyccl-build.log"
     exit 1

@@ -143,7 +143,7 @@ def selection_and_errors(rank: int, world: int, store) -> dict:
     return out
 
 
-# -- stand-ins of the engines' classes, with their signatures (vLLM 0.26.0, SGLang 0.5.17) --------------------------
+# -- stand-ins of the engines' classes, with their signatures (vLLM 0.33.0, SGLang 0.5.23) --------------------------
 
 class _StandInCudaCommunicator:
     """vLLM's CudaCommunicator as far as the adapter relies on it: the
@@ -186,9 +186,10 @@ def vllm_stand_in_modules() -> dict:
     """A minimal ``vllm`` package: the modules the adapter imports, by name."""
     names = ["vllm", "vllm.distributed", "vllm.distributed.device_communicators",
              "vllm.distributed.device_communicators.cuda_communicator", "vllm.distributed.parallel_state",
-             "vllm.platforms", "vllm.platforms.cuda"]
+             "vllm.platforms", "vllm.platforms.cuda", "vllm.compilation", "vllm.compilation.passes",
+             "vllm.compilation.passes.pass_manager"]
     mods = {n: types.ModuleType(n) for n in names}
-    mods["vllm"].__version__ = "0.26.0"
+    mods["vllm"].__version__ = "0.33.0"
     mods["vllm.distributed.parallel_state"]._ENABLE_CUSTOM_ALL_REDUCE = True
     mods["vllm.distributed"].parallel_state = mods["vllm.distributed.parallel_state"]
     mods["vllm.distributed.device_communicators.cuda_communicator"].CudaCommunicator = _StandInCudaCommunicator
@@ -201,6 +202,12 @@ def vllm_stand_in_modules() -> dict:
     mods["vllm.platforms.cuda"].CudaPlatform = CudaPlatform
     mods["vllm.platforms"].cuda = mods["vllm.platforms.cuda"]
     mods["vllm.platforms"].current_platform = types.SimpleNamespace(is_cuda=lambda: True)
+
+    class PostGradPassManager:  # vLLM's compiler's list of post-grad passes, made by configure
+        def configure(self, config) -> None:
+            self.passes = []
+
+    mods["vllm.compilation.passes.pass_manager"].PostGradPassManager = PostGradPassManager
     return mods
 
 

@@ -1,6 +1,7 @@
-"""pyccl.integrations against the real engines: vLLM 0.26.0 and SGLang 0.5.17,
+"""pyccl.integrations against the real engines: vLLM 0.33.0 and SGLang 0.5.23,
 installed by scripts/engines.sh (called by scripts/test.sh) into their own
-virtual environments under .venv-engines/. Each check runs in its engine's
+virtual environments under .venv-engines/, over a base environment of the torch
+they are built against and pyccl built for host mode against it. Each check runs in its engine's
 environment (tests/integrations/engines/check_*.py): the adapter's signatures against the
 engine's classes, the engine's plugin loader finding pyccl's entry point, and
 the engine's own communicator / GroupCoordinator running pyccl in host mode.
@@ -23,7 +24,7 @@ ENGINES = ROOT / ".venv-engines"
 def _run_check(engine: str, pin: str) -> dict:
     python = ENGINES / engine / "bin" / "python"
     marker = ENGINES / engine / ".installed"
-    if not marker.exists() or marker.read_text().strip() != pin:
+    if not marker.exists() or marker.read_text().split()[0] != pin:
         if os.environ.get("PYCCL_NO_ENGINES") == "1":
             pytest.skip(f"PYCCL_NO_ENGINES=1: {pin} is not installed in {ENGINES / engine}")
         pytest.fail(f"{pin} is not installed in {ENGINES / engine}: run scripts/test.sh (scripts/engines.sh "
@@ -36,17 +37,22 @@ def _run_check(engine: str, pin: str) -> dict:
 
 
 def test_vllm_adapter_against_vllm():
-    out = _run_check("vllm", "vllm==0.26.0")
+    out = _run_check("vllm", "vllm==0.33.0")
     assert out["problems"] == []
     for res in out["ranks"]:
         assert res["bad"] == [], f"seed {out['seed']}: {res['bad']}"
         assert res["has_pyccl"] and res["pyccl_routed_to_pyccl"] and not res["vllm_routed_to_pyccl"]
         assert res["slot"] == "CustomAllreduceSlot"  # what vLLM's graph_capture enters
         assert res["closed"] and not res["disabled_has_pyccl"]
+        # The fusion pass, in vLLM's own pass manager, took all three all-reduces of the traced graph.
+        assert res["coordinator_has_pyccl"] and res["fused_ops"] == 3 and res["all_reduces_left"] == 0, res
+        assert res["passes"].count("PycclAllReduceRMSNormPass") == 1 and res["cache_key"], res["passes"]
+        # pyccl's fused kernel ran all three; with pyccl declining (a 0-byte limit), vLLM's all-reduce and norm.
+        assert res["fused_kernel_calls"] == 3 and res["fallback_kernel_calls"] == 0, res
 
 
 def test_sglang_adapter_against_sglang():
-    out = _run_check("sglang", "sglang==0.5.17")
+    out = _run_check("sglang", "sglang==0.5.23")
     assert out["problems"] == []
     for res in out["ranks"]:
         assert res["bad"] == [], f"seed {out['seed']}: {res['bad']}"

@@ -97,10 +97,32 @@ def test_vllm_general_plugin_is_opt_in(monkeypatch, caplog):
     assert pv.general_plugin() is True and pv.general_plugin() is True  # vLLM may call it more than once
     # vLLM resolves the name it is given with import_module + getattr.
     assert cuda.get_device_communicator_cls() == pv.COMMUNICATOR_QUALNAME
+    # ... and vLLM's compiler configures its passes through pyccl's wrapper, wrapped once however often patched.
+    manager_cls = mods["vllm.compilation.passes.pass_manager"].PostGradPassManager
+    assert manager_cls.configure._pyccl
+    manager = manager_cls()
+    manager.configure(None)  # no TP group runs pyccl here: no pass added
+    assert manager.passes == []
     module, _, name = pv.COMMUNICATOR_QUALNAME.rpartition(".")
     assert getattr(importlib.import_module(module), name) is pv.PycclCudaCommunicator  # made once
     with pytest.raises(AttributeError, match="NoSuchClass"):
         pv.NoSuchClass
+
+
+def test_vllm_fusion_pass_goes_after_vllms_own_fusion():
+    import pyccl.integrations.vllm as pv
+
+    def passes(*names):
+        return [type(name, (), {})() for name in names]
+
+    # vLLM 0.33's order (PostGradPassManager.configure): pyccl's right after vLLM's all-reduce fusion ...
+    assert pv.fusion_pass_position(passes("NoOpEliminationPass", "AddRMSNormFusionPass", "AllReduceFusionPass",
+                                          "RMSNormReshapeFusionPass", "RMSNormQuantFusionPass")) == 3
+    # ... or where it would be, ahead of the passes that fuse the norm with what follows it.
+    assert pv.fusion_pass_position(passes("NoOpEliminationPass", "RMSNormQuantFusionPass")) == 1
+    assert pv.fusion_pass_position(passes("RMSNormQuantFusionPass")) == 0
+    assert pv.fusion_pass_position(passes("NoOpEliminationPass")) == 1
+    assert pv.fusion_pass_position([]) == 0
 
 
 def _topology(nodes, p2p=None):
@@ -129,11 +151,11 @@ def test_an_untested_engine_version_is_named_once(caplog):
     from pyccl.integrations.group import warn_if_untested
 
     with caplog.at_level(logging.WARNING, logger="pyccl"):
-        assert not warn_if_untested("vLLM", "0.26.0", "0.26.0")
-        assert warn_if_untested("vLLM", "0.99.1", "0.26.0")
-        assert warn_if_untested("vLLM", "0.99.1", "0.26.0")
+        assert not warn_if_untested("vLLM", "0.33.0", "0.33.0")
+        assert warn_if_untested("vLLM", "0.99.1", "0.33.0")
+        assert warn_if_untested("vLLM", "0.99.1", "0.33.0")
     said = [r.getMessage() for r in caplog.records if "0.99.1" in r.getMessage()]
-    assert len(said) == 1 and "tested for vLLM 0.26.0" in said[0] and "vLLM 0.99.1 is installed" in said[0], said
+    assert len(said) == 1 and "tested for vLLM 0.33.0" in said[0] and "vLLM 0.99.1 is installed" in said[0], said
 
 
 def test_sglang_adapter_installs_into_the_tp_group():
@@ -194,7 +216,7 @@ def test_integration_modules_import_without_engines():
         importlib.import_module(name)
     import pyccl.integrations.vllm as pv
     import pyccl.integrations.sglang as ps
-    assert pv.VLLM_VERSION == "0.26.0" and ps.SGLANG_VERSION == "0.5.17"
+    assert pv.VLLM_VERSION == "0.33.0" and ps.SGLANG_VERSION == "0.5.23"
 
 
 def test_group_communicator_limit_is_the_selectors(monkeypatch):

@@ -1,6 +1,6 @@
 """pyccl inside SGLang: the tensor-parallel GroupCoordinator's collectives through pyccl.
 
-Written for SGLang 0.5.17 (the release built against torch 2.11); the steps
+Written for SGLang 0.5.23 (the release built against torch 2.14); the steps
 are in ``examples/sglang/README.md``. Another SGLang version works as far as
 its interfaces are the same; a warning names the versions when the hooks go
 in.
@@ -44,7 +44,7 @@ from .group import GroupCommunicator, warn_if_untested
 __all__ = ["PycclCustomAllreduce", "SGLANG_VERSION", "enabled", "install", "patch", "plugin"]
 
 #: The SGLang release this adapter is written and tested for.
-SGLANG_VERSION = "0.5.17"
+SGLANG_VERSION = "0.5.23"
 #: The environment variable that turns the plugin on.
 ENABLE_ENV = "PYCCL_SGLANG"
 _COORDINATOR = "sglang.srt.distributed.parallel_state.GroupCoordinator"
@@ -206,7 +206,7 @@ def _fusion_group(use_attn_tp_group: bool, x, residual, weight) -> Optional[Grou
 
 
 def _around_fused_norm(original, input_tensor, residual, weight, eps=1e-6, max_token_num=2048, use_oneshot=None,
-                       trigger_completion_at_end=False, fp32_acc=False, use_attn_tp_group=True):
+                       trigger_completion_at_end=False, fp32_acc=True, use_attn_tp_group=True):
     group = _fusion_group(use_attn_tp_group, input_tensor, residual, weight)
     if group is not None:
         return group.fused_all_reduce_rmsnorm(input_tensor, residual, weight, eps)

@@ -77,8 +77,8 @@ def coordinator_rank(rank: int, world: int, store, seed: int) -> dict:
     load_plugins()
     coord = parallel_state.GroupCoordinator(
         group_ranks=[list(range(world))], local_rank=rank, torch_distributed_backend="gloo", use_pynccl=False,
-        use_pymscclpp=False, use_custom_allreduce=False, use_torch_symm_mem_all_reduce=False,
-        use_hpu_communicator=False, use_xpu_communicator=False, use_npu_communicator=False, group_name="tp")
+        use_mscclpp=False, use_custom_allreduce=False, use_torch_symm_mem_all_reduce=False,
+        use_hpu_communicator=False, use_xpu_communicator=False, group_name="tp")
     res = {"installed": isinstance(coord.ca_comm, ps.PycclCustomAllreduce), "bad": []}
     xs = _inputs(seed, 1, world, (4, 96), torch.bfloat16)
     mine = xs[rank]
@@ -107,8 +107,7 @@ def coordinator_rank(rank: int, world: int, store, seed: int) -> dict:
     from sglang.srt.layers import flashinfer_comm_fusion
     from sglang.srt.runtime_context import get_parallel
 
-    parallel_state._TP = coord
-    with get_parallel().override(attn_tp_size=world):
+    with get_parallel().override(tp_group=coord, attn_tp_size=world):
         hooked = flashinfer_comm_fusion.flashinfer_allreduce_residual_rmsnorm(
             input_tensor=mine, residual=residual, weight=weight, eps=1e-5, max_token_num=2048, use_attn_tp_group=True)
     res["fusion_hook_matches"] = hooked[0] is not None and torch.equal(hooked[0], fused[0]) and \

@@ -113,7 +113,87 @@ def communicator_rank(rank: int, world: int, store, seed: int) -> dict:
     res["disabled_has_pyccl"] = off.pyccl_comm is not None
     off.destroy()
     set_custom_all_reduce(True)
+    res.update(fusion_check(rank, world, seed))
     dist.destroy_process_group()
+    return res
+
+
+def fusion_check(rank: int, world: int, seed: int) -> dict:
+    """vLLM's own TP GroupCoordinator with pyccl's communicator, and vLLM's post-grad pass manager as vLLM
+    configures it, with pyccl's fusion pass added by patch_compiler: a traced two-layer graph (all-reduce +
+    fused_add_rms_norm, then all-reduce + rms_norm and all-reduce + fused_add_rms_norm whose residual is unused)
+    loses its all-reduces to pyccl's fused op, and computes the float64 reference's result, once through pyccl's
+    fused kernel and once through its fallback (vLLM's all-reduce and norm)."""
+    import torch._inductor.pattern_matcher as pm
+    import vllm.ir.ops
+    from vllm.compilation.passes.inductor_pass import enable_fake_mode
+    from vllm.compilation.passes.pass_manager import PostGradPassManager
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.distributed import parallel_state, tensor_model_parallel_all_reduce
+    from vllm.platforms import current_platform
+
+    import pyccl.integrations.vllm as pv
+    from ranks_integrations import _close, _inputs
+
+    # vLLM's current platform here is not CUDA: make it name pyccl's communicator, as patch() does for CUDA,
+    # and send the coordinator's all-reduce through vLLM's custom op, as CudaPlatform.use_custom_op_collectives does.
+    type(current_platform).get_device_communicator_cls = classmethod(lambda cls: pv.COMMUNICATOR_QUALNAME)
+    tp = parallel_state.GroupCoordinator([list(range(world))], rank, "gloo", True, group_name="tp")
+    tp.use_custom_op_call = True
+    parallel_state._TP = tp
+    res = {"coordinator_has_pyccl": getattr(tp.device_communicator, "pyccl_comm", None) is not None}
+    pv.patch_compiler()
+    pv.patch_compiler()  # idempotent
+    manager = PostGradPassManager()
+    manager.configure(VllmConfig(device_config=DeviceConfig(device="cpu")))  # (no GPU: vLLM infers no device)
+    res["passes"] = [type(p).__name__ for p in manager.passes]
+    fusion = next(p for p in manager.passes if type(p).__name__ == "PycclAllReduceRMSNormPass")
+    res["cache_key"] = isinstance(fusion.uuid(), str)  # vLLM's compile cache keys on every pass's uuid
+
+    eps = 1e-6
+    def model(x, residual, weight):
+        normed, residual = vllm.ir.ops.fused_add_rms_norm(tensor_model_parallel_all_reduce(x), residual, weight, eps)
+        reduced = tensor_model_parallel_all_reduce(normed * 2)
+        first = vllm.ir.ops.rms_norm(reduced, weight, eps)
+        last, _ = vllm.ir.ops.fused_add_rms_norm(tensor_model_parallel_all_reduce(first * 3), residual, weight, eps)
+        return last, reduced
+
+    hidden = 64
+    xs = _inputs(seed, 7, world, (4, hidden), torch.float32)
+    residual, weight = _inputs(seed, 8, 2, (4, hidden), torch.float32)
+    weight = weight[0].contiguous()
+    @enable_fake_mode  # traced as vLLM traces its patterns: on fake tensors, so that no collective runs
+    def trace():
+        return pm.fwd_only(model, [torch.empty(4, hidden), torch.empty(4, hidden), torch.empty(hidden)])
+
+    gm = trace()
+    fusion(gm.graph)
+    gm.recompile()
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    res["fused_ops"] = sum(t.startswith("pyccl_vllm.all_reduce_fused_add_rms_norm") for t in targets)
+    res["all_reduces_left"] = sum(t.startswith("vllm.all_reduce") for t in targets)
+
+    def reference():
+        def norm(h):
+            return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+        h = torch.stack([x.double() for x in xs]).sum(0) + residual.double()
+        reduced = norm(h) * 2 * world
+        first = norm(reduced)
+        return norm(first * 3 * world + h), reduced
+
+    want = reference()
+    group = tp.device_communicator.pyccl_comm
+    fused_kernel, kernel_calls = group.fused_all_reduce_rmsnorm, []
+    group.fused_all_reduce_rmsnorm = lambda *args: kernel_calls.append(1) or fused_kernel(*args)
+    for route in ("fused", "fallback"):
+        group._max_bytes = None if route == "fused" else 0
+        kernel_calls.clear()
+        got = gm(xs[rank], residual, weight)
+        res[f"{route}_kernel_calls"] = len(kernel_calls)
+        for g, w in zip(got, want):
+            if not _close(g, w, w.abs() + 1, torch.float32):
+                res["bad"] = res.get("bad", []) + [f"fusion {route}"]
+    tp.destroy()
     return res
 
 
