@@ -27,9 +27,19 @@ base_setup() {  # setup.sh for the base environment; "$@": more variables (PYCCL
     PYCCL_BUILD_DIR="$PYCCL_ROOT/build/engines-torch$ENGINE_TORCH" bash "$PYCCL_ROOT/scripts/setup.sh"
 }
 
+engine_marker() {  # $1: pin; what an engine environment's .installed holds once it is installed and checked
+  echo "$1 torch==$ENGINE_TORCH"
+}
+
+engine_install_failed() {  # $1: pin, $2: its environment; the end of pip's log and what to do
+  tail -n 20 "$2/pip.log" >&2
+  log "could not install $1 (no network?); PYCCL_NO_ENGINES=1 runs the tests without the engine checks"
+  return 1
+}
+
 engine_install() {  # $1: pin (name==version); installs it where its marker does not name it
   local pin="$1" dir="$ENGINES_DIR/${1%%==*}" base_py="$ENGINES_DIR/base/bin/python"
-  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$pin torch==$ENGINE_TORCH" ]; then
+  if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$(engine_marker "$pin")" ]; then
     return 0
   fi
   log "installing $pin into $dir (once; it shares the base's torch $ENGINE_TORCH and pyccl)"
@@ -42,21 +52,17 @@ engine_install() {  # $1: pin (name==version); installs it where its marker does
   echo "import site; site.addsitedir('$base_site')" > "$site/_pyccl_base_env.pth"
   # pip resolves the engine against what the base has; what it would install, less torch, is installed as
   # resolved and without further resolution, so that the base's torch stays the one the engine imports.
-  if ! with_progress "resolving $pin" "$dir/pip.log" "$dir/bin/python" -m pip install --disable-pip-version-check \
-         --dry-run --quiet --report "$dir/resolved.json" "$pin" ||
-     ! "$dir/bin/python" - "$dir/resolved.json" > "$dir/resolved.txt" <<'PY' ||
+  with_progress "resolving $pin" "$dir/pip.log" "$dir/bin/python" -m pip install --disable-pip-version-check \
+    --dry-run --quiet --report "$dir/resolved.json" "$pin" || engine_install_failed "$pin" "$dir" || return 1
+  "$dir/bin/python" - "$dir/resolved.json" > "$dir/resolved.txt" <<'PY' || engine_install_failed "$pin" "$dir" || return 1
 import json, sys
 for item in json.load(open(sys.argv[1]))["install"]:
     meta = item["metadata"]
     if meta["name"].lower() != "torch":
         print(f'{meta["name"]}=={meta["version"]}')
 PY
-     ! with_progress "installing $pin" "$dir/pip.log" "$dir/bin/python" -m pip install --disable-pip-version-check \
-         --no-deps -r "$dir/resolved.txt"; then
-    tail -n 20 "$dir/pip.log" >&2
-    log "could not install $pin (no network?); PYCCL_NO_ENGINES=1 runs the tests without the engine checks"
-    return 1
-  fi
+  with_progress "installing $pin" "$dir/pip.log" "$dir/bin/python" -m pip install --disable-pip-version-check \
+    --no-deps -r "$dir/resolved.txt" || engine_install_failed "$pin" "$dir" || return 1
   touch "$dir/.unchecked"
 }
 
@@ -69,7 +75,7 @@ import torch, pyccl
 assert torch.__version__.split("+")[0] == os.environ["ENGINE_TORCH"], torch.__version__
 importlib.import_module(sys.argv[1])
 PY
-  echo "$pin torch==$ENGINE_TORCH" > "$dir/.installed"
+  engine_marker "$pin" > "$dir/.installed"
   rm -f "$dir/.unchecked"
 }
 

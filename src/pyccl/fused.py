@@ -40,10 +40,10 @@ from ._logging import logger
 from .collectives import all_reduce
 from .dispatch import REDUCIBLE_DTYPES
 from .communicator import Communicator
-from .errors import ClosedError, InvalidArgumentError, PycclTypeError
+from .errors import ClosedError, InvalidArgumentError, PycclError, PycclTypeError
 from .group_communicators import given_or_group_communicator
 
-__all__ = ["FUSED_ALGORITHMS", "FUSED_MAX_BYTES", "fused_all_reduce_rmsnorm"]
+__all__ = ["FUSED_ALGORITHMS", "FUSED_MAX_BYTES", "fused_all_reduce_rmsnorm", "operand_error"]
 
 FUSED_ALGORITHMS = ("one_shot", "two_shot", "two_kernel", "unfused")
 #: Messages (bytes of the input) above this take the unfused path: the engine's
@@ -52,35 +52,47 @@ FUSED_ALGORITHMS = ("one_shot", "two_shot", "two_kernel", "unfused")
 FUSED_MAX_BYTES: int = _C.FUSED_MAX_BYTES
 
 
-def _check(x, residual, weight, eps, out, residual_out) -> None:
-    """The argument checks of the fused call, for every path (the kernel's
-    binding checks again); each error names its argument."""
+def operand_error(x, residual, weight, eps: float = 0.0, out=None, residual_out=None) -> Optional[PycclError]:
+    """What is wrong with these operands of the fused call, as the error it raises (naming the argument), or
+    None where they are well formed: the one statement of what the fused call takes, for the call's checks
+    and for the engine adapters, which hand a call pyccl would refuse to the engine's own path instead.
+    ``out`` and ``residual_out`` of None are made by the call."""
     tensors = {"tensor": x, "residual": residual, "weight": weight, "out": out, "residual_out": residual_out}
-    if out is None:  # made by the call where it needs one
-        del tensors["out"]
+    for name in ("out", "residual_out"):
+        if tensors[name] is None:
+            del tensors[name]
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
-            raise InvalidArgumentError(f"invalid argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+            return InvalidArgumentError(f"invalid argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
     if x.dtype not in REDUCIBLE_DTYPES:
-        raise PycclTypeError(f"invalid argument 'tensor': the fused all-reduce supports float32, float16 and "
-                             f"bfloat16, got {x.dtype}")
+        return PycclTypeError(f"invalid argument 'tensor': the fused all-reduce supports float32, float16 and "
+                              f"bfloat16, got {x.dtype}")
     if x.dim() < 1:
-        raise InvalidArgumentError("invalid argument 'tensor': must have at least one dimension (rows x hidden)")
+        return InvalidArgumentError("invalid argument 'tensor': must have at least one dimension (rows x hidden)")
     for name, t in tensors.items():
         if t.dtype != x.dtype:
-            raise InvalidArgumentError(f"invalid argument '{name}': dtype {t.dtype} differs from the input's {x.dtype}")
+            return InvalidArgumentError(f"invalid argument '{name}': dtype {t.dtype} differs from the input's "
+                                        f"{x.dtype}")
         if t.device != x.device:
-            raise InvalidArgumentError(f"invalid argument '{name}': on {t.device}, the input on {x.device}")
+            return InvalidArgumentError(f"invalid argument '{name}': on {t.device}, the input on {x.device}")
         if not t.is_contiguous():
-            raise InvalidArgumentError(f"invalid argument '{name}': must be contiguous")
+            return InvalidArgumentError(f"invalid argument '{name}': must be contiguous")
         if name != "weight" and t.shape != x.shape:
-            raise InvalidArgumentError(f"invalid argument '{name}': has shape {tuple(t.shape)}, the input "
-                                       f"{tuple(x.shape)}")
+            return InvalidArgumentError(f"invalid argument '{name}': has shape {tuple(t.shape)}, the input "
+                                        f"{tuple(x.shape)}")
     if weight.dim() != 1 or weight.numel() != x.shape[-1]:
-        raise InvalidArgumentError(f"invalid argument 'weight': must have shape [{x.shape[-1]}] (the input's last "
-                                   f"dimension), got {tuple(weight.shape)}")
+        return InvalidArgumentError(f"invalid argument 'weight': must have shape [{x.shape[-1]}] (the input's last "
+                                    f"dimension), got {tuple(weight.shape)}")
     if not isinstance(eps, (int, float)) or not (0 <= float(eps) < float("inf")):
-        raise InvalidArgumentError(f"invalid argument 'eps': must be a finite number >= 0, got {eps!r}")
+        return InvalidArgumentError(f"invalid argument 'eps': must be a finite number >= 0, got {eps!r}")
+    return None
+
+
+def _check(x, residual, weight, eps, out, residual_out) -> None:
+    """The argument checks of the fused call, for every path (the kernel's binding checks again)."""
+    error = operand_error(x, residual, weight, eps, out, residual_out)
+    if error is not None:
+        raise error
 
 
 def fused_all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,

@@ -108,6 +108,16 @@ def selection_and_errors(rank: int, world: int, store) -> dict:
         "empty": gc.should_use(torch.randn(0, 8)),
         "not_a_tensor": gc.should_use([1.0, 2.0]),
         "fused_limit": gc.should_use(x, "fused_all_reduce_rmsnorm"),
+        # should_fuse: the operands pyccl's fused call takes as given, and nothing else.
+        "fuse_fits": gc.should_fuse(x, torch.randn(64, 16), torch.randn(16)),
+        "fuse_refused": {
+            "weight_dtype": gc.should_fuse(x, torch.randn(64, 16), torch.randn(16, dtype=torch.float64)),
+            "no_weight": gc.should_fuse(x, torch.randn(64, 16), None),
+            "weight_length": gc.should_fuse(x, torch.randn(64, 16), torch.randn(17)),
+            "residual_shape": gc.should_fuse(x, torch.randn(32, 32), torch.randn(16)),
+            "residual_strided": gc.should_fuse(x, torch.randn(16, 64).t(), torch.randn(16)),
+            "too_big": gc.should_fuse(torch.randn(64, 17), torch.randn(64, 17), torch.randn(17)),
+        },
         "unsupported": gc.unsupported,  # one node: None
     }
     errors = {}

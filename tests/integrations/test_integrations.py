@@ -39,6 +39,8 @@ def test_group_communicator_selection_errors_and_destroy():
         assert not out["int_reduce"] and out["int_gather"]
         assert not out["non_contiguous"] and not out["empty"] and not out["not_a_tensor"]
         assert out["fused_limit"] and out["unsupported"] is None
+        assert out["fuse_fits"]
+        assert not any(out["fuse_refused"].values()), out["fuse_refused"]
         for label, arg in [("collective", "'collective'"), ("dim", "'dim'"), ("rs_divides", "'input_'"),
                            ("dst", "'dst'"), ("max_bytes", "'max_bytes'")]:
             kind, text = out["errors"][label]

@@ -23,7 +23,7 @@ from .._logging import logger
 from ..collectives import REDUCIBLE_DTYPES, all_gather, all_reduce, reduce_scatter
 from ..communicator import Communicator
 from ..errors import ClosedError, InvalidArgumentError
-from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm
+from ..fused import FUSED_MAX_BYTES, fused_all_reduce_rmsnorm, operand_error
 from ..group_communicators import communicator_for
 
 __all__ = ["GroupCommunicator", "MAX_KERNEL_RANKS", "REDUCIBLE_DTYPES", "unsupported_reason", "warn_if_untested"]
@@ -155,6 +155,16 @@ class GroupCommunicator:
         if collective == "all_gather":
             nbytes *= self.world_size
         return nbytes <= self.max_bytes(collective, tensor.dtype)
+
+    def should_fuse(self, input_: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the all-reduce of ``input_`` + residual add + RMSNorm with ``weight`` should go through
+        :meth:`fused_all_reduce_rmsnorm`: :meth:`should_use` takes ``input_`` for the fused collective, and
+        the operands are ones pyccl's fused call takes as given (``pyccl.fused.operand_error``: the residual
+        of the input's shape, a 1-D weight over its last dimension, all of one dtype, on one device,
+        contiguous). An engine's norm takes more (a weight of another dtype, or none); those calls stay on the
+        engine's own path. Never raises for a tensor; every rank answers alike for the same call."""
+        return (self.should_use(input_, "fused_all_reduce_rmsnorm")
+                and operand_error(input_, residual, weight) is None)
 
     # -- collectives --------------------------------------------------------------------------------------------
 

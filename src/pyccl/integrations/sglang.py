@@ -93,7 +93,7 @@ class PycclCustomAllreduce:
                                 eps: float) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """All-reduce + residual add + RMSNorm in one pyccl kernel: (normed, new residual), or None where
         pyccl does not take the call (SGLang then runs its unfused path)."""
-        if not self.group.should_use(input_, "fused_all_reduce_rmsnorm"):
+        if not self.group.should_fuse(input_, residual_inp_, weight_):
             return None
         return self.group.fused_all_reduce_rmsnorm(input_, residual_inp_, weight_, eps)
 
@@ -200,9 +200,7 @@ def _fusion_group(use_attn_tp_group: bool, x, residual, weight) -> Optional[Grou
     group = _pyccl_of(tp)
     if group is None or get_parallel().attn_tp_size != tp.world_size:
         return None
-    if not all(isinstance(t, torch.Tensor) and t.is_contiguous() and t.dtype == x.dtype for t in (residual, weight)):
-        return None
-    return group if group.should_use(x, "fused_all_reduce_rmsnorm") else None
+    return group if group.should_fuse(x, residual, weight) else None
 
 
 def _around_fused_norm(original, input_tensor, residual, weight, eps=1e-6, max_token_num=2048, use_oneshot=None,

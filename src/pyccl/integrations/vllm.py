@@ -166,14 +166,6 @@ def _tp_pyccl_group() -> Optional[GroupCommunicator]:
     return group if group is not None and not group.disabled else None
 
 
-def _fused_call_fits(input_, residual, weight) -> bool:
-    """Whether pyccl's fused op takes these operands as given (vLLM's norm takes more: a weight of another dtype,
-    none, a variance over part of the row)."""
-    return (isinstance(weight, torch.Tensor) and residual.shape == input_.shape and residual.dtype == input_.dtype
-            and weight.dtype == input_.dtype and weight.dim() == 1 and input_.dim() >= 1
-            and weight.shape[0] == input_.shape[-1] and residual.is_contiguous() and weight.is_contiguous())
-
-
 def _register_fused_op() -> None:
     """Defines FUSED_OP (once per process): pyccl's fused kernel where the group's communicator takes the call,
     vLLM's all-reduce then its fused_add_rms_norm otherwise."""
@@ -189,8 +181,7 @@ def _register_fused_op() -> None:
         if coordinator is None:
             raise ValueError(f"{FUSED_OP}: vLLM's group {group_name!r} has been destroyed")
         group = getattr(coordinator.device_communicator, "pyccl_comm", None)
-        if (group is not None and _fused_call_fits(input, residual, weight)
-                and group.should_use(input, "fused_all_reduce_rmsnorm")):
+        if group is not None and group.should_fuse(input, residual, weight):
             return group.fused_all_reduce_rmsnorm(input, residual, weight, epsilon)
         reduced = coordinator.device_communicator.all_reduce(input)
         normed, new_residual = vllm.ir.ops.fused_add_rms_norm(reduced, residual, weight, epsilon)
